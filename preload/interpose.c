@@ -1,0 +1,338 @@
+/* The interposed libc calls. Each wrapper passes straight through until
+ * libsovia is initialised, on re-entry from libsovia's own code, and for fds
+ * that are not managed; otherwise it dispatches to the fd's operations and
+ * converts their -errno result to -1/errno here, once. */
+#include "config.h"
+#include "log.h"
+#include "preload.h"
+#include "real.h"
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+atomic_bool sv_initialised;
+__thread int sv_tls_inside __attribute__((tls_model("initial-exec")));
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void init_once_fn(void)
+{
+	sv_real_resolve();
+	sv_config_load(&sv_cfg, getenv);
+	sv_log_threshold = sv_cfg.log_level;
+	int r = sv_fdtable_init();
+	if (r < 0) {
+		sv_err("cannot allocate the fd table (%s); libsovia stays out of the way",
+		       strerror(-r));
+		return; /* never initialised: everything passes through */
+	}
+	if (sv_cfg.disable)
+		sv_info("SOVIA_DISABLE is set: all sockets stay on the kernel");
+	atomic_store_explicit(&sv_initialised, true, memory_order_release);
+}
+
+void sv_preload_init(void)
+{
+	pthread_once(&init_once, init_once_fn);
+}
+
+__attribute__((constructor)) static void sv_preload_ctor(void)
+{
+	sv_preload_init();
+}
+
+/* Is this a socket libsovia may accelerate? TCP over IPv4/IPv6 only;
+ * SOCK_NONBLOCK and SOCK_CLOEXEC do not change the answer. */
+static bool classify_stream(int domain, int type, int protocol)
+{
+	int base = type & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
+	return (domain == AF_INET || domain == AF_INET6) && base == SOCK_STREAM &&
+	       (protocol == 0 || protocol == IPPROTO_TCP);
+}
+
+/* Start managing fd. Failure is not an error for the application: the
+ * socket simply stays unmanaged, on the kernel. */
+static void manage(int fd)
+{
+	if (sv_cfg.disable)
+		return;
+	struct sv_fd *f = sv_fd_new(fd, &sv_kernel_ops, NULL);
+	if (!f) {
+		sv_warn("fd %d: out of memory, it stays on the kernel", fd);
+		return;
+	}
+	if (sv_fd_install(f) < 0)
+		sv_dbg("fd %d is beyond the fd table, it stays on the kernel", fd);
+	sv_fd_put(f);
+}
+
+SV_EXPORT int socket(int domain, int type, int protocol)
+{
+	if (sv_passthrough())
+		return SV_REAL(socket)(domain, type, protocol);
+	int fd = sv_real.socket(domain, type, protocol);
+	if (fd >= 0 && classify_stream(domain, type, protocol)) {
+		int saved = errno;
+		manage(fd);
+		errno = saved;
+	}
+	return fd;
+}
+
+SV_EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	return SV_REAL(bind)(fd, addr, len);
+}
+
+SV_EXPORT int listen(int fd, int backlog)
+{
+	return SV_REAL(listen)(fd, backlog);
+}
+
+SV_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	return SV_REAL(connect)(fd, addr, len);
+}
+
+static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+	int nfd = sv_real.accept4(fd, addr, len, flags);
+	if (nfd < 0)
+		return nfd;
+	struct sv_fd *lf = sv_fd_get(fd);
+	if (lf) {
+		int saved = errno;
+		manage(nfd);
+		errno = saved;
+		sv_fd_put(lf);
+	}
+	return nfd;
+}
+
+SV_EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	if (sv_passthrough())
+		return SV_REAL(accept)(fd, addr, len);
+	return accept_common(fd, addr, len, 0);
+}
+
+SV_EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+	if (sv_passthrough())
+		return SV_REAL(accept4)(fd, addr, len, flags);
+	return accept_common(fd, addr, len, flags);
+}
+
+/* The receive family, one path: read, readv, recv, recvfrom, recvmsg. */
+static ssize_t recv_common(struct sv_fd *f, struct msghdr *msg, int flags)
+{
+	int saved = errno;
+	ssize_t r = f->ops->recvmsg(f, msg, flags);
+	sv_fd_put(f);
+	return sv_ret(r, saved);
+}
+
+/* The send family, one path: write, writev, send, sendto, sendmsg. */
+static ssize_t send_common(struct sv_fd *f, const struct msghdr *msg, int flags)
+{
+	int saved = errno;
+	ssize_t r = f->ops->sendmsg(f, msg, flags);
+	sv_fd_put(f);
+	return sv_ret(r, saved);
+}
+
+#define SV_MSG(iovp, iovcnt) {.msg_iov = (struct iovec *)(iovp), .msg_iovlen = (size_t)(iovcnt)}
+
+SV_EXPORT ssize_t read(int fd, void *buf, size_t n)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(read)(fd, buf, n);
+	struct iovec iov = {buf, n};
+	struct msghdr msg = SV_MSG(&iov, 1);
+	return recv_common(f, &msg, 0);
+}
+
+SV_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(readv)(fd, iov, iovcnt);
+	if (iovcnt < 0) {
+		sv_fd_put(f);
+		errno = EINVAL;
+		return -1;
+	}
+	struct msghdr msg = SV_MSG(iov, iovcnt);
+	return recv_common(f, &msg, 0);
+}
+
+SV_EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(recv)(fd, buf, n, flags);
+	struct iovec iov = {buf, n};
+	struct msghdr msg = SV_MSG(&iov, 1);
+	return recv_common(f, &msg, flags);
+}
+
+SV_EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *from,
+			   socklen_t *fromlen)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(recvfrom)(fd, buf, n, flags, from, fromlen);
+	struct iovec iov = {buf, n};
+	struct msghdr msg = SV_MSG(&iov, 1);
+	msg.msg_name = from;
+	msg.msg_namelen = fromlen ? *fromlen : 0;
+	ssize_t r = recv_common(f, &msg, flags);
+	if (r >= 0 && from && fromlen)
+		*fromlen = msg.msg_namelen;
+	return r;
+}
+
+SV_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(recvmsg)(fd, msg, flags);
+	return recv_common(f, msg, flags);
+}
+
+SV_EXPORT ssize_t write(int fd, const void *buf, size_t n)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(write)(fd, buf, n);
+	struct iovec iov = {(void *)buf, n};
+	struct msghdr msg = SV_MSG(&iov, 1);
+	return send_common(f, &msg, 0);
+}
+
+SV_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(writev)(fd, iov, iovcnt);
+	if (iovcnt < 0) {
+		sv_fd_put(f);
+		errno = EINVAL;
+		return -1;
+	}
+	struct msghdr msg = SV_MSG(iov, iovcnt);
+	return send_common(f, &msg, 0);
+}
+
+SV_EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(send)(fd, buf, n, flags);
+	struct iovec iov = {(void *)buf, n};
+	struct msghdr msg = SV_MSG(&iov, 1);
+	return send_common(f, &msg, flags);
+}
+
+SV_EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags,
+			 const struct sockaddr *to, socklen_t tolen)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(sendto)(fd, buf, n, flags, to, tolen);
+	struct iovec iov = {(void *)buf, n};
+	struct msghdr msg = SV_MSG(&iov, 1);
+	msg.msg_name = (void *)to;
+	msg.msg_namelen = tolen;
+	return send_common(f, &msg, flags);
+}
+
+SV_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(sendmsg)(fd, msg, flags);
+	return send_common(f, msg, flags);
+}
+
+/* Fortified variants (_FORTIFY_SOURCE): check the buffer, then the plain path. */
+extern void __chk_fail(void) __attribute__((noreturn));
+SV_EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen);
+SV_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags);
+SV_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags,
+				 struct sockaddr *from, socklen_t *fromlen);
+
+SV_EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
+{
+	if (n > buflen)
+		__chk_fail();
+	return read(fd, buf, n);
+}
+
+SV_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t n, size_t buflen, int flags)
+{
+	if (n > buflen)
+		__chk_fail();
+	return recv(fd, buf, n, flags);
+}
+
+SV_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int flags,
+				 struct sockaddr *from, socklen_t *fromlen)
+{
+	if (n > buflen)
+		__chk_fail();
+	return recvfrom(fd, buf, n, flags, from, fromlen);
+}
+
+SV_EXPORT int close(int fd)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_remove(fd);
+	if (!f)
+		return SV_REAL(close)(fd);
+	int saved = errno;
+	int r = f->ops->close(f);
+	sv_fd_put(f);
+	return (int)sv_ret(r, saved);
+}
+
+SV_EXPORT int shutdown(int fd, int how)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(shutdown)(fd, how);
+	int saved = errno;
+	int r = f->ops->shutdown(f, how);
+	sv_fd_put(f);
+	return (int)sv_ret(r, saved);
+}
+
+SV_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(setsockopt)(fd, level, name, val, len);
+	int saved = errno;
+	int r = f->ops->setsockopt(f, level, name, val, len);
+	sv_fd_put(f);
+	return (int)sv_ret(r, saved);
+}
+
+SV_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f)
+		return SV_REAL(getsockopt)(fd, level, name, val, len);
+	int saved = errno;
+	int r = f->ops->getsockopt(f, level, name, val, len);
+	sv_fd_put(f);
+	return (int)sv_ret(r, saved);
+}
+
+SV_EXPORT FILE *fdopen(int fd, const char *mode)
+{
+	return SV_REAL(fdopen)(fd, mode);
+}

@@ -1,0 +1,53 @@
+/* Shared by the interposer's files: initialisation state, the re-entry
+ * guard, and the -errno to -1/errno conversion at the boundary. */
+#ifndef SV_PRELOAD_H
+#define SV_PRELOAD_H
+
+#include "fdtable.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#define SV_EXPORT __attribute__((visibility("default")))
+
+extern atomic_bool sv_initialised;
+
+/* Set while libsovia's own code runs on this thread, so that calls it makes
+ * into libc (directly or through libibverbs/librdmacm) pass straight through. */
+extern __thread int sv_tls_inside __attribute__((tls_model("initial-exec")));
+
+static inline bool sv_passthrough(void)
+{
+	return !atomic_load_explicit(&sv_initialised, memory_order_acquire) || sv_tls_inside;
+}
+
+static inline void sv_enter(void)
+{
+	sv_tls_inside++;
+}
+
+static inline void sv_leave(void)
+{
+	sv_tls_inside--;
+}
+
+/* Convert an internal result (>= 0 or -errno) to the libc convention. On
+ * success errno is restored to what the caller had. */
+static inline long sv_ret(long r, int saved_errno)
+{
+	if (r < 0) {
+		errno = (int)-r;
+		return -1;
+	}
+	errno = saved_errno;
+	return r;
+}
+
+/* The kernel's operations: every call goes to the real libc function. */
+extern const struct sv_fd_ops sv_kernel_ops;
+
+/* One-time set-up: resolve symbols, load settings, size the fd table. */
+void sv_preload_init(void);
+
+#endif

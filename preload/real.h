@@ -1,0 +1,57 @@
+/* The real libc entry points behind every interposed call, resolved once with
+ * dlsym(RTLD_NEXT). SV_REAL_SYMBOLS is the one list of what we interpose: the
+ * struct, the resolver and the version script's checks all derive from it. */
+#ifndef SV_REAL_H
+#define SV_REAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#define SV_REAL_SYMBOLS(X)                                                                  \
+	X(socket, int, (int, int, int))                                                     \
+	X(bind, int, (int, const struct sockaddr *, socklen_t))                             \
+	X(listen, int, (int, int))                                                          \
+	X(accept, int, (int, struct sockaddr *, socklen_t *))                               \
+	X(accept4, int, (int, struct sockaddr *, socklen_t *, int))                         \
+	X(connect, int, (int, const struct sockaddr *, socklen_t))                          \
+	X(read, ssize_t, (int, void *, size_t))                                             \
+	X(write, ssize_t, (int, const void *, size_t))                                      \
+	X(readv, ssize_t, (int, const struct iovec *, int))                                 \
+	X(writev, ssize_t, (int, const struct iovec *, int))                                \
+	X(recv, ssize_t, (int, void *, size_t, int))                                        \
+	X(recvfrom, ssize_t, (int, void *, size_t, int, struct sockaddr *, socklen_t *))    \
+	X(recvmsg, ssize_t, (int, struct msghdr *, int))                                    \
+	X(send, ssize_t, (int, const void *, size_t, int))                                  \
+	X(sendto, ssize_t, (int, const void *, size_t, int, const struct sockaddr *,        \
+			    socklen_t))                                                     \
+	X(sendmsg, ssize_t, (int, const struct msghdr *, int))                              \
+	X(close, int, (int))                                                                \
+	X(shutdown, int, (int, int))                                                        \
+	X(setsockopt, int, (int, int, int, const void *, socklen_t))                        \
+	X(getsockopt, int, (int, int, int, void *, socklen_t *))                            \
+	X(fdopen, FILE *, (int, const char *))
+
+struct sv_real {
+#define SV_REAL_FIELD(name, ret, args) ret(*name) args;
+	SV_REAL_SYMBOLS(SV_REAL_FIELD)
+#undef SV_REAL_FIELD
+};
+
+extern struct sv_real sv_real;
+extern atomic_bool sv_real_ready;
+
+/* Resolve every symbol (once; thread-safe). Aborts with a message if one is
+ * missing or resolves back into libsovia itself. */
+void sv_real_resolve(void);
+
+/* The real function, resolving on first use (calls can arrive before our
+ * constructor has run, from other libraries' constructors). */
+#define SV_REAL(name)                                                                       \
+	(atomic_load_explicit(&sv_real_ready, memory_order_acquire) ? sv_real.name          \
+								    : (sv_real_resolve(), sv_real.name))
+
+#endif

@@ -1,0 +1,183 @@
+#include "config.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+struct sv_config sv_cfg;
+
+enum setting_kind {
+	SETTING_BOOL,
+	SETTING_U32,   /* plain count */
+	SETTING_BYTES, /* count with an optional k/m suffix (powers of 1024) */
+	SETTING_LEVEL, /* log level name or number */
+};
+
+struct setting {
+	const char *name;
+	enum setting_kind kind;
+	size_t offset;
+	uint32_t def, min, max;
+	const char *what;
+};
+
+#define U32(field) offsetof(struct sv_config, field)
+
+static const struct setting settings[] = {
+	{"SOVIA_DISABLE", SETTING_BOOL, U32(disable), 0, 0, 1, "turn acceleration off"},
+	{"SOVIA_LOG", SETTING_LEVEL, U32(log_level), SV_LOG_WARN, SV_LOG_ERROR, SV_LOG_DEBUG,
+	 "log level (error, warn, info, debug)"},
+	{"SOVIA_STATS", SETTING_BOOL, U32(stats), 0, 0, 1, "print statistics at exit"},
+	{"SOVIA_WINDOW", SETTING_U32, U32(window), 32, 4, 1024, "receive descriptors (credits)"},
+	{"SOVIA_BUF_SIZE", SETTING_BYTES, U32(buf_size), 32768, 1024, 1u << 20,
+	 "bytes per receive descriptor"},
+	{"SOVIA_ACK_DELAY", SETTING_U32, U32(ack_delay), 8, 1, 512,
+	 "consumed descriptors before an ACK"},
+	{"SOVIA_ACK_TIMEOUT_US", SETTING_U32, U32(ack_timeout_us), 1000, 10, 1000000,
+	 "delayed-ACK timer in microseconds"},
+	{"SOVIA_COALESCE", SETTING_BOOL, U32(coalesce), 1, 0, 1, "coalesce small writes"},
+	{"SOVIA_COALESCE_SIZE", SETTING_BYTES, U32(coalesce_size), 2048, 64, 1u << 20,
+	 "coalescing buffer size in bytes"},
+	{"SOVIA_COALESCE_TIMEOUT_US", SETTING_U32, U32(coalesce_timeout_us), 200, 1, 1000000,
+	 "coalescing timer in microseconds"},
+	{"SOVIA_REG_THRESHOLD", SETTING_BYTES, U32(reg_threshold), 65536, 1024, 1u << 30,
+	 "write size from which data is sent zero-copy"},
+	{"SOVIA_UPGRADE_TIMEOUT_MS", SETTING_U32, U32(upgrade_timeout_ms), 3000, 10, 600000,
+	 "bound on the RDMA upgrade of one connection in milliseconds"},
+};
+
+static void store(struct sv_config *cfg, const struct setting *s, uint32_t v)
+{
+	char *p = (char *)cfg + s->offset;
+	switch (s->kind) {
+	case SETTING_BOOL:
+		*(bool *)p = v != 0;
+		return;
+	case SETTING_LEVEL:
+		*(int *)p = (int)v;
+		return;
+	case SETTING_U32:
+	case SETTING_BYTES:
+		*(uint32_t *)p = v;
+		return;
+	}
+}
+
+static int parse_bool(const char *s, uint32_t *out)
+{
+	static const char *const yes[] = {"1", "yes", "true", "on"};
+	static const char *const no[] = {"0", "no", "false", "off"};
+	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+		if (strcasecmp(s, yes[i]) == 0) {
+			*out = 1;
+			return 0;
+		}
+		if (strcasecmp(s, no[i]) == 0) {
+			*out = 0;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static int parse_level(const char *s, uint32_t *out)
+{
+	static const char *const names[] = {"error", "warn", "info", "debug"};
+	for (uint32_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		if (strcasecmp(s, names[i]) == 0) {
+			*out = i;
+			return 0;
+		}
+	}
+	if (s[0] >= '0' && s[0] <= '3' && s[1] == '\0') {
+		*out = (uint32_t)(s[0] - '0');
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static int parse_number(const char *s, bool allow_suffix, uint32_t *out)
+{
+	if (*s < '0' || *s > '9')
+		return -EINVAL; /* no sign, no leading blanks */
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno)
+		return -ERANGE;
+	unsigned long long mult = 1;
+	if (allow_suffix && (*end == 'k' || *end == 'K'))
+		mult = 1024, end++;
+	else if (allow_suffix && (*end == 'm' || *end == 'M'))
+		mult = 1024 * 1024, end++;
+	if (*end != '\0')
+		return -EINVAL;
+	if (v > UINT32_MAX / mult)
+		return -ERANGE;
+	*out = (uint32_t)(v * mult);
+	return 0;
+}
+
+static int parse_setting(const struct setting *s, const char *text, uint32_t *out)
+{
+	switch (s->kind) {
+	case SETTING_BOOL:
+		return parse_bool(text, out);
+	case SETTING_LEVEL:
+		return parse_level(text, out);
+	case SETTING_U32:
+		return parse_number(text, false, out);
+	case SETTING_BYTES:
+		return parse_number(text, true, out);
+	}
+	return -EINVAL;
+}
+
+void sv_config_defaults(struct sv_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
+		store(cfg, &settings[i], settings[i].def);
+}
+
+int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
+{
+	int bad = 0;
+	sv_config_defaults(cfg);
+	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
+		const struct setting *s = &settings[i];
+		const char *text = getenv_fn(s->name);
+		uint32_t v;
+		if (!text)
+			continue;
+		if (parse_setting(s, text, &v) < 0 || v < s->min || v > s->max) {
+			sv_err("%s='%s' is not a valid %s (%s%u..%u); using the default %u", s->name,
+			       text, s->what,
+			       s->kind == SETTING_BYTES ? "bytes, k/m suffix allowed, " : "", s->min,
+			       s->max, s->def);
+			bad++;
+			continue;
+		}
+		store(cfg, s, v);
+	}
+	/* Relations between settings. */
+	if (cfg->ack_delay >= cfg->window) {
+		uint32_t fixed = cfg->window / 2;
+		sv_err("SOVIA_ACK_DELAY=%u must be below SOVIA_WINDOW=%u (the sender would stall); "
+		       "using %u",
+		       cfg->ack_delay, cfg->window, fixed);
+		cfg->ack_delay = fixed;
+		bad++;
+	}
+	if (cfg->coalesce_size > cfg->buf_size) {
+		sv_err("SOVIA_COALESCE_SIZE=%u exceeds SOVIA_BUF_SIZE=%u; using %u",
+		       cfg->coalesce_size, cfg->buf_size, cfg->buf_size);
+		cfg->coalesce_size = cfg->buf_size;
+		bad++;
+	}
+	return bad;
+}

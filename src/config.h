@@ -1,0 +1,39 @@
+/* Run-time settings, read once from the environment (SOVIA_*).
+ * Every setting, its default and its range are listed in config.c's table and
+ * documented in README.md. A bad value prints a clear message on stderr and
+ * falls back to the default; it never aborts the program. */
+#ifndef SV_CONFIG_H
+#define SV_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct sv_config {
+	bool disable;                 /* SOVIA_DISABLE: never accelerate, pure passthrough */
+	int log_level;                /* SOVIA_LOG: error|warn|info|debug (or 0..3) */
+	bool stats;                   /* SOVIA_STATS: print per-connection counters at exit */
+	uint32_t window;              /* SOVIA_WINDOW: receive descriptors pre-posted = credits */
+	uint32_t buf_size;            /* SOVIA_BUF_SIZE: bytes per receive descriptor */
+	uint32_t ack_delay;           /* SOVIA_ACK_DELAY: consumed descriptors before an ACK */
+	uint32_t ack_timeout_us;      /* SOVIA_ACK_TIMEOUT_US: delayed-ACK timer */
+	bool coalesce;                /* SOVIA_COALESCE: Nagle-style coalescing of small writes */
+	uint32_t coalesce_size;       /* SOVIA_COALESCE_SIZE: coalescing buffer / threshold */
+	uint32_t coalesce_timeout_us; /* SOVIA_COALESCE_TIMEOUT_US: coalescing flush timer */
+	uint32_t reg_threshold;       /* SOVIA_REG_THRESHOLD: writes >= this are sent zero-copy */
+	uint32_t upgrade_timeout_ms;  /* SOVIA_UPGRADE_TIMEOUT_MS: bound on the RDMA upgrade */
+};
+
+typedef char *(*sv_getenv_fn)(const char *name);
+
+/* Fill cfg from the environment as seen through getenv_fn (secure_getenv in
+ * the library, a fake in the tests). Returns the number of bad settings that
+ * were reported and replaced by their defaults. */
+int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn);
+
+/* The defaults, as sv_config_load gives with an empty environment. */
+void sv_config_defaults(struct sv_config *cfg);
+
+/* The process-wide settings, loaded by the preload's initialiser. */
+extern struct sv_config sv_cfg;
+
+#endif

@@ -1,0 +1,51 @@
+#include "log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int sv_log_threshold = SV_LOG_WARN;
+
+static const char *const level_names[] = {
+	[SV_LOG_ERROR] = "error",
+	[SV_LOG_WARN] = "warning",
+	[SV_LOG_INFO] = "info",
+	[SV_LOG_DEBUG] = "debug",
+};
+
+static void log_vwrite(const char *prefix, const char *fmt, va_list ap)
+{
+	char buf[512];
+	int saved = errno;
+	int n = snprintf(buf, sizeof(buf), "libsovia[%d]: %s: ", (int)getpid(), prefix);
+	if (n < 0)
+		n = 0;
+	int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
+	size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+	if (len > sizeof(buf) - 2)
+		len = sizeof(buf) - 2;
+	buf[len++] = '\n';
+	/* The raw syscall: never the (possibly interposed) write(). */
+	(void)syscall(SYS_write, 2, buf, len);
+	errno = saved;
+}
+
+void sv_log_write(enum sv_log_level level, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	log_vwrite(level_names[level], fmt, ap);
+	va_end(ap);
+}
+
+void sv_fatal(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	log_vwrite("fatal", fmt, ap);
+	va_end(ap);
+	abort();
+}

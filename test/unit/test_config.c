@@ -1,0 +1,126 @@
+/* Settings: defaults, valid values, and bad values (clear message, default kept). */
+#include "config.h"
+#include "log.h"
+
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <criterion/redirect.h>
+#include <string.h>
+
+/* A fake environment for sv_config_load. */
+static const char *env_names[16];
+static const char *env_values[16];
+static int env_n;
+
+static void env_set(const char *name, const char *value)
+{
+	env_names[env_n] = name;
+	env_values[env_n] = value;
+	env_n++;
+}
+
+static char *fake_getenv(const char *name)
+{
+	for (int i = 0; i < env_n; i++)
+		if (strcmp(env_names[i], name) == 0)
+			return (char *)env_values[i];
+	return NULL;
+}
+
+static void setup(void)
+{
+	env_n = 0;
+	sv_log_threshold = SV_LOG_WARN;
+}
+
+TestSuite(config, .init = setup, .timeout = 10);
+
+Test(config, empty_environment_gives_defaults)
+{
+	struct sv_config c, d;
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 0);
+	sv_config_defaults(&d);
+	cr_assert_eq(memcmp(&c, &d, sizeof(c)), 0);
+	cr_assert_eq(c.window, 32);
+	cr_assert_eq(c.coalesce_size, 2048);
+	cr_assert(c.coalesce);
+	cr_assert_not(c.disable);
+	cr_assert_eq(c.log_level, SV_LOG_WARN);
+}
+
+Test(config, valid_values_are_taken)
+{
+	struct sv_config c;
+	env_set("SOVIA_WINDOW", "64");
+	env_set("SOVIA_BUF_SIZE", "64k");
+	env_set("SOVIA_COALESCE", "off");
+	env_set("SOVIA_DISABLE", "yes");
+	env_set("SOVIA_LOG", "debug");
+	env_set("SOVIA_REG_THRESHOLD", "1M");
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 0);
+	cr_assert_eq(c.window, 64);
+	cr_assert_eq(c.buf_size, 65536);
+	cr_assert_not(c.coalesce);
+	cr_assert(c.disable);
+	cr_assert_eq(c.log_level, SV_LOG_DEBUG);
+	cr_assert_eq(c.reg_threshold, 1u << 20);
+}
+
+/* Inline strings: Criterion copies parameters into a re-executed child,
+ * where pointers into the parent's (PIE) image would dangle. */
+struct bad_case {
+	char name[32];
+	char value[32];
+};
+
+ParameterizedTestParameters(config, bad_value_keeps_default)
+{
+	static struct bad_case cases[] = {
+		{"SOVIA_WINDOW", "abc"},     {"SOVIA_WINDOW", "-5"},   {"SOVIA_WINDOW", "1"},
+		{"SOVIA_WINDOW", "99999"},   {"SOVIA_WINDOW", " 8"},   {"SOVIA_WINDOW", "8x"},
+		{"SOVIA_BUF_SIZE", "3G"},    {"SOVIA_BUF_SIZE", ""},   {"SOVIA_LOG", "loud"},
+		{"SOVIA_COALESCE", "maybe"}, {"SOVIA_ACK_DELAY", "0"},
+		{"SOVIA_ACK_TIMEOUT_US", "99999999999999999999"},
+	};
+	return cr_make_param_array(struct bad_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct bad_case *bc, config, bad_value_keeps_default, .init = setup)
+{
+	struct sv_config c, d;
+	cr_redirect_stderr();
+	env_set(bc->name, bc->value);
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 1, "%s='%s' should be rejected", bc->name,
+		     bc->value);
+	sv_config_defaults(&d);
+	cr_assert_eq(memcmp(&c, &d, sizeof(c)), 0, "defaults must be kept");
+	fflush(stderr);
+	char expect[128];
+	snprintf(expect, sizeof(expect), "%s='%s' is not a valid", bc->name, bc->value);
+	FILE *err = cr_get_redirected_stderr();
+	char line[512] = "";
+	cr_assert_not_null(fgets(line, sizeof(line), err));
+	cr_assert_not_null(strstr(line, expect), "message was: %s", line);
+	cr_assert_not_null(strstr(line, "using the default"), "message was: %s", line);
+}
+
+Test(config, ack_delay_must_stay_below_window)
+{
+	struct sv_config c;
+	cr_redirect_stderr();
+	env_set("SOVIA_WINDOW", "8");
+	env_set("SOVIA_ACK_DELAY", "8");
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 1);
+	cr_assert_eq(c.window, 8);
+	cr_assert_lt(c.ack_delay, c.window);
+}
+
+Test(config, coalesce_size_capped_by_buffer)
+{
+	struct sv_config c;
+	cr_redirect_stderr();
+	env_set("SOVIA_BUF_SIZE", "4k");
+	env_set("SOVIA_COALESCE_SIZE", "8k");
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 1);
+	cr_assert_eq(c.coalesce_size, 4096);
+}
