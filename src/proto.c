@@ -1,0 +1,806 @@
+/* The SOVIA protocol core. See proto.h for the contract and
+ * docs/protocol.md for the wire format and the ACK/coalescing policy. */
+#include "proto.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+/* ---- Wire format ------------------------------------------------------ */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+void sv_hdr_encode(const struct sv_hdr *h, uint8_t out[SV_HDR_SIZE])
+{
+	out[0] = h->type;
+	out[1] = h->flags;
+	put16(out + 2, h->credits);
+	put32(out + 4, h->len);
+	put64(out + 8, h->seq);
+	put64(out + 16, h->ack);
+}
+
+void sv_hdr_decode(const uint8_t in[SV_HDR_SIZE], struct sv_hdr *h)
+{
+	h->type = in[0];
+	h->flags = in[1];
+	h->credits = get16(in + 2);
+	h->len = get32(in + 4);
+	h->seq = get64(in + 8);
+	h->ack = get64(in + 16);
+}
+
+/* ---- Helpers ----------------------------------------------------------- */
+
+static uint32_t nrecv(const struct sv_proto *p)
+{
+	return sv_proto_nrecv(&p->prm);
+}
+
+static size_t iov_total(const struct iovec *iov, int iovcnt)
+{
+	size_t n = 0;
+	for (int i = 0; i < iovcnt; i++)
+		n += iov[i].iov_len;
+	return n;
+}
+
+/* Copy up to n bytes starting at byte `skip` of the iovec into dst. */
+static void iov_gather(void *dst, const struct iovec *iov, int iovcnt, size_t skip, size_t n)
+{
+	uint8_t *d = dst;
+	for (int i = 0; i < iovcnt && n > 0; i++) {
+		size_t l = iov[i].iov_len;
+		if (skip >= l) {
+			skip -= l;
+			continue;
+		}
+		size_t take = l - skip < n ? l - skip : n;
+		memcpy(d, (const uint8_t *)iov[i].iov_base + skip, take);
+		d += take;
+		n -= take;
+		skip = 0;
+	}
+}
+
+/* The slice [skip, skip+n) of an iovec, as an iovec (at most `max` entries). */
+static int iov_slice(const struct iovec *iov, int iovcnt, size_t skip, size_t n,
+		     struct iovec *out, int max)
+{
+	int k = 0;
+	for (int i = 0; i < iovcnt && n > 0; i++) {
+		size_t l = iov[i].iov_len;
+		if (skip >= l) {
+			skip -= l;
+			continue;
+		}
+		if (k == max)
+			break;
+		size_t take = l - skip < n ? l - skip : n;
+		out[k].iov_base = (uint8_t *)iov[i].iov_base + skip;
+		out[k].iov_len = take;
+		k++;
+		n -= take;
+		skip = 0;
+	}
+	return k;
+}
+
+static void fail(struct sv_proto *p, int err)
+{
+	if (!p->error)
+		p->error = err;
+	p->tx_state = SV_TX_RESET;
+}
+
+/* Fill and post one message from send buffer `slot`: header + `len` payload
+ * bytes already in place after it, plus an optional zero-copy iovec. */
+static int post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, uint32_t len,
+		const struct iovec *zc, int zccnt)
+{
+	struct sv_hdr h = {
+		.type = type,
+		.flags = 0,
+		.credits = (uint16_t)p->unreported,
+		.len = len,
+		.seq = seq,
+		.ack = p->rcv_nxt,
+	};
+	uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, slot);
+	sv_hdr_encode(&h, buf);
+	uint32_t inline_len = SV_HDR_SIZE + (zccnt ? 0 : len);
+	int r = p->xp.ops->post_send(p->xp.ctx, slot, inline_len, zc, zccnt);
+	if (r < 0) {
+		/* The transport is broken; the slot is ours again. */
+		p->free_slots[p->nfree++] = slot;
+		fail(p, r);
+		return r;
+	}
+	/* The report went out: the peer may use those buffers now. */
+	if (type == SV_MSG_DATA && p->unreported)
+		p->st.acks_piggybacked++;
+	p->peer_credits += p->unreported;
+	p->unreported = 0;
+	p->unreported_data = 0;
+	p->ack_deadline = 0;
+	p->credits--;
+	p->inflight += type == SV_MSG_DATA;
+	p->slot_kind[slot] = (uint8_t)(zccnt ? 2 : (type == SV_MSG_DATA ? 1 : 0));
+	p->zc_inflight += zccnt ? 1 : 0;
+	p->st.tx_msgs++;
+	if (type == SV_MSG_DATA) {
+		p->st.tx_data_msgs++;
+		p->st.tx_bytes += len;
+		if (zccnt)
+			p->st.tx_zcopy_bytes += len;
+	}
+	return 0;
+}
+
+static int take_slot(struct sv_proto *p, uint32_t *slot)
+{
+	if (!p->nfree)
+		return -EAGAIN;
+	*slot = p->free_slots[--p->nfree];
+	return 0;
+}
+
+/* A control message with no payload, if `need` credits are there. */
+static int send_control(struct sv_proto *p, uint8_t type, uint64_t seq, uint32_t need)
+{
+	uint32_t slot;
+	if (p->error)
+		return p->error;
+	if (p->credits < need || take_slot(p, &slot) < 0)
+		return -EAGAIN;
+	return post(p, slot, type, seq, 0, NULL, 0);
+}
+
+static bool can_send_data(const struct sv_proto *p)
+{
+	return p->credits > p->prm.reserve && p->nfree > 0;
+}
+
+/* ---- The ACK policy ---------------------------------------------------- */
+
+static int send_update(struct sv_proto *p)
+{
+	if (!p->unreported)
+		return 0;
+	int r = send_control(p, SV_MSG_UPDATE, p->snd_nxt, 1);
+	if (r == 0)
+		p->st.updates_sent++;
+	return r == -EAGAIN ? 0 : r;
+}
+
+/* Decide whether our reposted buffers must be reported now. */
+static int ack_policy(struct sv_proto *p, uint64_t now)
+{
+	if (p->error || !p->unreported)
+		return 0;
+	if (p->unreported_data >= p->prm.ack_delay)
+		return send_update(p);
+	if (p->peer_credits <= p->prm.reserve && p->unreported >= 2)
+		return send_update(p);
+	if (p->unreported_data > 0 && !p->ack_deadline)
+		p->ack_deadline = now + p->prm.ack_timeout_us;
+	return 0;
+}
+
+/* ---- Init -------------------------------------------------------------- */
+
+int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
+		  const struct sv_xport *xp)
+{
+	memset(p, 0, sizeof(*p));
+	if (prm->buf_size <= SV_HDR_SIZE || prm->window < 1 || prm->reserve < 3 ||
+	    prm->ack_delay < 1 || prm->coalesce_size < 1 ||
+	    prm->coalesce_size > prm->buf_size - SV_HDR_SIZE || sv_proto_nrecv(prm) > 65535)
+		return -EINVAL;
+	p->prm = *prm;
+	p->xp = *xp;
+	p->payload_max = prm->buf_size - SV_HDR_SIZE;
+	p->pending_slot = -1;
+	uint32_t ns = sv_proto_nsend(prm), nr = sv_proto_nrecv(prm);
+	p->free_slots = calloc(ns, sizeof(*p->free_slots));
+	p->slot_kind = calloc(ns, sizeof(*p->slot_kind));
+	p->rxq = calloc(nr, sizeof(*p->rxq));
+	if (!p->free_slots || !p->slot_kind || !p->rxq) {
+		sv_proto_destroy(p);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < ns; i++)
+		p->free_slots[p->nfree++] = ns - 1 - i;
+	for (uint32_t i = 0; i < nr; i++) {
+		int r = xp->ops->post_recv(xp->ctx, i);
+		if (r < 0) {
+			sv_proto_destroy(p);
+			return r;
+		}
+	}
+	p->credits = nr;
+	p->peer_credits = nr;
+	p->tx_state = SV_TX_TCP;
+	p->rx_on_qp = false;
+	return 0;
+}
+
+void sv_proto_destroy(struct sv_proto *p)
+{
+	free(p->free_slots);
+	free(p->slot_kind);
+	free(p->rxq);
+	p->free_slots = NULL;
+	p->slot_kind = NULL;
+	p->rxq = NULL;
+}
+
+/* ---- Sending ----------------------------------------------------------- */
+
+static int flush_pending(struct sv_proto *p, enum sv_flush_reason why)
+{
+	if (p->pending_slot < 0)
+		return 0;
+	if (p->credits <= p->prm.reserve) {
+		p->st.credit_stalls++;
+		return -EAGAIN;
+	}
+	uint32_t slot = (uint32_t)p->pending_slot;
+	uint32_t len = p->pending_len;
+	p->pending_slot = -1;
+	p->pending_len = 0;
+	p->pending_deadline = 0;
+	int r = post(p, slot, SV_MSG_DATA, p->snd_nxt, len, NULL, 0);
+	if (r < 0)
+		return r;
+	p->snd_nxt += len;
+	switch (why) {
+	case SV_FLUSH_TIMER:
+		p->st.flushes_timer++;
+		break;
+	case SV_FLUSH_FULL:
+		p->st.flushes_full++;
+		break;
+	case SV_FLUSH_LARGE:
+		p->st.flushes_large++;
+		break;
+	case SV_FLUSH_RECV:
+		p->st.flushes_recv++;
+		break;
+	case SV_FLUSH_CLOSE:
+		p->st.flushes_close++;
+		break;
+	case SV_FLUSH_IDLE:
+		p->st.flushes_idle++;
+		break;
+	case SV_FLUSH_NODELAY:
+		p->st.flushes_nodelay++;
+		break;
+	}
+	return 0;
+}
+
+int sv_proto_flush(struct sv_proto *p, enum sv_flush_reason why, uint64_t now_us)
+{
+	(void)now_us;
+	if (p->error)
+		return p->error;
+	return flush_pending(p, why);
+}
+
+static int tx_check(const struct sv_proto *p)
+{
+	switch (p->tx_state) {
+	case SV_TX_OPEN:
+		return 0;
+	case SV_TX_TCP:
+		return -EINVAL; /* the stream layer sends on TCP itself */
+	case SV_TX_FIN:
+		return -EPIPE;
+	case SV_TX_RESET:
+		return p->error ? p->error : -ECONNRESET;
+	}
+	return -EINVAL;
+}
+
+/* Copy path: whole messages of up to payload_max bytes each. */
+static long send_copy(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t total)
+{
+	size_t done = 0;
+	while (done < total) {
+		if (!can_send_data(p))
+			break;
+		uint32_t slot;
+		take_slot(p, &slot);
+		size_t n = total - done < p->payload_max ? total - done : p->payload_max;
+		uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, slot);
+		iov_gather(buf + SV_HDR_SIZE, iov, iovcnt, done, n);
+		int r = post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, NULL, 0);
+		if (r < 0)
+			return done ? (long)done : r;
+		p->snd_nxt += n;
+		done += n;
+	}
+	if (!done) {
+		p->st.credit_stalls++;
+		return -EAGAIN;
+	}
+	return (long)done;
+}
+
+/* Zero-copy path: the payload stays in the caller's memory. */
+static long send_zcopy(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t total)
+{
+	size_t done = 0;
+	while (done < total) {
+		if (!can_send_data(p))
+			break;
+		struct iovec part[8];
+		size_t n = total - done < p->payload_max ? total - done : p->payload_max;
+		int k = iov_slice(iov, iovcnt, done, n, part, 8);
+		n = iov_total(part, k); /* fewer bytes if the slice needed > 8 entries */
+		uint32_t slot;
+		take_slot(p, &slot);
+		int r = post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, part, k);
+		if (r < 0)
+			return done ? (long)done : r;
+		p->snd_nxt += n;
+		done += n;
+	}
+	if (!done) {
+		p->st.credit_stalls++;
+		return -EAGAIN;
+	}
+	return (long)done;
+}
+
+long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int flags,
+		   uint64_t now_us)
+{
+	int r = tx_check(p);
+	if (r < 0)
+		return r;
+	size_t total = iov_total(iov, iovcnt);
+	if (total == 0)
+		return 0;
+
+	if (total >= p->prm.zcopy_threshold) {
+		r = flush_pending(p, SV_FLUSH_LARGE);
+		if (r < 0)
+			return r;
+		return send_zcopy(p, iov, iovcnt, total);
+	}
+	if (!p->prm.coalesce || total >= p->prm.coalesce_size) {
+		r = flush_pending(p, p->prm.coalesce ? SV_FLUSH_LARGE : SV_FLUSH_NODELAY);
+		if (r < 0)
+			return r;
+		long n = send_copy(p, iov, iovcnt, total);
+		if (n > 0 && !p->prm.coalesce)
+			p->st.flushes_nodelay++;
+		return n;
+	}
+
+	/* A small write: coalesce. */
+	if (p->pending_slot >= 0 && p->pending_len + total > p->prm.coalesce_size) {
+		r = flush_pending(p, SV_FLUSH_FULL);
+		if (r < 0)
+			return r;
+	}
+	if (p->pending_slot < 0) {
+		uint32_t slot;
+		if (p->credits <= p->prm.reserve || take_slot(p, &slot) < 0) {
+			p->st.credit_stalls++;
+			return -EAGAIN;
+		}
+		p->pending_slot = (int32_t)slot;
+		p->pending_len = 0;
+		p->pending_deadline = now_us + p->prm.coalesce_timeout_us;
+	} else {
+		p->st.coalesced_writes++;
+	}
+	uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
+	iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, 0, total);
+	p->pending_len += (uint32_t)total;
+
+	if (p->pending_len >= p->prm.coalesce_size)
+		r = flush_pending(p, SV_FLUSH_FULL);
+	else if (p->inflight == 0 && !p->cork && !(flags & MSG_MORE))
+		r = flush_pending(p, SV_FLUSH_IDLE);
+	/* The data is taken either way; a flush short of credit stays pending. */
+	if (r < 0 && r != -EAGAIN)
+		return r;
+	return (long)total;
+}
+
+bool sv_proto_zcopy_busy(const struct sv_proto *p)
+{
+	return p->zc_inflight > 0;
+}
+
+int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us)
+{
+	(void)now_us;
+	if (slot >= sv_proto_nsend(&p->prm))
+		return -EINVAL;
+	uint8_t kind = p->slot_kind[slot];
+	p->slot_kind[slot] = 0;
+	if (kind) {
+		p->inflight--;
+		if (kind == 2)
+			p->zc_inflight--;
+	}
+	p->free_slots[p->nfree++] = slot;
+	if (p->error)
+		return 0;
+	/* Nagle: the last in-flight data completed, push what waited for it. */
+	if (p->inflight == 0 && p->pending_slot >= 0 && !p->cork) {
+		int r = flush_pending(p, SV_FLUSH_IDLE);
+		if (r < 0 && r != -EAGAIN)
+			return r;
+	}
+	return 0;
+}
+
+/* ---- Receiving --------------------------------------------------------- */
+
+static int malformed(struct sv_proto *p)
+{
+	fail(p, -ECONNRESET);
+	return -ECONNRESET;
+}
+
+/* A control message's buffer is free again at once. */
+static int repost_control(struct sv_proto *p, uint32_t buf)
+{
+	int r = p->xp.ops->post_recv(p->xp.ctx, buf);
+	if (r < 0) {
+		fail(p, r);
+		return r;
+	}
+	p->unreported++;
+	return 0;
+}
+
+int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64_t now_us)
+{
+	if (p->error)
+		return p->error;
+	if (buf >= nrecv(p) || byte_len < SV_HDR_SIZE)
+		return malformed(p);
+	struct sv_hdr h;
+	sv_hdr_decode(p->xp.ops->recv_buf(p->xp.ctx, buf), &h);
+	if (h.flags != 0 || byte_len != SV_HDR_SIZE + (uint64_t)h.len || h.len > p->payload_max)
+		return malformed(p);
+	/* Our view of the peer's credits: it spent one on this message. */
+	if (p->peer_credits == 0)
+		return malformed(p); /* it sent without a credit */
+	p->peer_credits--;
+	if ((uint32_t)p->credits + h.credits > nrecv(p))
+		return malformed(p);
+	if (h.ack > p->snd_nxt)
+		return malformed(p); /* acknowledges bytes we never sent */
+	p->credits += h.credits;
+	if (h.ack > p->snd_una)
+		p->snd_una = h.ack;
+	p->st.rx_msgs++;
+
+	/* The peer's bytes flow to the QP while it is the medium or a TO_RDMA
+	 * has announced it, until a TO_TCP or FIN ends them. */
+	bool qp_part = (p->rx_on_qp && !p->rx_switch_pending) || p->peer_to_rdma;
+	int r = 0;
+	switch ((enum sv_msg_type)h.type) {
+	case SV_MSG_DATA: {
+		if (!qp_part || p->rx_fin || h.len == 0 || h.seq != p->rcv_nxt)
+			return malformed(p);
+		struct sv_rx_slot *s = &p->rxq[(p->rxq_head + p->rxq_count) % nrecv(p)];
+		s->buf = buf;
+		s->off = 0;
+		s->len = h.len;
+		p->rxq_count++;
+		p->rcv_nxt += h.len;
+		p->st.rx_data_msgs++;
+		p->st.rx_bytes += h.len;
+		break;
+	}
+	case SV_MSG_UPDATE:
+		if (h.len != 0)
+			return malformed(p);
+		r = repost_control(p, buf);
+		break;
+	case SV_MSG_TO_RDMA:
+		/* Only while the peer's bytes go to TCP, once per switch. */
+		if (h.len != 0 || p->peer_to_rdma || p->rx_fin || qp_part || h.seq < p->rcv_nxt)
+			return malformed(p);
+		p->peer_to_rdma = true;
+		p->peer_to_rdma_seq = h.seq;
+		p->rcv_nxt = h.seq;
+		r = repost_control(p, buf);
+		break;
+	case SV_MSG_TO_TCP:
+		if (h.len != 0 || !qp_part || p->rx_fin || p->rx_switch_pending ||
+		    h.seq != p->rcv_nxt)
+			return malformed(p);
+		p->rx_switch_pending = true;
+		p->rx_switch_seq = h.seq;
+		if (p->rx_on_qp && !p->peer_to_rdma && p->rcv_read == h.seq) {
+			p->rx_on_qp = false; /* nothing left before it: on TCP now */
+			p->rx_switch_pending = false;
+		}
+		r = repost_control(p, buf);
+		break;
+	case SV_MSG_FIN:
+		if (h.len != 0 || !qp_part || p->rx_fin || h.seq != p->rcv_nxt)
+			return malformed(p);
+		p->rx_fin = true;
+		p->rx_fin_seq = h.seq;
+		r = repost_control(p, buf);
+		break;
+	case SV_MSG_RESET:
+		fail(p, -ECONNRESET);
+		return -ECONNRESET;
+	default:
+		return malformed(p);
+	}
+	if (r < 0)
+		return r;
+
+	/* New credits may release data that waited for them. */
+	if (p->pending_slot >= 0 && p->inflight == 0 && !p->cork) {
+		r = flush_pending(p, SV_FLUSH_IDLE);
+		if (r < 0 && r != -EAGAIN)
+			return r;
+	}
+	return ack_policy(p, now_us);
+}
+
+int sv_proto_rx_accept(struct sv_proto *p)
+{
+	if (p->error)
+		return p->error;
+	if (p->rx_on_qp || !p->peer_to_rdma)
+		return -EINVAL;
+	p->peer_to_rdma = false;
+	p->rx_on_qp = true;
+	p->rcv_read = p->peer_to_rdma_seq;
+	if (p->rx_switch_pending && p->rcv_read == p->rx_switch_seq) {
+		p->rx_on_qp = false; /* it announced a QP part and ended it empty */
+		p->rx_switch_pending = false;
+	}
+	return 0;
+}
+
+/* Where the QP part of the receive stream ends. */
+static uint64_t rx_limit(const struct sv_proto *p)
+{
+	uint64_t lim = UINT64_MAX;
+	if (p->rx_switch_pending)
+		lim = p->rx_switch_seq;
+	if (p->rx_fin && p->rx_fin_seq < lim)
+		lim = p->rx_fin_seq;
+	return lim;
+}
+
+uint64_t sv_proto_readable(const struct sv_proto *p)
+{
+	if (!p->rx_on_qp || p->error)
+		return 0;
+	uint64_t end = rx_limit(p);
+	if (end > p->rcv_nxt)
+		end = p->rcv_nxt;
+	return end - p->rcv_read;
+}
+
+bool sv_proto_rx_on_tcp(const struct sv_proto *p)
+{
+	return !p->rx_on_qp;
+}
+
+long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int flags,
+		   uint64_t now_us)
+{
+	if (p->error)
+		return p->error;
+	/* SOVIA: a receive call pushes out what we hold back. */
+	if (p->pending_slot >= 0) {
+		int r = flush_pending(p, SV_FLUSH_RECV);
+		if (r < 0 && r != -EAGAIN)
+			return r;
+	}
+	if (!p->rx_on_qp)
+		return -EAGAIN;
+
+	bool peek = flags & MSG_PEEK;
+	size_t want = iov_total(iov, iovcnt);
+	uint64_t lim = rx_limit(p);
+	if (lim - p->rcv_read < want)
+		want = (size_t)(lim - p->rcv_read);
+	size_t done = 0;
+	uint32_t idx = p->rxq_head, left = p->rxq_count;
+	int vi = 0;
+	size_t voff = 0;
+	while (done < want && left > 0) {
+		struct sv_rx_slot *s = &p->rxq[idx];
+		const uint8_t *src = (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, s->buf) +
+				     SV_HDR_SIZE + s->off;
+		size_t avail = s->len - s->off;
+		/* Fill the iovec from this slot. */
+		size_t took = 0;
+		while (took < avail && vi < iovcnt) {
+			size_t room = iov[vi].iov_len - voff;
+			size_t n = avail - took < room ? avail - took : room;
+			memcpy((uint8_t *)iov[vi].iov_base + voff, src + took, n);
+			took += n;
+			voff += n;
+			if (voff == iov[vi].iov_len) {
+				vi++;
+				voff = 0;
+			}
+		}
+		done += took;
+		if (peek) {
+			if (took < avail)
+				break;
+			idx = (idx + 1) % nrecv(p);
+			left--;
+			continue;
+		}
+		s->off += (uint32_t)took;
+		p->rcv_read += took;
+		if (s->off < s->len)
+			break;
+		/* The buffer is consumed: give it back to the peer. */
+		int r = p->xp.ops->post_recv(p->xp.ctx, s->buf);
+		if (r < 0) {
+			fail(p, r);
+			return r;
+		}
+		p->unreported++;
+		p->unreported_data++;
+		p->rxq_head = (p->rxq_head + 1) % nrecv(p);
+		p->rxq_count--;
+		idx = p->rxq_head;
+		left = p->rxq_count;
+	}
+	if (!peek && p->rx_switch_pending && p->rcv_read == p->rx_switch_seq) {
+		p->rx_on_qp = false; /* the rest of the stream comes from TCP */
+		p->rx_switch_pending = false;
+	}
+	if (!peek) {
+		int r = ack_policy(p, now_us);
+		if (r < 0)
+			return r;
+	}
+	if (done)
+		return (long)done;
+	if (p->rx_fin && p->rcv_read == p->rx_fin_seq)
+		return 0;
+	if (!p->rx_on_qp)
+		return -EAGAIN; /* switched to TCP */
+	return iov_total(iov, iovcnt) ? -EAGAIN : 0;
+}
+
+/* ---- Control ----------------------------------------------------------- */
+
+int sv_proto_send_to_rdma(struct sv_proto *p, uint64_t tcp_end_seq, uint64_t now_us)
+{
+	(void)now_us;
+	if (p->error)
+		return p->error;
+	if (p->tx_state != SV_TX_TCP || tcp_end_seq < p->snd_nxt)
+		return -EINVAL;
+	int r = send_control(p, SV_MSG_TO_RDMA, tcp_end_seq, 2);
+	if (r < 0)
+		return r;
+	p->snd_nxt = tcp_end_seq;
+	p->tx_state = SV_TX_OPEN;
+	return 0;
+}
+
+int sv_proto_send_to_tcp(struct sv_proto *p, uint64_t now_us)
+{
+	(void)now_us;
+	int r = tx_check(p);
+	if (r < 0)
+		return r;
+	r = flush_pending(p, SV_FLUSH_CLOSE);
+	if (r < 0)
+		return r;
+	r = send_control(p, SV_MSG_TO_TCP, p->snd_nxt, 2);
+	if (r < 0)
+		return r;
+	p->tx_state = SV_TX_TCP;
+	return 0;
+}
+
+int sv_proto_send_fin(struct sv_proto *p, uint64_t now_us)
+{
+	(void)now_us;
+	int r = tx_check(p);
+	if (r < 0)
+		return r;
+	r = flush_pending(p, SV_FLUSH_CLOSE);
+	if (r < 0)
+		return r;
+	r = send_control(p, SV_MSG_FIN, p->snd_nxt, 2);
+	if (r < 0)
+		return r;
+	p->tx_state = SV_TX_FIN;
+	return 0;
+}
+
+int sv_proto_send_reset(struct sv_proto *p)
+{
+	if (p->tx_state == SV_TX_RESET)
+		return 0;
+	int r = 0;
+	if (!p->error)
+		r = send_control(p, SV_MSG_RESET, p->snd_nxt, 1);
+	fail(p, -ECONNRESET);
+	return r == -EAGAIN ? 0 : r;
+}
+
+/* ---- Timers ------------------------------------------------------------ */
+
+uint64_t sv_proto_next_deadline(const struct sv_proto *p)
+{
+	uint64_t d = 0;
+	if (p->ack_deadline)
+		d = p->ack_deadline;
+	if (p->pending_slot >= 0 && p->pending_deadline && (!d || p->pending_deadline < d))
+		d = p->pending_deadline;
+	return d;
+}
+
+uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us)
+{
+	if (p->error)
+		return 0;
+	if (p->ack_deadline && now_us >= p->ack_deadline) {
+		p->ack_deadline = 0;
+		if (p->unreported_data > 0 && send_update(p) < 0)
+			return 0;
+	}
+	if (p->pending_slot >= 0 && now_us >= p->pending_deadline) {
+		if (flush_pending(p, SV_FLUSH_TIMER) == -EAGAIN)
+			p->pending_deadline = now_us + p->prm.coalesce_timeout_us;
+	}
+	return sv_proto_next_deadline(p);
+}
