@@ -6,15 +6,16 @@
 #include "log.h"
 #include "preload.h"
 #include "real.h"
+#include "sovia_ops.h"
 
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 atomic_bool sv_initialised;
-__thread int sv_tls_inside __attribute__((tls_model("initial-exec")));
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
@@ -31,6 +32,7 @@ static void init_once_fn(void)
 	}
 	if (sv_cfg.disable)
 		sv_info("SOVIA_DISABLE is set: all sockets stay on the kernel");
+	sv_ops_init();
 	atomic_store_explicit(&sv_initialised, true, memory_order_release);
 }
 
@@ -42,6 +44,15 @@ void sv_preload_init(void)
 __attribute__((constructor)) static void sv_preload_ctor(void)
 {
 	sv_preload_init();
+}
+
+/* Normal termination (return from main, exit()): push out what the
+ * connections still hold. Writes after this point (stdio's own flush at
+ * exit) complete before they return. */
+__attribute__((destructor)) static void sv_preload_dtor(void)
+{
+	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside)
+		sv_on_exit();
 }
 
 /* Is this a socket libsovia may accelerate? TCP over IPv4/IPv6 only;
@@ -89,12 +100,28 @@ SV_EXPORT int bind(int fd, const struct sockaddr *addr, socklen_t len)
 
 SV_EXPORT int listen(int fd, int backlog)
 {
-	return SV_REAL(listen)(fd, backlog);
+	if (sv_passthrough())
+		return SV_REAL(listen)(fd, backlog);
+	int r = sv_real.listen(fd, backlog);
+	if (r == 0) {
+		int saved = errno;
+		sv_on_listen(fd);
+		errno = saved;
+	}
+	return r;
 }
 
 SV_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
-	return SV_REAL(connect)(fd, addr, len);
+	if (sv_passthrough())
+		return SV_REAL(connect)(fd, addr, len);
+	int r = sv_real.connect(fd, addr, len);
+	if (r == 0) {
+		int saved = errno;
+		sv_on_connected(fd);
+		errno = saved;
+	}
+	return r;
 }
 
 static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
@@ -102,13 +129,9 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 	int nfd = sv_real.accept4(fd, addr, len, flags);
 	if (nfd < 0)
 		return nfd;
-	struct sv_fd *lf = sv_fd_get(fd);
-	if (lf) {
-		int saved = errno;
-		manage(nfd);
-		errno = saved;
-		sv_fd_put(lf);
-	}
+	int saved = errno;
+	sv_on_accepted(fd, nfd);
+	errno = saved;
 	return nfd;
 }
 
@@ -332,7 +355,51 @@ SV_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 	return (int)sv_ret(r, saved);
 }
 
+/* stdio on an accelerated socket: glibc's FILE would read and write the fd
+ * with its internal calls, past the interposer, so the FILE is built on
+ * fopencookie and calls our read/write/close. fileno() still gives fd. */
+static ssize_t cookie_read(void *c, char *buf, size_t n)
+{
+	return read((int)(intptr_t)c, buf, n);
+}
+
+static ssize_t cookie_write(void *c, const char *buf, size_t n)
+{
+	/* stdio treats a short write as an error: write it all. */
+	size_t done = 0;
+	while (done < n) {
+		ssize_t r = write((int)(intptr_t)c, buf + done, n - done);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return done ? (ssize_t)done : -1;
+		}
+		done += (size_t)r;
+	}
+	return (ssize_t)done;
+}
+
+static int cookie_close(void *c)
+{
+	return close((int)(intptr_t)c);
+}
+
 SV_EXPORT FILE *fdopen(int fd, const char *mode)
 {
-	return SV_REAL(fdopen)(fd, mode);
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f || f->ops != &sv_stream_ops) {
+		sv_fd_put(f);
+		return SV_REAL(fdopen)(fd, mode);
+	}
+	sv_fd_put(f);
+	cookie_io_functions_t io = {
+		.read = cookie_read,
+		.write = cookie_write,
+		.seek = NULL,
+		.close = cookie_close,
+	};
+	FILE *fp = fopencookie((void *)(intptr_t)fd, mode, io);
+	if (fp)
+		fp->_fileno = fd; /* fileno() as with any fdopen'ed FILE */
+	return fp;
 }

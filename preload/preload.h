@@ -4,6 +4,7 @@
 #define SV_PRELOAD_H
 
 #include "fdtable.h"
+#include "guard.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -13,23 +14,9 @@
 
 extern atomic_bool sv_initialised;
 
-/* Set while libsovia's own code runs on this thread, so that calls it makes
- * into libc (directly or through libibverbs/librdmacm) pass straight through. */
-extern __thread int sv_tls_inside __attribute__((tls_model("initial-exec")));
-
 static inline bool sv_passthrough(void)
 {
 	return !atomic_load_explicit(&sv_initialised, memory_order_acquire) || sv_tls_inside;
-}
-
-static inline void sv_enter(void)
-{
-	sv_tls_inside++;
-}
-
-static inline void sv_leave(void)
-{
-	sv_tls_inside--;
 }
 
 /* Convert an internal result (>= 0 or -errno) to the libc convention. On

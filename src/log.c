@@ -1,5 +1,7 @@
 #include "log.h"
 
+#include "guard.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,6 +10,7 @@
 #include <unistd.h>
 
 int sv_log_threshold = SV_LOG_WARN;
+__thread int sv_tls_inside __attribute__((tls_model("initial-exec")));
 
 static const char *const level_names[] = {
 	[SV_LOG_ERROR] = "error",

@@ -166,6 +166,10 @@ static int post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, u
 	p->slot_kind[slot] = (uint8_t)(zccnt ? 2 : (type == SV_MSG_DATA ? 1 : 0));
 	p->zc_inflight += zccnt ? 1 : 0;
 	p->st.tx_msgs++;
+	if (type == SV_MSG_TO_RDMA) {
+		p->to_rdma_inflight = true;
+		p->to_rdma_slot = slot;
+	}
 	if (type == SV_MSG_DATA) {
 		p->st.tx_data_msgs++;
 		p->st.tx_bytes += len;
@@ -238,6 +242,7 @@ int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 	p->prm = *prm;
 	p->xp = *xp;
 	p->payload_max = prm->buf_size - SV_HDR_SIZE;
+	p->tx_payload_max = p->payload_max;
 	p->pending_slot = -1;
 	uint32_t ns = sv_proto_nsend(prm), nr = sv_proto_nrecv(prm);
 	p->free_slots = calloc(ns, sizeof(*p->free_slots));
@@ -260,6 +265,16 @@ int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 	p->peer_credits = nr;
 	p->tx_state = SV_TX_TCP;
 	p->rx_on_qp = false;
+	return 0;
+}
+
+int sv_proto_set_peer(struct sv_proto *p, uint32_t peer_nrecv, uint32_t peer_buf_size)
+{
+	if (peer_nrecv <= p->prm.reserve || peer_nrecv > 65535 || peer_buf_size <= SV_HDR_SIZE)
+		return -EINVAL;
+	p->credits = peer_nrecv;
+	if (peer_buf_size - SV_HDR_SIZE < p->tx_payload_max)
+		p->tx_payload_max = peer_buf_size - SV_HDR_SIZE;
 	return 0;
 }
 
@@ -350,7 +365,7 @@ static long send_copy(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 			break;
 		uint32_t slot;
 		take_slot(p, &slot);
-		size_t n = total - done < p->payload_max ? total - done : p->payload_max;
+		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
 		uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, slot);
 		iov_gather(buf + SV_HDR_SIZE, iov, iovcnt, done, n);
 		int r = post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, NULL, 0);
@@ -374,7 +389,7 @@ static long send_zcopy(struct sv_proto *p, const struct iovec *iov, int iovcnt, 
 		if (!can_send_data(p))
 			break;
 		struct iovec part[8];
-		size_t n = total - done < p->payload_max ? total - done : p->payload_max;
+		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
 		int k = iov_slice(iov, iovcnt, done, n, part, 8);
 		n = iov_total(part, k); /* fewer bytes if the slice needed > 8 entries */
 		uint32_t slot;
@@ -408,7 +423,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 			return r;
 		return send_zcopy(p, iov, iovcnt, total);
 	}
-	if (!p->prm.coalesce || total >= p->prm.coalesce_size) {
+	if (!p->prm.coalesce || total >= p->prm.coalesce_size || total > p->tx_payload_max) {
 		r = flush_pending(p, p->prm.coalesce ? SV_FLUSH_LARGE : SV_FLUSH_NODELAY);
 		if (r < 0)
 			return r;
@@ -419,7 +434,9 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	}
 
 	/* A small write: coalesce. */
-	if (p->pending_slot >= 0 && p->pending_len + total > p->prm.coalesce_size) {
+	uint32_t climit = p->prm.coalesce_size < p->tx_payload_max ? p->prm.coalesce_size
+								     : p->tx_payload_max;
+	if (p->pending_slot >= 0 && p->pending_len + total > climit) {
 		r = flush_pending(p, SV_FLUSH_FULL);
 		if (r < 0)
 			return r;
@@ -440,7 +457,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, 0, total);
 	p->pending_len += (uint32_t)total;
 
-	if (p->pending_len >= p->prm.coalesce_size)
+	if (p->pending_len >= climit)
 		r = flush_pending(p, SV_FLUSH_FULL);
 	else if (p->inflight == 0 && !p->cork && !(flags & MSG_MORE))
 		r = flush_pending(p, SV_FLUSH_IDLE);
@@ -462,6 +479,8 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us)
 		return -EINVAL;
 	uint8_t kind = p->slot_kind[slot];
 	p->slot_kind[slot] = 0;
+	if (p->to_rdma_inflight && slot == p->to_rdma_slot)
+		p->to_rdma_inflight = false;
 	if (kind) {
 		p->inflight--;
 		if (kind == 2)
@@ -589,6 +608,11 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 			return r;
 	}
 	return ack_policy(p, now_us);
+}
+
+bool sv_proto_to_rdma_pending(const struct sv_proto *p)
+{
+	return p->to_rdma_inflight;
 }
 
 int sv_proto_rx_accept(struct sv_proto *p)

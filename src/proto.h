@@ -21,7 +21,8 @@
 /* ---- Wire format ------------------------------------------------------ */
 
 #define SV_HDR_SIZE 24
-#define SV_CHALLENGE_SIZE 12 /* bytes of the upgrade challenge echoed on TCP */
+#define SV_CHALLENGE_SIZE 8 /* bytes of the upgrade challenge echoed on TCP */
+#define SV_RESERVE 4        /* control-message reserve, the same on every peer */
 
 enum sv_msg_type {
 	SV_MSG_DATA = 1,       /* stream bytes; payload = the bytes */
@@ -74,7 +75,8 @@ struct sv_xport {
 
 struct sv_proto_params {
 	uint32_t window;        /* w: data credits (receive buffers for data) */
-	uint32_t reserve;       /* c: extra receive buffers for control messages, >= 3 */
+	uint32_t reserve;       /* c: extra receive buffers for control messages, >= 3
+				 * (SV_RESERVE in practice: both peers must agree) */
 	uint32_t buf_size;      /* bytes per buffer, header included */
 	uint32_t ack_delay;     /* t: consumed data buffers before an UPDATE */
 	uint64_t ack_timeout_us;
@@ -145,6 +147,9 @@ struct sv_proto {
 
 	/* Sending. Offsets are stream offsets of this direction. */
 	enum sv_tx_state tx_state;
+	uint32_t tx_payload_max; /* payload per message: what the peer's buffers hold */
+	bool to_rdma_inflight;   /* our TO_RDMA is posted but not yet completed */
+	uint32_t to_rdma_slot;
 	uint64_t snd_nxt;        /* next stream byte to hand to the transport */
 	uint32_t credits;        /* messages we may still send */
 	uint32_t inflight;       /* posted sends not yet completed */
@@ -188,6 +193,10 @@ int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 		  const struct sv_xport *xp);
 void sv_proto_destroy(struct sv_proto *p);
 
+/* The peer's receive side, learnt during connection set-up: how many
+ * buffers it posted (our credits) and their size. Call before sending. */
+int sv_proto_set_peer(struct sv_proto *p, uint32_t peer_nrecv, uint32_t peer_buf_size);
+
 /* Completions, in the order the transport reports them. A malformed message
  * resets the connection: the result is -ECONNRESET and p->error is set. */
 int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64_t now_us);
@@ -218,6 +227,11 @@ uint64_t sv_proto_readable(const struct sv_proto *p);
 /* True when the receive side reads from TCP: before the first upgrade, and
  * once every byte the QP carried before the peer's TO_TCP is consumed. */
 bool sv_proto_rx_on_tcp(const struct sv_proto *p);
+
+/* True while our TO_RDMA has not completed: on an RC QP its completion means
+ * it sits in the peer's completion queue, so the challenge echo may only be
+ * written on TCP after this turns false. */
+bool sv_proto_to_rdma_pending(const struct sv_proto *p);
 
 /* The receive direction moves to the QP: the stream layer has delivered the
  * peer's TCP bytes up to peer_to_rdma_seq and verified the challenge. */

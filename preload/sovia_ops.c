@@ -1,0 +1,182 @@
+/* The operations of fds libsovia accelerates: a listening socket (with its
+ * RDMA listener) and a connected stream. Every op runs libsovia's code
+ * under the re-entry guard, so the libc calls it makes go straight through. */
+#include "sovia_ops.h"
+
+#include "guard.h"
+#include "helper.h"
+#include "log.h"
+#include "real.h"
+#include "stream.h"
+
+#include <errno.h>
+
+/* ---- Connected streams -------------------------------------------------- */
+
+static ssize_t st_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
+{
+	sv_enter();
+	long r = sv_stream_recvmsg(f->priv, msg, flags);
+	sv_leave();
+	return r;
+}
+
+static ssize_t st_sendmsg(struct sv_fd *f, const struct msghdr *msg, int flags)
+{
+	sv_enter();
+	long r = sv_stream_sendmsg(f->priv, msg, flags);
+	sv_leave();
+	return r;
+}
+
+static int st_shutdown(struct sv_fd *f, int how)
+{
+	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
+		return -EINVAL;
+	sv_enter();
+	int r = sv_stream_shutdown(f->priv, how);
+	sv_leave();
+	return r;
+}
+
+static int st_setsockopt(struct sv_fd *f, int level, int name, const void *val, socklen_t len)
+{
+	sv_enter();
+	int r = sv_stream_setsockopt(f->priv, level, name, val, len);
+	sv_leave();
+	return r;
+}
+
+static int st_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len)
+{
+	return sv_real.getsockopt(f->fd, level, name, val, len) < 0 ? -errno : 0;
+}
+
+static int st_close(struct sv_fd *f)
+{
+	sv_enter();
+	int r = sv_stream_close(f->priv);
+	sv_leave();
+	return r;
+}
+
+static void st_release(struct sv_fd *f)
+{
+	sv_enter();
+	sv_stream_put(f->priv);
+	sv_leave();
+}
+
+const struct sv_fd_ops sv_stream_ops = {
+	.name = "sovia-stream",
+	.recvmsg = st_recvmsg,
+	.sendmsg = st_sendmsg,
+	.shutdown = st_shutdown,
+	.setsockopt = st_setsockopt,
+	.getsockopt = st_getsockopt,
+	.close = st_close,
+	.release = st_release,
+};
+
+/* ---- Listening sockets --------------------------------------------------- */
+
+static void ls_release(struct sv_fd *f)
+{
+	sv_enter();
+	sv_upgrade_unlisten(f->priv);
+	sv_leave();
+}
+
+/* A listening socket behaves as the kernel's in every call; only its
+ * release also ends the RDMA listener. Filled in by sv_ops_init. */
+static struct sv_fd_ops listen_ops;
+
+void sv_ops_init(void)
+{
+	listen_ops = sv_kernel_ops;
+	listen_ops.name = "sovia-listen";
+	listen_ops.release = ls_release;
+}
+
+/* ---- Hooks from the interposed calls -------------------------------------- */
+
+/* Make (ops, priv) fd's entry. On failure priv is released and the fd
+ * stays as it was: the caller must not go on with priv. */
+static bool replace_entry(int fd, const struct sv_fd_ops *ops, void *priv)
+{
+	struct sv_fd *f = sv_fd_new(fd, ops, priv);
+	if (!f) {
+		struct sv_fd tmp = {.fd = fd, .priv = priv};
+		if (ops->release)
+			ops->release(&tmp);
+		return false;
+	}
+	bool ok = sv_fd_install(f) == 0;
+	if (!ok)
+		sv_dbg("fd %d is beyond the fd table: it stays on the kernel", fd);
+	sv_fd_put(f);
+	return ok;
+}
+
+void sv_on_listen(int fd)
+{
+	struct sv_fd *f = sv_fd_get(fd);
+	if (!f)
+		return;
+	bool plain = f->ops == &sv_kernel_ops;
+	sv_fd_put(f);
+	if (!plain)
+		return; /* listening already (a second listen() changes the backlog) */
+	sv_enter();
+	struct sv_listener *l = sv_upgrade_listen(fd);
+	sv_leave();
+	if (l)
+		(void)replace_entry(fd, &listen_ops, l);
+}
+
+void sv_on_accepted(int lfd, int fd)
+{
+	struct sv_fd *lf = sv_fd_get(lfd);
+	if (!lf)
+		return;
+	bool rdma = lf->ops == &listen_ops;
+	sv_fd_put(lf);
+	if (!rdma)
+		return; /* no RDMA listener: the connection is the kernel's alone */
+	sv_enter();
+	struct sv_stream *s = sv_stream_new(fd, false);
+	if (s) {
+		sv_stream_get(s); /* for the upgrade below, past the entry's reference */
+		if (replace_entry(fd, &sv_stream_ops, s))
+			sv_upgrade_accepted(s);
+		sv_stream_put(s);
+	}
+	sv_leave();
+}
+
+void sv_on_connected(int fd)
+{
+	struct sv_fd *f = sv_fd_get(fd);
+	if (!f)
+		return;
+	bool plain = f->ops == &sv_kernel_ops;
+	sv_fd_put(f);
+	if (!plain)
+		return;
+	sv_enter();
+	struct sv_stream *s = sv_stream_new(fd, true);
+	if (s) {
+		sv_stream_get(s);
+		if (replace_entry(fd, &sv_stream_ops, s))
+			sv_upgrade_connect(s);
+		sv_stream_put(s);
+	}
+	sv_leave();
+}
+
+void sv_on_exit(void)
+{
+	sv_enter();
+	sv_helper_exit_flush();
+	sv_leave();
+}

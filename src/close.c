@@ -1,0 +1,110 @@
+/* Closing: the application's close() returns at once; the helper thread
+ * delivers what is still queued, sends FIN, and closes the QP and the TCP
+ * socket (SOVIA's close thread). Process exit pushes everything out. */
+#include "stream_int.h"
+
+#include "config.h"
+#include "helper.h"
+#include "log.h"
+#include "verbs.h"
+
+#include <errno.h>
+#include <rdma/rdma_cma.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* How long a closed connection may take to deliver its last bytes. */
+#define SV_LINGER_US (30u * 1000000u)
+
+/* A descriptor number far from the ones the application uses. */
+static int high_fd_base(void)
+{
+	struct rlimit rl;
+	int base = 1000;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    (rlim_t)base >= rl.rlim_cur)
+		base = (int)(rl.rlim_cur > 64 ? rl.rlim_cur - 64 : 3);
+	return base;
+}
+
+int sv_stream_close(struct sv_stream *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->app_closed = true;
+	if (!s->proto_ready || s->state == SV_CONN_FALLBACK) {
+		/* Nothing of ours to finish: the kernel closes as usual. */
+		int fd = s->fd;
+		if (sv_cfg.stats)
+			sv_stream_print_stats(s, "close");
+		s->fd = -1;
+		pthread_mutex_unlock(&s->lock);
+		if (s->id || s->state == SV_CONN_RESOLVING || s->state == SV_CONN_REQUESTED)
+			sv_helper_watch(s); /* let the helper drop its part */
+		return close(fd) < 0 ? -errno : 0;
+	}
+	/* The application's fd number is free again at once; the connection
+	 * lives on a private copy until it is finished. */
+	int keep = fcntl(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
+	int r = 0;
+	if (keep < 0) {
+		r = -errno;
+		sv_warn("fd %d: cannot keep the connection for a lingering close (%d)", s->fd, r);
+	} else {
+		if (close(s->fd) < 0)
+			r = -errno;
+		s->fd = keep;
+	}
+	s->linger_deadline_us = sv_now_us() + SV_LINGER_US;
+	pthread_mutex_unlock(&s->lock);
+	sv_helper_watch(s);
+	return r;
+}
+
+uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
+{
+	struct sv_proto *p = &s->proto;
+	bool finished = true;
+	if (s->proto_ready && s->state != SV_CONN_FALLBACK && !s->error) {
+		sv_stream_progress(s);
+		if (p->tx_state == SV_TX_OPEN && !s->tx_held)
+			sv_proto_send_fin(p, now); /* -EAGAIN: try again after credits */
+		bool delivered = p->nfree == sv_proto_nsend(&p->prm);
+		finished = (p->tx_state != SV_TX_OPEN || s->tx_held) && delivered && !s->echo_owed;
+	}
+	if (!finished && now < s->linger_deadline_us) {
+		uint64_t next = sv_proto_next_deadline(p);
+		uint64_t tick = now + 10000; /* completions also wake us */
+		return next && next < tick ? next : tick;
+	}
+	if (!finished)
+		sv_info("fd %d: closing with data undelivered after the linger time", s->fd);
+	if (sv_cfg.stats)
+		sv_stream_print_stats(s, "close");
+	if (s->id && s->proto_ready)
+		rdma_disconnect(s->id); /* the peer learns at once, not by timeout */
+	if (s->fd >= 0) {
+		if (!finished || s->error) {
+			/* Like TCP's abortive close: the peer sees a reset. */
+			struct linger lg = {.l_onoff = 1, .l_linger = 0};
+			setsockopt(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+		}
+		close(s->fd);
+		s->fd = -1;
+	}
+	*done = true;
+	return 0;
+}
+
+void sv_stream_exit_flush(struct sv_stream *s)
+{
+	pthread_mutex_lock(&s->lock);
+	struct sv_proto *p = &s->proto;
+	if (s->proto_ready && s->state != SV_CONN_FALLBACK && !s->error &&
+	    p->tx_state == SV_TX_OPEN)
+		sv_stream_drain(s);
+	if (sv_cfg.stats && !s->app_closed)
+		sv_stream_print_stats(s, "exit");
+	pthread_mutex_unlock(&s->lock);
+}

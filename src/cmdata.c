@@ -1,0 +1,180 @@
+#include "cmdata.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <string.h>
+
+/* Request layout:
+ *   0  magic      u32
+ *   4  version    u8
+ *   5  family     u8   4 or 6
+ *   6  nrecv      u16
+ *   8  buf_size   u32
+ *  12  client port u16 (network order, as in sockaddr)
+ *  14  server port u16
+ *  16  challenge  8 bytes
+ *  24  client addr, server addr: 4+4 (IPv4) or 16+16 (IPv6)   -> 32 or 56 bytes */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+	       ((uint32_t)p[3] << 24);
+}
+
+/* The address as 16 bytes (IPv4 mapped) and the port; -1 if not IP. */
+static int addr16(const struct sockaddr_storage *ss, uint8_t out[16], uint16_t *port, int *v4)
+{
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+		memset(out, 0, 10);
+		out[10] = out[11] = 0xff;
+		memcpy(out + 12, &in->sin_addr, 4);
+		*port = in->sin_port;
+		*v4 = 1;
+		return 0;
+	}
+	if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+		memcpy(out, &in6->sin6_addr, 16);
+		*port = in6->sin6_port;
+		*v4 = IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr);
+		return 0;
+	}
+	return -1;
+}
+
+static void make_addr(struct sockaddr_storage *ss, const uint8_t *a, int v4, uint16_t port)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (v4) {
+		struct sockaddr_in *in = (struct sockaddr_in *)ss;
+		in->sin_family = AF_INET;
+		memcpy(&in->sin_addr, a, 4);
+		in->sin_port = port;
+	} else {
+		struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+		in6->sin6_family = AF_INET6;
+		memcpy(&in6->sin6_addr, a, 16);
+		in6->sin6_port = port;
+	}
+}
+
+int sv_cm_req_encode(const struct sv_cm_req *r, uint8_t *out)
+{
+	uint8_t c[16], s[16];
+	uint16_t cp, sp;
+	int cv4, sv4;
+	if (addr16(&r->client, c, &cp, &cv4) < 0 || addr16(&r->server, s, &sp, &sv4) < 0)
+		return -EAFNOSUPPORT;
+	int v4 = cv4 && sv4;
+	memset(out, 0, SV_CM_REQ_MAX);
+	put32(out, SV_CM_MAGIC);
+	out[4] = r->version;
+	out[5] = v4 ? 4 : 6;
+	put16(out + 6, r->nrecv);
+	put32(out + 8, r->buf_size);
+	memcpy(out + 12, &cp, 2);
+	memcpy(out + 14, &sp, 2);
+	memcpy(out + 16, r->challenge, SV_CHALLENGE_SIZE);
+	if (v4) {
+		memcpy(out + 24, c + 12, 4);
+		memcpy(out + 28, s + 12, 4);
+		return 32;
+	}
+	memcpy(out + 24, c, 16);
+	memcpy(out + 40, s, 16);
+	return 56;
+}
+
+int sv_cm_req_decode(const uint8_t *in, size_t len, struct sv_cm_req *r)
+{
+	memset(r, 0, sizeof(*r));
+	if (!in || len < 5 || get32(in) != SV_CM_MAGIC)
+		return -EPROTO;
+	r->version = in[4];
+	if (r->version != SV_CM_VERSION)
+		return -EPROTONOSUPPORT;
+	if (len < 32)
+		return -EPROTO;
+	int fam = in[5];
+	if (fam != 4 && fam != 6)
+		return -EPROTO;
+	if (fam == 6 && len < 56)
+		return -EPROTO;
+	r->nrecv = get16(in + 6);
+	r->buf_size = get32(in + 8);
+	uint16_t cp, sp;
+	memcpy(&cp, in + 12, 2);
+	memcpy(&sp, in + 14, 2);
+	memcpy(r->challenge, in + 16, SV_CHALLENGE_SIZE);
+	if (fam == 4) {
+		make_addr(&r->client, in + 24, 1, cp);
+		make_addr(&r->server, in + 28, 1, sp);
+	} else {
+		make_addr(&r->client, in + 24, 0, cp);
+		make_addr(&r->server, in + 40, 0, sp);
+	}
+	return 0;
+}
+
+/* Accept layout: magic u32, version u8, reserved u8, nrecv u16,
+ * buf_size u32, challenge 8 bytes: 20 bytes. */
+void sv_cm_rep_encode(const struct sv_cm_rep *r, uint8_t out[SV_CM_REP_LEN])
+{
+	memset(out, 0, SV_CM_REP_LEN);
+	put32(out, SV_CM_MAGIC);
+	out[4] = r->version;
+	put16(out + 6, r->nrecv);
+	put32(out + 8, r->buf_size);
+	memcpy(out + 12, r->challenge, SV_CHALLENGE_SIZE);
+}
+
+int sv_cm_rep_decode(const uint8_t *in, size_t len, struct sv_cm_rep *r)
+{
+	memset(r, 0, sizeof(*r));
+	if (!in || len < 5 || get32(in) != SV_CM_MAGIC)
+		return -EPROTO;
+	r->version = in[4];
+	if (r->version != SV_CM_VERSION)
+		return -EPROTONOSUPPORT;
+	if (len < SV_CM_REP_LEN)
+		return -EPROTO;
+	r->nrecv = get16(in + 6);
+	r->buf_size = get32(in + 8);
+	memcpy(r->challenge, in + 12, SV_CHALLENGE_SIZE);
+	return 0;
+}
+
+bool sv_addr_same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	uint8_t x[16], y[16];
+	uint16_t px, py;
+	int vx, vy;
+	if (addr16(a, x, &px, &vx) < 0 || addr16(b, y, &py, &vy) < 0)
+		return false;
+	return memcmp(x, y, 16) == 0;
+}
+
+bool sv_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	uint8_t x[16], y[16];
+	uint16_t px, py;
+	int vx, vy;
+	if (addr16(a, x, &px, &vx) < 0 || addr16(b, y, &py, &vy) < 0)
+		return false;
+	return px == py && memcmp(x, y, 16) == 0;
+}

@@ -1,0 +1,46 @@
+/* The rdma_cm private data of an upgrade: the connect request (client to
+ * server, at most 56 bytes on RDMA_PS_TCP) and the accept (server to
+ * client). Layouts are in docs/protocol.md. All integers little-endian. */
+#ifndef SV_CMDATA_H
+#define SV_CMDATA_H
+
+#include "proto.h"
+
+#include <stdint.h>
+#include <sys/socket.h>
+
+#define SV_CM_MAGIC 0x41564f53u /* "SOVA" on the wire */
+#define SV_CM_VERSION 1
+#define SV_CM_REQ_MAX 56
+
+struct sv_cm_req {
+	uint8_t version;
+	uint16_t nrecv;    /* the client's receive buffers: the server's credits */
+	uint32_t buf_size; /* their size */
+	struct sockaddr_storage client, server; /* the TCP connection, as the client sees it */
+	uint8_t challenge[SV_CHALLENGE_SIZE];    /* the server must echo it on TCP */
+};
+
+struct sv_cm_rep {
+	uint8_t version;
+	uint16_t nrecv;
+	uint32_t buf_size;
+	uint8_t challenge[SV_CHALLENGE_SIZE]; /* the client must echo it on TCP */
+};
+
+/* Encode into out (SV_CM_REQ_MAX bytes); returns the length or -EAFNOSUPPORT. */
+int sv_cm_req_encode(const struct sv_cm_req *r, uint8_t *out);
+/* Decode; -EPROTO for a foreign or malformed request, -EPROTONOSUPPORT for
+ * our magic with another version (r->version says which). */
+int sv_cm_req_decode(const uint8_t *in, size_t len, struct sv_cm_req *r);
+
+#define SV_CM_REP_LEN 20
+void sv_cm_rep_encode(const struct sv_cm_rep *r, uint8_t out[SV_CM_REP_LEN]);
+int sv_cm_rep_decode(const uint8_t *in, size_t len, struct sv_cm_rep *r);
+
+/* Same address and port? (IPv4 and IPv4-mapped IPv6 compare equal.) */
+bool sv_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
+/* Same address, ports ignored. */
+bool sv_addr_same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
+
+#endif

@@ -1,0 +1,188 @@
+#include "helper.h"
+
+#include "guard.h"
+#include "log.h"
+#include "stream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+atomic_bool sv_exiting;
+
+/* A watched stream, or an id waiting to be destroyed. */
+struct watch {
+	struct sv_stream *s;
+	struct watch *next;
+};
+
+
+static struct {
+	pthread_once_t once;
+	int err;
+	pthread_t thread;
+	pthread_mutex_t lock; /* the watch list */
+	struct rdma_event_channel *ch;
+	int epfd, wakefd;
+	struct watch *watches;
+} h = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void wake_helper(void)
+{
+	uint64_t one = 1;
+	ssize_t r = write(h.wakefd, &one, sizeof(one));
+	(void)r;
+}
+
+void sv_helper_watch(struct sv_stream *s)
+{
+	if (sv_helper_start() < 0)
+		return;
+	pthread_mutex_lock(&h.lock);
+	for (struct watch *w = h.watches; w; w = w->next) {
+		if (w->s == s) {
+			pthread_mutex_unlock(&h.lock);
+			wake_helper();
+			return;
+		}
+	}
+	struct watch *w = malloc(sizeof(*w));
+	if (w) {
+		sv_stream_get(s);
+		w->s = s;
+		w->next = h.watches;
+		h.watches = w;
+	}
+	pthread_mutex_unlock(&h.lock);
+	wake_helper();
+}
+
+struct rdma_event_channel *sv_helper_channel(void)
+{
+	return h.ch;
+}
+
+/* Service every watched stream; drop those that are done. */
+static uint64_t service_all(uint64_t now)
+{
+	uint64_t next = 0;
+	pthread_mutex_lock(&h.lock);
+	struct watch *list = h.watches;
+	h.watches = NULL;
+	pthread_mutex_unlock(&h.lock);
+
+	struct watch *keep = NULL;
+	while (list) {
+		struct watch *w = list;
+		list = list->next;
+		bool done;
+		uint64_t d = sv_stream_service(w->s, now, &done);
+		if (done) {
+			sv_stream_put(w->s);
+			free(w);
+			continue;
+		}
+		if (d && (!next || d < next))
+			next = d;
+		w->next = keep;
+		keep = w;
+	}
+	pthread_mutex_lock(&h.lock);
+	while (keep) {
+		struct watch *w = keep;
+		keep = keep->next;
+		w->next = h.watches;
+		h.watches = w;
+	}
+	pthread_mutex_unlock(&h.lock);
+	return next;
+}
+
+static void *helper_main(void *arg)
+{
+	(void)arg;
+	sv_enter(); /* everything this thread calls goes straight to libc */
+	for (;;) {
+		uint64_t now = sv_now_us();
+		uint64_t next = service_all(now);
+		uint64_t up = sv_upgrade_timers(now);
+		if (up && (!next || up < next))
+			next = up;
+		int timeout = -1;
+		if (next) {
+			now = sv_now_us();
+			timeout = next > now ? (int)((next - now + 999) / 1000) : 0;
+		}
+		struct epoll_event evs[4];
+		int n = epoll_wait(h.epfd, evs, 4, timeout);
+		for (int i = 0; i < n; i++) {
+			if (evs[i].data.fd == h.wakefd) {
+				uint64_t v;
+				ssize_t r = read(h.wakefd, &v, sizeof(v));
+				(void)r;
+			} else if (evs[i].data.fd == h.ch->fd) {
+				struct rdma_cm_event *ev;
+				while (rdma_get_cm_event(h.ch, &ev) == 0)
+					sv_upgrade_event(ev); /* acks it */
+			}
+		}
+	}
+	return NULL;
+}
+
+static void start_once(void)
+{
+	sv_enter();
+	h.ch = rdma_create_event_channel();
+	if (!h.ch) {
+		h.err = errno ? -errno : -ENODEV;
+		sv_info("no rdma_cm (%s): connections stay on TCP", strerror(-h.err));
+		goto out;
+	}
+	int fl = fcntl(h.ch->fd, F_GETFL);
+	fcntl(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
+	fcntl(h.ch->fd, F_SETFD, FD_CLOEXEC);
+	h.epfd = epoll_create1(EPOLL_CLOEXEC);
+	h.wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (h.epfd < 0 || h.wakefd < 0) {
+		h.err = -errno;
+		goto out;
+	}
+	struct epoll_event e = {.events = EPOLLIN, .data.fd = h.wakefd};
+	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.wakefd, &e);
+	e.data.fd = h.ch->fd;
+	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.ch->fd, &e);
+
+	/* The helper must not take signals meant for the application. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int r = pthread_create(&h.thread, NULL, helper_main, NULL);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r) {
+		h.err = -r;
+		goto out;
+	}
+	pthread_detach(h.thread);
+out:
+	sv_leave();
+}
+
+int sv_helper_start(void)
+{
+	pthread_once(&h.once, start_once);
+	return h.err;
+}
+
+void sv_helper_exit_flush(void)
+{
+	atomic_store(&sv_exiting, true);
+	sv_stream_exit_flush_all();
+}

@@ -1,0 +1,517 @@
+/* The stream's life: creation, waiting, the upgrade's steps, statistics.
+ * The data paths are in stream_rx.c and stream_tx.c, closing in close.c. */
+#include "stream_int.h"
+
+#include "config.h"
+#include "helper.h"
+#include "log.h"
+#include "verbs.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t sv_now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+const char *sv_conn_state_name(enum sv_conn_state s)
+{
+	switch (s) {
+	case SV_CONN_TCP:
+		return "tcp";
+	case SV_CONN_RESOLVING:
+		return "resolving";
+	case SV_CONN_REQUESTED:
+		return "requested";
+	case SV_CONN_SWITCHING:
+		return "switching";
+	case SV_CONN_RDMA:
+		return "rdma";
+	case SV_CONN_FALLBACK:
+		return "fallback";
+	case SV_CONN_BROKEN:
+		return "broken";
+	}
+	return "?";
+}
+
+const char *sv_fallback_name(enum sv_fallback f)
+{
+	switch (f) {
+	case SV_FB_NONE:
+		return "none";
+	case SV_FB_DISABLED:
+		return "disabled";
+	case SV_FB_NO_ROUTE:
+		return "no-rdma-route";
+	case SV_FB_REJECTED:
+		return "rejected";
+	case SV_FB_UNREACHABLE:
+		return "unreachable";
+	case SV_FB_VERSION:
+		return "version-mismatch";
+	case SV_FB_TIMEOUT:
+		return "timeout";
+	case SV_FB_NO_MATCH:
+		return "no-matching-connection";
+	case SV_FB_CHALLENGE:
+		return "challenge-failed";
+	case SV_FB_RESOURCES:
+		return "no-resources";
+	case SV_FB_UNSUPPORTED:
+		return "unsupported-call";
+	}
+	return "?";
+}
+
+/* Every live stream, for the exit flush. */
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sv_stream *all_streams;
+
+static void all_add(struct sv_stream *s)
+{
+	pthread_mutex_lock(&all_lock);
+	s->next_all = all_streams;
+	all_streams = s;
+	pthread_mutex_unlock(&all_lock);
+}
+
+static void all_remove(struct sv_stream *s)
+{
+	pthread_mutex_lock(&all_lock);
+	for (struct sv_stream **pp = &all_streams; *pp; pp = &(*pp)->next_all) {
+		if (*pp == s) {
+			*pp = s->next_all;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&all_lock);
+}
+
+void sv_stream_exit_flush_all(void)
+{
+	/* Streams stay alive: the exit path only holds the list lock while it
+	 * takes references, then flushes each without it. */
+	struct sv_stream *batch[256];
+	size_t n = 0;
+	pthread_mutex_lock(&all_lock);
+	for (struct sv_stream *s = all_streams; s && n < 256; s = s->next_all) {
+		sv_stream_get(s);
+		batch[n++] = s;
+	}
+	pthread_mutex_unlock(&all_lock);
+	for (size_t i = 0; i < n; i++) {
+		sv_stream_exit_flush(batch[i]);
+		sv_stream_put(batch[i]);
+	}
+}
+
+struct sv_stream *sv_stream_new(int fd, bool is_client)
+{
+	struct sv_stream *s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (s->wake_fd < 0) {
+		free(s);
+		return NULL;
+	}
+	pthread_mutex_init(&s->lock, NULL);
+	atomic_init(&s->refs, 1);
+	s->fd = fd;
+	s->is_client = is_client;
+	s->state = SV_CONN_TCP;
+	socklen_t l = sizeof(s->tuple.local);
+	getsockname(fd, (struct sockaddr *)&s->tuple.local, &l);
+	l = sizeof(s->tuple.peer);
+	getpeername(fd, (struct sockaddr *)&s->tuple.peer, &l);
+	s->nodelay = !sv_cfg.coalesce;
+	all_add(s);
+	return s;
+}
+
+void sv_stream_get(struct sv_stream *s)
+{
+	atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+}
+
+void sv_stream_put(struct sv_stream *s)
+{
+	if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	all_remove(s);
+	sv_upgrade_forget(s); /* the QP before the core whose buffers it used */
+	if (s->proto_ready)
+		sv_proto_destroy(&s->proto);
+	if (s->wake_fd >= 0)
+		close(s->wake_fd);
+	free(s->tcpbuf);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}
+
+/* ---- Waiting ----------------------------------------------------------- */
+
+void sv_stream_wake(struct sv_stream *s)
+{
+	if (s->waiters) {
+		uint64_t one = 1;
+		ssize_t r = write(s->wake_fd, &one, sizeof(one));
+		(void)r; /* EAGAIN means it is signalled already */
+	}
+}
+
+bool sv_stream_blocking(const struct sv_stream *s, int flags)
+{
+	if (flags & MSG_DONTWAIT)
+		return false;
+	int fl = fcntl(s->fd, F_GETFL);
+	return fl >= 0 && !(fl & O_NONBLOCK);
+}
+
+int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
+{
+	struct pollfd pfd[3];
+	int n = 0, chan = -1, tcp = -1;
+	if (s->verbs && !s->error) {
+		/* Arm, then look once more: a completion that came before the
+		 * arming would not wake us. */
+		if (sv_verbs_arm(s->verbs) == 0 && sv_verbs_poll(s->verbs, &s->proto, sv_now_us()) > 0)
+			return 0;
+		chan = n;
+		pfd[n++] = (struct pollfd){.fd = sv_verbs_fd(s->verbs), .events = POLLIN};
+	}
+	if (tcp_events) {
+		tcp = n;
+		pfd[n++] = (struct pollfd){.fd = s->fd, .events = tcp_events};
+	}
+	int wake = n;
+	pfd[n++] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+
+	uint64_t next = s->proto_ready ? sv_proto_next_deadline(&s->proto) : 0;
+	if (!deadline || (next && next < deadline))
+		deadline = next;
+	int timeout = -1;
+	if (deadline) {
+		uint64_t now = sv_now_us();
+		timeout = deadline > now ? (int)((deadline - now + 999) / 1000) : 0;
+	}
+
+	s->waiters++;
+	pthread_mutex_unlock(&s->lock);
+	int r = poll(pfd, (nfds_t)n, timeout);
+	int err = errno;
+	pthread_mutex_lock(&s->lock);
+	s->waiters--;
+	if (r < 0)
+		return err == EINTR ? -EINTR : -err;
+	if ((pfd[wake].revents & POLLIN) && s->waiters == 0) {
+		uint64_t v;
+		ssize_t rr = read(s->wake_fd, &v, sizeof(v));
+		(void)rr;
+	}
+	if (chan >= 0 && (pfd[chan].revents & POLLIN) && s->verbs)
+		sv_verbs_drain_events(s->verbs);
+	(void)tcp;
+	if (s->proto_ready && !s->error)
+		sv_proto_timers(&s->proto, sv_now_us());
+	return 0;
+}
+
+/* ---- Progress ----------------------------------------------------------- */
+
+int sv_stream_progress(struct sv_stream *s)
+{
+	if (!s->verbs || s->error)
+		return s->error;
+	uint64_t now = sv_now_us();
+	int r = sv_verbs_poll(s->verbs, &s->proto, now);
+	if (r < 0) {
+		sv_stream_break(s, r);
+		return s->error;
+	}
+	sv_proto_timers(&s->proto, now);
+	if (s->echo_owed) {
+		r = sv_stream_write_echo(s);
+		if (r < 0 && r != -EAGAIN) {
+			sv_stream_break(s, r);
+			return s->error;
+		}
+	}
+	if (r > 0)
+		sv_stream_wake(s);
+	return 0;
+}
+
+void sv_stream_break(struct sv_stream *s, int err)
+{
+	if (s->state == SV_CONN_BROKEN || s->state == SV_CONN_FALLBACK)
+		return;
+	struct sv_proto *p = &s->proto;
+	sv_dbg("fd %d: the QP is down (%s)", s->fd, strerror(err < 0 ? -err : ECONNRESET));
+	bool moved = s->proto_ready &&
+		     (p->tx_state != SV_TX_TCP || p->rx_on_qp || p->peer_to_rdma);
+	if (!moved) {
+		/* Nothing ever went over the QP: TCP simply carries on. */
+		s->state = SV_CONN_FALLBACK;
+		if (s->fallback == SV_FB_NONE)
+			s->fallback = SV_FB_RESOURCES;
+		sv_stream_wake(s);
+		return;
+	}
+	s->state = SV_CONN_BROKEN;
+	/* Receiving: what the QP delivered is read first, then TCP carries
+	 * on from there. A peer that exited or was killed closed its TCP
+	 * socket too, so that gives EOF or ECONNRESET, never a hang. */
+	if (p->rx_on_qp && !p->rx_switch_pending && !p->rx_fin) {
+		p->rx_switch_pending = true;
+		p->rx_switch_seq = p->rcv_nxt;
+		if (p->rcv_read == p->rcv_nxt) {
+			p->rx_on_qp = false;
+			p->rx_switch_pending = false;
+		}
+	}
+	if (p->peer_to_rdma) {
+		s->error = -ECONNRESET; /* broke inside a switch */
+	}
+	/* Sending: if everything posted was delivered, TCP carries on from
+	 * snd_nxt (with the bytes still held for coalescing); otherwise bytes
+	 * are lost and the stream must fail rather than go on with a gap. */
+	if (p->tx_state == SV_TX_OPEN) {
+		bool all_done = p->nfree + (p->pending_slot >= 0) == sv_proto_nsend(&p->prm);
+		if (all_done && !s->tx_held) {
+			if (p->pending_slot >= 0) {
+				uint8_t *b = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
+				uint32_t len = p->pending_len, off = 0;
+				while (off < len) {
+					ssize_t n = send(s->fd, b + SV_HDR_SIZE + off, len - off,
+							 MSG_NOSIGNAL);
+					if (n <= 0)
+						break;
+					off += (uint32_t)n;
+				}
+				p->free_slots[p->nfree++] = (uint32_t)p->pending_slot;
+				p->pending_slot = -1;
+				p->pending_len = 0;
+				if (off < len)
+					s->error = -ECONNRESET;
+			}
+			p->tx_state = SV_TX_TCP;
+		} else {
+			s->error = err < 0 ? err : -ECONNRESET;
+		}
+	}
+	sv_stream_wake(s);
+}
+
+void sv_stream_qp_down(struct sv_stream *s, int err)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->verbs && !s->error)
+		sv_verbs_poll(s->verbs, &s->proto, sv_now_us()); /* keep what arrived */
+	sv_stream_break(s, err);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- The upgrade's steps ------------------------------------------------ */
+
+void sv_stream_fallback(struct sv_stream *s, enum sv_fallback why)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->state != SV_CONN_RDMA && s->state != SV_CONN_BROKEN) {
+		sv_info("fd %d stays on TCP: %s", s->fd, sv_fallback_name(why));
+		s->state = SV_CONN_FALLBACK;
+		s->fallback = why;
+		sv_stream_wake(s);
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+void sv_stream_established(struct sv_stream *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->state == SV_CONN_FALLBACK || s->state == SV_CONN_BROKEN || s->error) {
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	s->state = SV_CONN_SWITCHING;
+	if (s->is_client) {
+		/* The client moves first: TCP carried [0, tcp_tx); its data then
+		 * waits until the server proves it is the TCP peer. */
+		int r = sv_proto_send_to_rdma(&s->proto, s->tcp_tx, sv_now_us());
+		if (r < 0) {
+			pthread_mutex_unlock(&s->lock);
+			sv_stream_fallback(s, SV_FB_RESOURCES);
+			return;
+		}
+		s->tx_held = true;
+		s->echo_owed = true;
+		s->echo_sent = 0;
+	}
+	sv_stream_progress(s);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* The server's reply to a verified client: move our sending as well. */
+static void server_switch_tx(struct sv_stream *s)
+{
+	int r = sv_proto_send_to_rdma(&s->proto, s->tcp_tx, sv_now_us());
+	if (r < 0) {
+		sv_stream_break(s, r);
+		return;
+	}
+	s->echo_owed = true;
+	s->echo_sent = 0;
+	s->st.switches_to_rdma++;
+}
+
+void sv_stream_rx_switched(struct sv_stream *s)
+{
+	s->st.switches_to_rdma++;
+	if (s->is_client) {
+		s->tx_held = false; /* the server proved itself: our data may go */
+	} else if (s->proto.tx_state == SV_TX_TCP) {
+		server_switch_tx(s);
+	}
+	if (!s->tx_held && !s->echo_owed)
+		s->state = SV_CONN_RDMA;
+	sv_stream_wake(s);
+}
+
+uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
+{
+	*done = false;
+	pthread_mutex_lock(&s->lock);
+	uint64_t next = 0;
+	switch (s->state) {
+	case SV_CONN_TCP:
+	case SV_CONN_RESOLVING:
+	case SV_CONN_REQUESTED:
+		if (s->deadline_us && now >= s->deadline_us) {
+			pthread_mutex_unlock(&s->lock);
+			sv_stream_fallback(s, SV_FB_TIMEOUT);
+			*done = true;
+			return 0;
+		}
+		next = s->deadline_us;
+		break;
+	case SV_CONN_SWITCHING:
+	case SV_CONN_RDMA:
+		sv_stream_progress(s);
+		/* Pump the peer's TCP bytes up to its switch point, so the
+		 * upgrade completes even if the application is not reading. */
+		if (s->proto_ready && s->proto.peer_to_rdma && !s->error) {
+			for (;;) {
+				if (s->tcpbuf_cap - s->tcpbuf_len < 65536) {
+					size_t cap = s->tcpbuf_cap ? s->tcpbuf_cap * 2 : 65536;
+					uint8_t *nb = realloc(s->tcpbuf, cap);
+					if (!nb)
+						break;
+					s->tcpbuf = nb;
+					s->tcpbuf_cap = cap;
+				}
+				struct iovec iov = {s->tcpbuf + s->tcpbuf_len,
+						    s->tcpbuf_cap - s->tcpbuf_len};
+				long n = sv_stream_tcp_read(s, &iov, 1, 0);
+				if (n <= 0)
+					break;
+				s->tcpbuf_len += (size_t)n;
+				sv_stream_wake(s);
+			}
+		}
+		if (s->state == SV_CONN_SWITCHING && s->deadline_us && now >= s->deadline_us &&
+		    s->proto_ready && !s->proto.rx_on_qp && s->proto.tx_state == SV_TX_TCP &&
+		    !s->proto.peer_to_rdma) {
+			/* Connected, yet nothing moved: nothing in-band happened,
+			 * so TCP can simply carry on. */
+			pthread_mutex_unlock(&s->lock);
+			sv_stream_fallback(s, SV_FB_TIMEOUT);
+			*done = true;
+			return 0;
+		}
+		if (s->app_closed) {
+			next = sv_stream_linger(s, now, done);
+			break;
+		}
+		if (s->state == SV_CONN_RDMA && !s->echo_owed && !s->proto.peer_to_rdma)
+			*done = true; /* the application's calls drive it now */
+		next = s->proto_ready ? sv_proto_next_deadline(&s->proto) : 0;
+		if (s->state == SV_CONN_SWITCHING) {
+			/* A switch takes a few round trips whose completions do
+			 * not wake the helper: look again every millisecond until
+			 * it is over (bounded by the upgrade deadline). */
+			if (!next || next > now + 1000)
+				next = now + 1000;
+		}
+		break;
+	case SV_CONN_FALLBACK:
+	case SV_CONN_BROKEN:
+		if (s->app_closed)
+			next = sv_stream_linger(s, now, done);
+		else
+			*done = true;
+		break;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return next;
+}
+
+/* ---- Statistics -------------------------------------------------------- */
+
+static void addr_str(const struct sockaddr_storage *ss, char *out, size_t len)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	unsigned port = 0;
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		port = ntohs(in->sin_port);
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		port = ntohs(in6->sin6_port);
+	}
+	snprintf(out, len, "%s:%u", host, port);
+}
+
+void sv_stream_print_stats(struct sv_stream *s, const char *when)
+{
+	char local[64], peer[64], line[1024];
+	addr_str(&s->tuple.local, local, sizeof(local));
+	addr_str(&s->tuple.peer, peer, sizeof(peer));
+	const struct sv_proto_stats *p = &s->proto.st;
+	int n = snprintf(
+		line, sizeof(line),
+		"libsovia stats [%s] %s -> %s %s state=%s fallback=%s "
+		"rdma_tx_bytes=%llu rdma_rx_bytes=%llu tcp_tx_bytes=%llu tcp_rx_bytes=%llu "
+		"rdma_tx_msgs=%llu rdma_rx_msgs=%llu zcopy_tx_bytes=%llu credit_stalls=%llu "
+		"acks_sent=%llu acks_piggybacked=%llu coalesced_writes=%llu "
+		"flushes=timer:%llu,full:%llu,large:%llu,recv:%llu,close:%llu,idle:%llu,nodelay:%llu "
+		"switches=to_rdma:%llu,to_tcp:%llu\n",
+		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
+		sv_fallback_name(s->fallback), (unsigned long long)p->tx_bytes,
+		(unsigned long long)p->rx_bytes, (unsigned long long)s->st.tcp_tx_bytes,
+		(unsigned long long)s->st.tcp_rx_bytes, (unsigned long long)p->tx_msgs,
+		(unsigned long long)p->rx_msgs, (unsigned long long)p->tx_zcopy_bytes,
+		(unsigned long long)p->credit_stalls, (unsigned long long)p->updates_sent,
+		(unsigned long long)p->acks_piggybacked, (unsigned long long)p->coalesced_writes,
+		(unsigned long long)p->flushes_timer, (unsigned long long)p->flushes_full,
+		(unsigned long long)p->flushes_large, (unsigned long long)p->flushes_recv,
+		(unsigned long long)p->flushes_close, (unsigned long long)p->flushes_idle,
+		(unsigned long long)p->flushes_nodelay, (unsigned long long)s->st.switches_to_rdma,
+		(unsigned long long)s->st.switches_to_tcp);
+	if (n > 0) {
+		ssize_t w = write(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+		(void)w;
+	}
+}

@@ -1,0 +1,150 @@
+/* A SOVIA stream: one accelerated TCP connection.
+ *
+ * The application's fd is always the real kernel TCP socket. Each direction
+ * of the byte stream has a medium, TCP at first; once both ends agree over
+ * rdma_cm, each direction moves to the RC queue pair at a byte offset the
+ * sender announces (TO_RDMA), and can move back the same way (TO_TCP).
+ *
+ * Locking: `lock` serialises everything below, the protocol core and the
+ * transport included. Nobody sleeps holding it: waits drop it and sleep in
+ * poll() on the completion channel, the TCP socket and the wake eventfd. */
+#ifndef SV_STREAM_H
+#define SV_STREAM_H
+
+#include "proto.h"
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct rdma_cm_id;
+struct sv_verbs;
+
+/* The connection's state, as the upgrade moves it. */
+enum sv_conn_state {
+	SV_CONN_TCP,        /* connected on TCP; no upgrade tried yet */
+	SV_CONN_RESOLVING,  /* client: rdma_cm resolving the peer */
+	SV_CONN_REQUESTED,  /* client: rdma_connect sent / server: waiting to accept */
+	SV_CONN_SWITCHING,  /* QP up: exchanging TO_RDMA and the challenges */
+	SV_CONN_RDMA,       /* both directions moved to the QP at least once */
+	SV_CONN_FALLBACK,   /* stays on TCP for good (see fallback reason) */
+	SV_CONN_BROKEN,     /* the QP failed after data moved to it: see error */
+};
+
+/* Why a connection stayed on TCP. */
+enum sv_fallback {
+	SV_FB_NONE,
+	SV_FB_DISABLED,     /* SOVIA_DISABLE or no RDMA support in this process */
+	SV_FB_NO_ROUTE,     /* rdma_cm could not resolve the peer (no RDMA path) */
+	SV_FB_REJECTED,     /* no libsovia listener at the peer, or it refused */
+	SV_FB_UNREACHABLE,  /* the request got no answer */
+	SV_FB_VERSION,      /* the peer speaks another protocol version */
+	SV_FB_TIMEOUT,      /* the upgrade took longer than SOVIA_UPGRADE_TIMEOUT_MS */
+	SV_FB_NO_MATCH,     /* server: no accepted TCP connection for the request */
+	SV_FB_CHALLENGE,    /* the RDMA peer failed to prove it is the TCP peer */
+	SV_FB_RESOURCES,    /* creating the QP or its buffers failed */
+	SV_FB_UNSUPPORTED,  /* a call libsovia cannot serve moved it back */
+};
+
+const char *sv_conn_state_name(enum sv_conn_state s);
+const char *sv_fallback_name(enum sv_fallback f);
+
+/* The four-tuple, seen from this end. */
+struct sv_tuple {
+	struct sockaddr_storage local, peer;
+};
+
+struct sv_stream_stats {
+	uint64_t tcp_tx_bytes, tcp_rx_bytes; /* application bytes over TCP */
+	uint64_t switches_to_rdma, switches_to_tcp;
+};
+
+struct sv_stream {
+	pthread_mutex_t lock;
+	atomic_int refs;
+	int fd;              /* the kernel TCP socket */
+	bool is_client;
+	enum sv_conn_state state;
+	enum sv_fallback fallback;
+	struct sv_tuple tuple;
+
+	/* Bytes of each direction's stream carried by TCP so far. With the
+	 * core's counters they give every switch offset. */
+	uint64_t tcp_tx; /* application bytes we wrote on TCP */
+	uint64_t tcp_rx; /* application bytes we read from TCP */
+
+	/* The upgrade. */
+	struct rdma_cm_id *id;
+	struct sv_verbs *verbs;
+	struct sv_proto proto;
+	bool proto_ready;                     /* proto initialised */
+	uint8_t my_challenge[SV_CHALLENGE_SIZE];   /* the peer must echo it on TCP */
+	uint8_t peer_challenge[SV_CHALLENGE_SIZE]; /* we echo it on TCP */
+	bool tx_held;        /* TO_RDMA sent; data waits until we verified the peer */
+	bool echo_owed;      /* the echo must be written on TCP once TO_RDMA completed */
+	uint32_t echo_sent;  /* bytes of the echo written */
+	uint8_t chal_got[SV_CHALLENGE_SIZE]; /* the peer's echo as read from TCP */
+	uint32_t chal_len;
+	uint64_t deadline_us; /* upgrade deadline */
+
+	/* TCP bytes read by the pump before the application asked for them. */
+	uint8_t *tcpbuf;
+	size_t tcpbuf_len, tcpbuf_off, tcpbuf_cap;
+
+	/* Waiting. */
+	int wake_fd;         /* eventfd: state changes other waiters must see */
+	unsigned waiters;
+
+	/* Socket options that shape the protocol. */
+	bool nodelay, cork;
+
+	/* Close. */
+	bool app_closed;     /* the application closed its fd; the helper lingers */
+	bool tx_shut;        /* shutdown(SHUT_WR) done */
+	uint64_t linger_deadline_us;
+
+	int error; /* -errno when broken */
+	struct sv_stream_stats st;
+
+	struct sv_stream *next_all; /* the helper's list of live streams */
+};
+
+/* Monotonic microseconds. */
+uint64_t sv_now_us(void);
+
+/* A stream for a connected TCP socket. NULL on ENOMEM. */
+struct sv_stream *sv_stream_new(int fd, bool is_client);
+void sv_stream_get(struct sv_stream *s);
+void sv_stream_put(struct sv_stream *s);
+
+/* The application's calls. Results are >= 0 or -errno. */
+long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags);
+long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags);
+int sv_stream_shutdown(struct sv_stream *s, int how);
+int sv_stream_setsockopt(struct sv_stream *s, int level, int name, const void *val,
+			 socklen_t len);
+/* The application closed its fd: the helper finishes the connection. */
+int sv_stream_close(struct sv_stream *s);
+
+/* Upgrade steps, run by the helper thread (each takes the lock). */
+void sv_stream_fallback(struct sv_stream *s, enum sv_fallback why);
+/* The QP is connected: start moving our sending to it. */
+void sv_stream_established(struct sv_stream *s);
+/* Make progress on whatever the stream waits for (completions, the
+ * challenge, the echo, timers, lingering close). Returns the next deadline
+ * (0 = none) and sets *done when the stream needs the helper no more. */
+uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done);
+/* The QP or rdma_cm reported the connection gone. */
+void sv_stream_qp_down(struct sv_stream *s, int err);
+
+/* Exit: push out everything held back and wait (bounded) for delivery. */
+void sv_stream_exit_flush(struct sv_stream *s);
+void sv_stream_exit_flush_all(void);
+
+/* SOVIA_STATS: one line per connection on stderr. */
+void sv_stream_print_stats(struct sv_stream *s, const char *when);
+
+#endif

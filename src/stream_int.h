@@ -1,0 +1,67 @@
+/* Internals shared by the stream's modules (stream.c, stream_rx.c,
+ * stream_tx.c, close.c). Every function here is called with s->lock held. */
+#ifndef SV_STREAM_INT_H
+#define SV_STREAM_INT_H
+
+#include "stream.h"
+
+#include <poll.h>
+
+/* Sleep until a completion, TCP readiness (tcp_events), a wake-up or the
+ * deadline (0 = none). Drops the lock while asleep. Returns 0, or -EINTR. */
+int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline);
+
+/* Wake every thread sleeping in sv_stream_wait on this stream. */
+void sv_stream_wake(struct sv_stream *s);
+
+/* Poll the completion queue into the core and make any progress that
+ * completions allow (the echo, a finished switch). Returns 0 or -errno. */
+int sv_stream_progress(struct sv_stream *s);
+
+/* The QP is unusable: deliver what it already carried, then fall back to
+ * TCP for the rest (or report err). */
+void sv_stream_break(struct sv_stream *s, int err);
+
+/* Is the fd in blocking mode for this call? */
+bool sv_stream_blocking(const struct sv_stream *s, int flags);
+
+/* Receive side: a verified challenge moved the peer's sending to the QP. */
+void sv_stream_rx_switched(struct sv_stream *s);
+
+/* Read TCP (never blocking) into iov, never past the peer's switch point;
+ * bytes past it are its challenge echo. Returns bytes of application data
+ * (> 0), 0 at TCP EOF, -EAGAIN, or -errno. */
+long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags);
+
+/* Write the echo of the peer's challenge once our TO_RDMA completed. */
+int sv_stream_write_echo(struct sv_stream *s);
+
+/* Wait (bounded) until everything sent over the QP has left this process:
+ * nothing held back, every send completed. */
+void sv_stream_drain(struct sv_stream *s);
+
+/* Append bytes to the TCP bytes waiting for the application. */
+int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len);
+
+/* The application closed its fd: finish the connection (helper thread).
+ * Returns the next deadline; sets *done when the stream is finished. */
+uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done);
+
+/* Is an upgrade still possible, so TCP reads must watch for a TO_RDMA? */
+static inline bool sv_stream_may_switch(const struct sv_stream *s)
+{
+	switch (s->state) {
+	case SV_CONN_TCP:
+	case SV_CONN_RESOLVING:
+	case SV_CONN_REQUESTED:
+	case SV_CONN_SWITCHING:
+	case SV_CONN_RDMA:
+		return true;
+	case SV_CONN_FALLBACK:
+	case SV_CONN_BROKEN:
+		return false;
+	}
+	return true;
+}
+
+#endif

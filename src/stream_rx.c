@@ -1,0 +1,241 @@
+/* The stream's receive path: TCP bytes up to the peer's switch point, its
+ * challenge echo, then the QP; and back to TCP after a TO_TCP. */
+#include "stream_int.h"
+
+#include "log.h"
+#include "verbs.h"
+
+#include <errno.h>
+#include <string.h>
+
+/* The peer's echo is complete: is it our challenge? */
+static void check_echo(struct sv_stream *s)
+{
+	if (memcmp(s->chal_got, s->my_challenge, SV_CHALLENGE_SIZE) != 0) {
+		/* The RDMA peer is not the TCP peer (or not the one that
+		 * answered): drop the QP; the TCP stream is untouched. */
+		sv_warn("fd %d: the RDMA peer failed the challenge; the connection stays on TCP",
+			s->fd);
+		sv_proto_send_reset(&s->proto);
+		s->state = SV_CONN_FALLBACK;
+		s->fallback = SV_FB_CHALLENGE;
+		/* What we took for an echo is the peer's data: give it back. */
+		if (sv_stream_tcpbuf_append(s, s->chal_got, s->chal_len) < 0)
+			sv_stream_break(s, -ENOMEM);
+		s->chal_len = 0;
+		sv_stream_wake(s);
+		return;
+	}
+	s->chal_len = 0;
+	if (sv_proto_rx_accept(&s->proto) < 0) {
+		sv_stream_break(s, -ECONNRESET);
+		return;
+	}
+	sv_stream_rx_switched(s);
+}
+
+/* Bytes of iov [off, off+n) into dst. */
+static void iov_copy_out(const struct iovec *iov, int iovcnt, size_t off, uint8_t *dst, size_t n)
+{
+	for (int i = 0; i < iovcnt && n; i++) {
+		if (off >= iov[i].iov_len) {
+			off -= iov[i].iov_len;
+			continue;
+		}
+		size_t take = iov[i].iov_len - off < n ? iov[i].iov_len - off : n;
+		memcpy(dst, (uint8_t *)iov[i].iov_base + off, take);
+		dst += take;
+		n -= take;
+		off = 0;
+	}
+}
+
+/* Limit an iovec to n bytes (into out, at most 64 entries). */
+static int iov_limit(const struct iovec *iov, int iovcnt, size_t n, struct iovec *out)
+{
+	int k = 0;
+	for (int i = 0; i < iovcnt && n && k < 64; i++) {
+		size_t take = iov[i].iov_len < n ? iov[i].iov_len : n;
+		out[k].iov_base = iov[i].iov_base;
+		out[k].iov_len = take;
+		n -= take;
+		k++;
+	}
+	return k;
+}
+
+long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags)
+{
+	struct sv_proto *p = &s->proto;
+	bool watch = s->proto_ready && sv_stream_may_switch(s);
+	if (s->state == SV_CONN_FALLBACK) {
+		/* No switch can come any more. */
+		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+		ssize_t r = recvmsg(s->fd, &m, flags | MSG_DONTWAIT);
+		if (r > 0 && !(flags & MSG_PEEK)) {
+			s->tcp_rx += (uint64_t)r;
+			s->st.tcp_rx_bytes += (uint64_t)r;
+		}
+		return r < 0 ? -errno : r;
+	}
+
+	if (watch && p->peer_to_rdma && s->tcp_rx == p->peer_to_rdma_seq) {
+		/* At the switch point: what follows is the echo, then nothing. */
+		ssize_t r = recv(s->fd, s->chal_got + s->chal_len, SV_CHALLENGE_SIZE - s->chal_len,
+				 MSG_DONTWAIT);
+		if (r == 0)
+			return -ECONNRESET; /* TCP ended inside the switch */
+		if (r < 0)
+			return -errno;
+		s->chal_len += (uint32_t)r;
+		if (s->chal_len == SV_CHALLENGE_SIZE)
+			check_echo(s);
+		return -EAGAIN; /* no application bytes; the caller looks again */
+	}
+
+	size_t want = 0;
+	for (int i = 0; i < iovcnt; i++)
+		want += iov[i].iov_len;
+	struct iovec lim[64];
+	int limcnt = iovcnt;
+	const struct iovec *use = iov;
+	if (watch && p->peer_to_rdma) {
+		uint64_t left = p->peer_to_rdma_seq - s->tcp_rx;
+		if (left < want) {
+			limcnt = iov_limit(iov, iovcnt, (size_t)left, lim);
+			use = lim;
+		}
+	}
+	bool announced = watch && p->peer_to_rdma;
+	struct msghdr m = {.msg_iov = (struct iovec *)use, .msg_iovlen = (size_t)limcnt};
+	ssize_t r = recvmsg(s->fd, &m, flags | MSG_DONTWAIT);
+	if (r < 0)
+		return -errno;
+	if (r == 0)
+		return 0;
+
+	/* Read first, then look at the completion queue: the peer writes its
+	 * echo only after its TO_RDMA completed, so if these bytes include the
+	 * echo, the TO_RDMA is visible now. */
+	if (watch && !announced && s->verbs) {
+		sv_stream_progress(s);
+		if (p->peer_to_rdma) {
+			uint64_t left = p->peer_to_rdma_seq - s->tcp_rx;
+			if ((uint64_t)r > left) {
+				size_t extra = (size_t)r - (size_t)left;
+				if (flags & MSG_PEEK) {
+					r = (ssize_t)left; /* the echo stays in the socket */
+				} else if (extra > SV_CHALLENGE_SIZE) {
+					/* More than an echo after the switch point: the
+					 * announcement did not come from the TCP peer.
+					 * Deliver everything; drop the QP. */
+					sv_warn("fd %d: TCP data beyond the announced switch point; "
+						"dropping the QP",
+						s->fd);
+					sv_proto_send_reset(p);
+					s->state = SV_CONN_FALLBACK;
+					s->fallback = SV_FB_CHALLENGE;
+				} else {
+					iov_copy_out(use, limcnt, (size_t)left, s->chal_got, extra);
+					s->chal_len = (uint32_t)extra;
+					r = (ssize_t)left;
+					if (s->chal_len == SV_CHALLENGE_SIZE)
+						check_echo(s);
+				}
+			}
+		}
+	}
+	if (!(flags & MSG_PEEK)) {
+		s->tcp_rx += (uint64_t)r;
+		s->st.tcp_rx_bytes += (uint64_t)r;
+	}
+	return r ? r : -EAGAIN;
+}
+
+/* Copy from the pump's buffer. */
+static long from_tcpbuf(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags)
+{
+	size_t avail = s->tcpbuf_len - s->tcpbuf_off, done = 0;
+	for (int i = 0; i < iovcnt && done < avail; i++) {
+		size_t n = iov[i].iov_len < avail - done ? iov[i].iov_len : avail - done;
+		memcpy(iov[i].iov_base, s->tcpbuf + s->tcpbuf_off + done, n);
+		done += n;
+	}
+	if (!(flags & MSG_PEEK)) {
+		s->tcpbuf_off += done;
+		if (s->tcpbuf_off == s->tcpbuf_len)
+			s->tcpbuf_off = s->tcpbuf_len = 0;
+	}
+	return (long)done;
+}
+
+long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
+{
+	const struct iovec *iov = msg->msg_iov;
+	int iovcnt = (int)msg->msg_iovlen;
+	size_t want = 0;
+	for (int i = 0; i < iovcnt; i++)
+		want += iov[i].iov_len;
+	/* A stream socket has no source address or ancillary data to give. */
+	msg->msg_namelen = 0;
+	msg->msg_controllen = 0;
+	msg->msg_flags = 0;
+	if (flags & MSG_OOB)
+		return -EINVAL;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->state == SV_CONN_FALLBACK && s->tcpbuf_len == s->tcpbuf_off) {
+		/* TCP for good: the kernel's own call, blocking as it likes. */
+		pthread_mutex_unlock(&s->lock);
+		ssize_t n = recvmsg(s->fd, msg, flags);
+		return n < 0 ? -errno : n;
+	}
+	long r;
+	for (;;) {
+		if (s->tcpbuf_len > s->tcpbuf_off && want) {
+			r = from_tcpbuf(s, iov, iovcnt, flags);
+			break;
+		}
+		struct sv_proto *p = &s->proto;
+		if (s->proto_ready && !s->error)
+			sv_stream_progress(s);
+		if (s->proto_ready && p->rx_on_qp) {
+			r = sv_proto_recv(p, iov, iovcnt, flags, sv_now_us());
+			if (r >= 0 || (r != -EAGAIN))
+				break;
+			if (!p->rx_on_qp) {
+				s->st.switches_to_tcp++;
+				continue; /* the rest comes from TCP */
+			}
+		} else {
+			/* SOVIA: a receive call pushes out coalesced writes. */
+			if (s->proto_ready && p->pending_slot >= 0)
+				sv_proto_flush(p, SV_FLUSH_RECV, sv_now_us());
+			if (s->error) {
+				r = s->error;
+				break;
+			}
+			r = sv_stream_tcp_read(s, iov, iovcnt, flags);
+			if (r >= 0 || r != -EAGAIN)
+				break;
+			if (s->proto_ready && p->rx_on_qp)
+				continue; /* the challenge just moved us to the QP */
+		}
+		if (s->error && !(s->proto_ready && sv_proto_readable(p))) {
+			r = s->error;
+			break;
+		}
+		if (!sv_stream_blocking(s, flags)) {
+			r = -EAGAIN;
+			break;
+		}
+		bool on_tcp = !(s->proto_ready && p->rx_on_qp);
+		int w = sv_stream_wait(s, on_tcp ? POLLIN : 0, 0);
+		if (w < 0) {
+			r = w;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}

@@ -1,0 +1,252 @@
+/* The stream's send path: TCP until our TO_RDMA, the QP after it. */
+#include "stream_int.h"
+
+#include "helper.h"
+#include "log.h"
+#include "verbs.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+
+int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len)
+{
+	if (s->tcpbuf_len + len > s->tcpbuf_cap) {
+		size_t cap = s->tcpbuf_cap ? s->tcpbuf_cap : 65536;
+		while (cap < s->tcpbuf_len + len)
+			cap *= 2;
+		uint8_t *nb = realloc(s->tcpbuf, cap);
+		if (!nb)
+			return -ENOMEM;
+		s->tcpbuf = nb;
+		s->tcpbuf_cap = cap;
+	}
+	memcpy(s->tcpbuf + s->tcpbuf_len, data, len);
+	s->tcpbuf_len += len;
+	return 0;
+}
+
+int sv_stream_write_echo(struct sv_stream *s)
+{
+	if (!s->echo_owed || sv_proto_to_rdma_pending(&s->proto))
+		return -EAGAIN;
+	while (s->echo_sent < SV_CHALLENGE_SIZE) {
+		ssize_t r = send(s->fd, s->peer_challenge + s->echo_sent,
+				 SV_CHALLENGE_SIZE - s->echo_sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (r < 0)
+			return -errno;
+		s->echo_sent += (uint32_t)r;
+	}
+	s->echo_owed = false;
+	if (!s->tx_held && s->proto.rx_on_qp && s->state == SV_CONN_SWITCHING)
+		s->state = SV_CONN_RDMA;
+	return 1;
+}
+
+void sv_stream_drain(struct sv_stream *s)
+{
+	struct sv_proto *p = &s->proto;
+	uint64_t end = sv_now_us() + 5000000u;
+	while (!s->error && sv_now_us() < end) {
+		sv_stream_progress(s);
+		if (p->pending_slot >= 0)
+			sv_proto_flush(p, SV_FLUSH_CLOSE, sv_now_us());
+		if (p->pending_slot < 0 && p->nfree == sv_proto_nsend(&p->prm))
+			return;
+		sv_stream_wait(s, 0, end);
+	}
+}
+
+/* Where our next bytes go. */
+enum tx_medium { TX_TCP, TX_HELD, TX_QP };
+
+static enum tx_medium tx_medium(const struct sv_stream *s)
+{
+	if (!s->proto_ready || s->proto.tx_state == SV_TX_TCP)
+		return TX_TCP;
+	return s->tx_held ? TX_HELD : TX_QP;
+}
+
+/* The part of an iovec after `skip` bytes (at most 64 entries). */
+static int iov_advance(const struct iovec *iov, int iovcnt, size_t skip, struct iovec *out)
+{
+	int k = 0;
+	for (int i = 0; i < iovcnt && k < 64; i++) {
+		if (skip >= iov[i].iov_len) {
+			skip -= iov[i].iov_len;
+			continue;
+		}
+		out[k].iov_base = (uint8_t *)iov[i].iov_base + skip;
+		out[k].iov_len = iov[i].iov_len - skip;
+		skip = 0;
+		k++;
+	}
+	return k;
+}
+
+long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
+{
+	const struct iovec *iov = msg->msg_iov;
+	int iovcnt = (int)msg->msg_iovlen;
+	size_t total = 0;
+	for (int i = 0; i < iovcnt; i++)
+		total += iov[i].iov_len;
+	if (flags & MSG_OOB)
+		return -EOPNOTSUPP;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->state == SV_CONN_FALLBACK && !s->proto_ready) {
+		/* TCP for good: the kernel's own call. */
+		pthread_mutex_unlock(&s->lock);
+		ssize_t n = sendmsg(s->fd, msg, flags);
+		if (n > 0)
+			__atomic_fetch_add(&s->st.tcp_tx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
+		return n < 0 ? -errno : n;
+	}
+	size_t done = 0;
+	long r = 0;
+	bool own = false; /* an error of ours, not the kernel's (which signals itself) */
+	bool blocking = sv_stream_blocking(s, flags);
+	while (done < total || total == 0) {
+		struct iovec rest[64];
+		int restcnt = iov_advance(iov, iovcnt, done, rest);
+		if (s->tx_shut) {
+			r = -EPIPE;
+			own = true;
+			break;
+		}
+		if (s->proto_ready && !s->error)
+			sv_stream_progress(s);
+		if (s->error) {
+			r = s->error;
+			own = true;
+			break;
+		}
+		enum tx_medium m = tx_medium(s);
+		if (m == TX_TCP) {
+			struct msghdr mm = {.msg_iov = rest, .msg_iovlen = (size_t)restcnt};
+			ssize_t n = sendmsg(s->fd, &mm, (flags & ~MSG_MORE) | MSG_DONTWAIT);
+			if (n >= 0) {
+				s->tcp_tx += (uint64_t)n;
+				s->st.tcp_tx_bytes += (uint64_t)n;
+				done += (size_t)n;
+				if (total == 0)
+					break;
+				continue;
+			}
+			r = -errno;
+			if (r != -EAGAIN)
+				break;
+		} else if (m == TX_QP) {
+			struct sv_proto *p = &s->proto;
+			p->prm.coalesce = !s->nodelay;
+			p->cork = s->cork;
+			r = sv_proto_send(p, rest, restcnt, flags, sv_now_us());
+			if (r > 0) {
+				done += (size_t)r;
+				/* Zero copy: the application may reuse its buffer
+				 * only once the data is out of it. */
+				while (sv_proto_zcopy_busy(p) && !s->error) {
+					sv_stream_progress(s);
+					if (sv_proto_zcopy_busy(p))
+						sv_stream_wait(s, 0, 0);
+				}
+				if (s->error && sv_proto_zcopy_busy(p)) {
+					r = s->error;
+					break;
+				}
+				/* After exit began (stdio's last flush), the process
+				 * may end any moment: the bytes must be out first. */
+				if (atomic_load_explicit(&sv_exiting, memory_order_relaxed))
+					sv_stream_drain(s);
+				r = 0;
+				if (total == 0)
+					break;
+				continue;
+			}
+			if (total == 0)
+				break;
+			if (r != -EAGAIN) {
+				own = true;
+				break;
+			}
+		} else {
+			r = -EAGAIN; /* held until the peer proves itself */
+		}
+		/* Nothing could go now. */
+		if (done && !blocking)
+			break;
+		if (!blocking)
+			break;
+		int w = sv_stream_wait(s, m == TX_TCP ? POLLOUT : 0, 0);
+		if (w < 0) {
+			r = w;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (done)
+		return (long)done;
+	if (own && r == -EPIPE && !(flags & MSG_NOSIGNAL))
+		raise(SIGPIPE); /* as the kernel does for a TCP socket */
+	return r;
+}
+
+int sv_stream_shutdown(struct sv_stream *s, int how)
+{
+	int r = 0;
+	pthread_mutex_lock(&s->lock);
+	if (how == SHUT_WR || how == SHUT_RDWR) {
+		struct sv_proto *p = &s->proto;
+		if (s->proto_ready && p->tx_state == SV_TX_OPEN) {
+			/* FIN after the data, over the QP; wait for a credit. */
+			for (;;) {
+				sv_stream_progress(s);
+				r = sv_proto_send_fin(p, sv_now_us());
+				if (r != -EAGAIN || s->error)
+					break;
+				if (sv_stream_wait(s, 0, 0) < 0)
+					break;
+			}
+		}
+		s->tx_shut = true;
+	}
+	/* The kernel's socket follows, unless a switch still needs TCP: the
+	 * echo must get out before TCP's FIN. */
+	if (!(s->echo_owed && (how == SHUT_WR || how == SHUT_RDWR))) {
+		if (shutdown(s->fd, how) < 0 && r == 0)
+			r = -errno;
+	}
+	sv_stream_wake(s);
+	pthread_mutex_unlock(&s->lock);
+	return r == -EAGAIN ? 0 : r;
+}
+
+int sv_stream_setsockopt(struct sv_stream *s, int level, int name, const void *val,
+			 socklen_t len)
+{
+	/* The kernel's socket gets every option (and checks it); the ones
+	 * that shape the protocol are mirrored. */
+	if (setsockopt(s->fd, level, name, val, len) < 0)
+		return -errno;
+	if (level == IPPROTO_TCP && (name == TCP_NODELAY || name == TCP_CORK) &&
+	    len >= (socklen_t)sizeof(int)) {
+		int on = *(const int *)val != 0;
+		pthread_mutex_lock(&s->lock);
+		if (name == TCP_NODELAY)
+			s->nodelay = on;
+		else
+			s->cork = on;
+		if (s->proto_ready && (name == TCP_NODELAY ? on : !on) &&
+		    s->proto.tx_state == SV_TX_OPEN) {
+			s->proto.cork = s->cork;
+			s->proto.prm.coalesce = !s->nodelay;
+			sv_proto_flush(&s->proto, on ? SV_FLUSH_NODELAY : SV_FLUSH_CLOSE, sv_now_us());
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+	return 0;
+}

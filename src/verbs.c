@@ -1,0 +1,594 @@
+/* The RDMA verbs transport: see verbs.h for the contract.
+ *
+ * Work request ids carry what completed: the upper 32 bits say receive or
+ * send, the lower 32 bits the receive buffer index or the send slot. The
+ * direction has to be in the id: a failed completion's opcode is undefined
+ * (only wr_id, status, qp_num and vendor_err are valid then).
+ *
+ * Every send is signalled: the core frees a send slot on its completion.
+ * (Selective signalling, one signalled send in k, would save CQ traffic
+ * but needs the slots of the unsignalled sends released together with the
+ * next signalled one: a later optimisation.) */
+#include "verbs.h"
+
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+enum {
+	SV_WR_RECV = 1,
+	SV_WR_SEND = 2,
+};
+
+#define SV_WR_ID(kind, idx) (((uint64_t)(kind) << 32) | (uint64_t)(idx))
+#define SV_POLL_BATCH 16
+#define SV_EVENT_ACK_BATCH 32
+
+/* Inline sizes to ask for, largest first; 0 (no inline data) always works. */
+static const uint32_t inline_sizes[] = {256, 64, 0};
+
+/* The zero-copy registrations of one send slot, held until its completion. */
+struct sv_zc {
+	struct ibv_mr *mr[SV_XPORT_MAX_SGE];
+	uint32_t n;
+};
+
+struct sv_verbs {
+	struct rdma_cm_id *id;
+	struct ibv_pd *pd; /* shared: see pd_get */
+	struct ibv_comp_channel *chan;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	uint8_t *rpool, *spool; /* nrecv (nsend) buffers of buf_size bytes */
+	struct ibv_mr *rmr, *smr;
+	uint32_t nrecv, nsend, buf_size;
+	uint32_t max_inline; /* what the QP got, 0 if none */
+	struct sv_zc *zc;    /* per send slot */
+	unsigned int unacked; /* channel events taken, not yet acknowledged */
+};
+
+/* Verbs calls that return an error number return it positive; some
+ * providers return it negative. Either way, -errno. */
+static int neg_err(int r)
+{
+	if (r < 0)
+		r = -r;
+	return r ? -r : -EIO;
+}
+
+/* -errno for a call that returned NULL or -1 and set errno. */
+static int last_err(void)
+{
+	return errno > 0 ? -errno : -EIO;
+}
+
+/* ---- Protection domains, one per device context ------------------------ */
+
+struct sv_pd_ent {
+	struct sv_pd_ent *next;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	unsigned int refs;
+};
+
+static pthread_mutex_t pd_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sv_pd_ent *pd_list;
+
+static int pd_get(struct ibv_context *ctx, struct ibv_pd **out)
+{
+	int r = 0;
+	pthread_mutex_lock(&pd_lock);
+	struct sv_pd_ent *e;
+	for (e = pd_list; e; e = e->next)
+		if (e->ctx == ctx)
+			break;
+	if (!e) {
+		e = calloc(1, sizeof(*e));
+		if (!e) {
+			r = -ENOMEM;
+			goto unlock;
+		}
+		e->pd = ibv_alloc_pd(ctx);
+		if (!e->pd) {
+			r = last_err();
+			sv_err("verbs: ibv_alloc_pd on %s: %s", ibv_get_device_name(ctx->device),
+			       strerror(-r));
+			goto free_entry;
+		}
+		e->ctx = ctx;
+		e->next = pd_list;
+		pd_list = e;
+	}
+	e->refs++;
+	*out = e->pd;
+	goto unlock;
+
+free_entry:
+	free(e);
+unlock:
+	pthread_mutex_unlock(&pd_lock);
+	return r;
+}
+
+static void pd_put(struct ibv_pd *pd)
+{
+	pthread_mutex_lock(&pd_lock);
+	for (struct sv_pd_ent **pe = &pd_list; *pe; pe = &(*pe)->next) {
+		struct sv_pd_ent *e = *pe;
+		if (e->pd != pd)
+			continue;
+		if (--e->refs == 0) {
+			*pe = e->next;
+			int r = ibv_dealloc_pd(e->pd);
+			if (r)
+				sv_warn("verbs: ibv_dealloc_pd: %s", strerror(-neg_err(r)));
+			free(e);
+		}
+		break;
+	}
+	pthread_mutex_unlock(&pd_lock);
+}
+
+/* ---- Zero-copy registrations ------------------------------------------ */
+
+/* User memory is registered for one message and deregistered on its
+ * completion. There is deliberately no registration cache: glibc's free()
+ * returns large blocks to the kernel (munmap, or madvise/brk trimming)
+ * through internal calls that an interposer never sees, so a cached MR
+ * could keep pinning pages that no longer back the user's addresses, and a
+ * later send from a reused address would go out from the stale pages.
+ *
+ * Sending only needs local read access, which every MR has: access 0 also
+ * registers read-only memory (string constants, PROT_READ file mappings).
+ * Should a provider refuse it, retry with LOCAL_WRITE. */
+static struct ibv_mr *reg_user(struct sv_verbs *v, void *addr, size_t len)
+{
+	struct ibv_mr *mr = ibv_reg_mr(v->pd, addr, len, 0);
+	if (!mr)
+		mr = ibv_reg_mr(v->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+	return mr;
+}
+
+static void zc_release(struct sv_verbs *v, uint32_t slot)
+{
+	struct sv_zc *zc = &v->zc[slot];
+	for (uint32_t i = 0; i < zc->n; i++) {
+		int r = ibv_dereg_mr(zc->mr[i]);
+		if (r)
+			sv_warn("verbs: ibv_dereg_mr (send slot %u): %s", slot,
+				strerror(-neg_err(r)));
+		zc->mr[i] = NULL;
+	}
+	zc->n = 0;
+}
+
+/* ---- The transport ops ------------------------------------------------- */
+
+static void *xp_recv_buf(void *ctx, uint32_t i)
+{
+	struct sv_verbs *v = ctx;
+	return v->rpool + (size_t)i * v->buf_size;
+}
+
+static void *xp_send_buf(void *ctx, uint32_t i)
+{
+	struct sv_verbs *v = ctx;
+	return v->spool + (size_t)i * v->buf_size;
+}
+
+static int xp_post_recv(void *ctx, uint32_t i)
+{
+	struct sv_verbs *v = ctx;
+	if (i >= v->nrecv)
+		return -EINVAL;
+	struct ibv_sge sge = {
+		.addr = (uintptr_t)xp_recv_buf(v, i),
+		.length = v->buf_size,
+		.lkey = v->rmr->lkey,
+	};
+	struct ibv_recv_wr wr = {
+		.wr_id = SV_WR_ID(SV_WR_RECV, i),
+		.sg_list = &sge,
+		.num_sge = 1,
+	};
+	struct ibv_recv_wr *bad;
+	int r = ibv_post_recv(v->qp, &wr, &bad);
+	if (r) {
+		r = neg_err(r);
+		sv_dbg("verbs: ibv_post_recv (buffer %u): %s", i, strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+static int xp_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iovec *iov,
+			int iovcnt)
+{
+	struct sv_verbs *v = ctx;
+	if (slot >= v->nsend || len > v->buf_size || iovcnt < 0 ||
+	    iovcnt > SV_XPORT_MAX_SGE || (iovcnt > 0 && !iov))
+		return -EINVAL;
+	struct sv_zc *zc = &v->zc[slot];
+	if (zc->n) {
+		sv_err("verbs: send slot %u posted again before its completion", slot);
+		return -EINVAL;
+	}
+
+	struct ibv_sge sge[1 + SV_XPORT_MAX_SGE];
+	int nsge = 0, r;
+	uint64_t total = len;
+	sge[nsge++] = (struct ibv_sge){
+		.addr = (uintptr_t)xp_send_buf(v, slot),
+		.length = len,
+		.lkey = v->smr->lkey,
+	};
+	for (int i = 0; i < iovcnt; i++) {
+		size_t l = iov[i].iov_len;
+		if (l == 0)
+			continue;
+		total += l;
+		if (total > v->buf_size) {
+			r = -EMSGSIZE; /* the peer's receive buffer could not hold it */
+			goto release_zc;
+		}
+		struct ibv_mr *mr = reg_user(v, iov[i].iov_base, l);
+		if (!mr) {
+			r = last_err();
+			sv_dbg("verbs: ibv_reg_mr of %zu user bytes at %p: %s", l, iov[i].iov_base,
+			       strerror(-r));
+			goto release_zc;
+		}
+		zc->mr[zc->n++] = mr;
+		sge[nsge++] = (struct ibv_sge){
+			.addr = (uintptr_t)iov[i].iov_base,
+			.length = (uint32_t)l,
+			.lkey = mr->lkey,
+		};
+	}
+
+	unsigned int flags = IBV_SEND_SIGNALED;
+	if (zc->n == 0 && len <= v->max_inline)
+		flags |= IBV_SEND_INLINE;
+	struct ibv_send_wr wr = {
+		.wr_id = SV_WR_ID(SV_WR_SEND, slot),
+		.sg_list = sge,
+		.num_sge = nsge,
+		.opcode = IBV_WR_SEND,
+		.send_flags = flags,
+	};
+	struct ibv_send_wr *bad;
+	r = ibv_post_send(v->qp, &wr, &bad);
+	if (r) {
+		r = neg_err(r);
+		sv_dbg("verbs: ibv_post_send (slot %u, %d sge): %s", slot, nsge, strerror(-r));
+		goto release_zc;
+	}
+	return 0;
+
+release_zc:
+	zc_release(v, slot);
+	return r;
+}
+
+static const struct sv_xport_ops verbs_ops = {
+	.recv_buf = xp_recv_buf,
+	.send_buf = xp_send_buf,
+	.post_recv = xp_post_recv,
+	.post_send = xp_post_send,
+};
+
+struct sv_xport sv_verbs_xport(struct sv_verbs *v)
+{
+	return (struct sv_xport){.ops = &verbs_ops, .ctx = v};
+}
+
+/* ---- Create, destroy --------------------------------------------------- */
+
+static int check_device(struct ibv_context *ctx, uint32_t nrecv, uint32_t nsend)
+{
+	struct ibv_device_attr a;
+	int r = ibv_query_device(ctx, &a);
+	if (r) {
+		r = neg_err(r);
+		sv_err("verbs: ibv_query_device: %s", strerror(-r));
+		return r;
+	}
+	const char *name = ibv_get_device_name(ctx->device);
+	if ((uint64_t)a.max_qp_wr < nsend || (uint64_t)a.max_qp_wr < nrecv ||
+	    (uint64_t)a.max_cqe < (uint64_t)nrecv + nsend || a.max_sge < 1 + SV_XPORT_MAX_SGE) {
+		sv_err("verbs: %s is too small: %u receive and %u send buffers need max_qp_wr "
+		       ">= %u (has %d), max_cqe >= %u (has %d), max_sge >= %d (has %d)",
+		       name, nrecv, nsend, nsend, a.max_qp_wr, nrecv + nsend, a.max_cqe,
+		       1 + SV_XPORT_MAX_SGE, a.max_sge);
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+/* The channel fd is polled by the caller: it must never block a read. */
+static int set_fd_flags(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return last_err();
+	fl = fcntl(fd, F_GETFD);
+	if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
+		return last_err();
+	return 0;
+}
+
+static int alloc_pool(uint8_t **pool, struct ibv_mr **mr, struct ibv_pd *pd, uint32_t n,
+		      uint32_t size, int access)
+{
+	size_t bytes = (size_t)n * size;
+	long page = sysconf(_SC_PAGESIZE);
+	void *mem;
+	int r = posix_memalign(&mem, page > 0 ? (size_t)page : 4096, bytes);
+	if (r)
+		return -r;
+	memset(mem, 0, bytes);
+	*pool = mem;
+	*mr = ibv_reg_mr(pd, mem, bytes, access);
+	if (!*mr) {
+		r = last_err();
+		sv_err("verbs: ibv_reg_mr of a %zu-byte buffer pool: %s%s", bytes, strerror(-r),
+		       r == -ENOMEM || r == -EPERM ? " (RLIMIT_MEMLOCK too low?)" : "");
+		return r;
+	}
+	return 0;
+}
+
+/* The RC QP, with as much inline data as the device takes. */
+static int create_qp(struct sv_verbs *v)
+{
+	int r = -EINVAL;
+	for (size_t i = 0; i < sizeof(inline_sizes) / sizeof(inline_sizes[0]); i++) {
+		struct ibv_qp_init_attr a = {
+			.qp_context = v,
+			.send_cq = v->cq,
+			.recv_cq = v->cq,
+			.cap =
+				{
+					.max_send_wr = v->nsend,
+					.max_recv_wr = v->nrecv,
+					.max_send_sge = 1 + SV_XPORT_MAX_SGE,
+					.max_recv_sge = 1,
+					.max_inline_data = inline_sizes[i],
+				},
+			.qp_type = IBV_QPT_RC,
+			.sq_sig_all = 0, /* every send asks for IBV_SEND_SIGNALED itself */
+		};
+		if (rdma_create_qp(v->id, v->pd, &a) == 0) {
+			v->qp = v->id->qp;
+			v->max_inline = a.cap.max_inline_data;
+			sv_dbg("verbs: RC QP %u: %u send/%u recv WRs, %u send SGEs, %u inline bytes",
+			       v->qp->qp_num, a.cap.max_send_wr, a.cap.max_recv_wr,
+			       a.cap.max_send_sge, a.cap.max_inline_data);
+			return 0;
+		}
+		r = last_err();
+		sv_dbg("verbs: rdma_create_qp with %u inline bytes: %s", inline_sizes[i],
+		       strerror(-r));
+	}
+	sv_err("verbs: rdma_create_qp: %s", strerror(-r));
+	return r;
+}
+
+int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct sv_proto_params *prm)
+{
+	*out = NULL;
+	if (!id || !id->verbs || id->qp || prm->buf_size <= SV_HDR_SIZE || prm->window < 1)
+		return -EINVAL;
+	struct ibv_context *ctx = id->verbs;
+	uint32_t nr = sv_proto_nrecv(prm), ns = sv_proto_nsend(prm);
+	int r = check_device(ctx, nr, ns);
+	if (r)
+		return r;
+
+	struct sv_verbs *v = calloc(1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	v->id = id;
+	v->nrecv = nr;
+	v->nsend = ns;
+	v->buf_size = prm->buf_size;
+	/* From here on sv_verbs_destroy undoes whatever part was built. */
+	v->zc = calloc(ns, sizeof(*v->zc));
+	if (!v->zc) {
+		r = -ENOMEM;
+		goto destroy_partial;
+	}
+	r = pd_get(ctx, &v->pd);
+	if (r)
+		goto destroy_partial;
+	v->chan = ibv_create_comp_channel(ctx);
+	if (!v->chan) {
+		r = last_err();
+		sv_err("verbs: ibv_create_comp_channel: %s", strerror(-r));
+		goto destroy_partial;
+	}
+	r = set_fd_flags(v->chan->fd);
+	if (r) {
+		sv_err("verbs: completion channel fd flags: %s", strerror(-r));
+		goto destroy_partial;
+	}
+	/* Every WR is signalled, and a slot or buffer is reused only after its
+	 * completion was polled: nrecv + nsend entries never overflow. */
+	v->cq = ibv_create_cq(ctx, (int)(nr + ns), v, v->chan, 0);
+	if (!v->cq) {
+		r = last_err();
+		sv_err("verbs: ibv_create_cq (%u entries): %s", nr + ns, strerror(-r));
+		goto destroy_partial;
+	}
+	r = alloc_pool(&v->rpool, &v->rmr, v->pd, nr, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
+	if (r)
+		goto destroy_partial;
+	r = alloc_pool(&v->spool, &v->smr, v->pd, ns, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
+	if (r)
+		goto destroy_partial;
+	r = create_qp(v);
+	if (r)
+		goto destroy_partial;
+	*out = v;
+	return 0;
+
+destroy_partial:
+	sv_verbs_destroy(v);
+	return r;
+}
+
+void sv_verbs_destroy(struct sv_verbs *v)
+{
+	if (!v)
+		return;
+	/* The QP first: after it, nothing reads or writes the memory below. */
+	if (v->qp) {
+		rdma_destroy_qp(v->id);
+		v->qp = NULL;
+	}
+	if (v->zc) {
+		for (uint32_t i = 0; i < v->nsend; i++)
+			zc_release(v, i);
+		free(v->zc);
+	}
+	int r;
+	if (v->smr && (r = ibv_dereg_mr(v->smr)))
+		sv_warn("verbs: ibv_dereg_mr (send pool): %s", strerror(-neg_err(r)));
+	if (v->rmr && (r = ibv_dereg_mr(v->rmr)))
+		sv_warn("verbs: ibv_dereg_mr (receive pool): %s", strerror(-neg_err(r)));
+	free(v->spool);
+	free(v->rpool);
+	if (v->cq) {
+		/* ibv_destroy_cq waits for every event taken to be acknowledged. */
+		if (v->unacked)
+			ibv_ack_cq_events(v->cq, v->unacked);
+		v->unacked = 0;
+		if ((r = ibv_destroy_cq(v->cq)))
+			sv_warn("verbs: ibv_destroy_cq: %s", strerror(-neg_err(r)));
+	}
+	if (v->chan && (r = ibv_destroy_comp_channel(v->chan)))
+		sv_warn("verbs: ibv_destroy_comp_channel: %s", strerror(-neg_err(r)));
+	if (v->pd)
+		pd_put(v->pd);
+	free(v);
+}
+
+/* ---- Completions ------------------------------------------------------- */
+
+/* Mark the core broken, as its own fail() does. The core has no call for a
+ * failure found below it; an sv_proto_abort(p, err) there would replace
+ * this. Once it is set, the core takes no new work and on_send_done only
+ * returns slots. */
+static void break_core(struct sv_proto *p, int err)
+{
+	if (!p->error)
+		p->error = err;
+	p->tx_state = SV_TX_RESET;
+}
+
+/* A failed work request. On an RC QP any failure moves the QP to the error
+ * state, after which everything still posted completes with a flush error. */
+static int wc_failed(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc *wc,
+		     uint32_t kind, uint32_t idx)
+{
+	if (wc->status == IBV_WC_WR_FLUSH_ERR && p->error)
+		return 0; /* the expected aftermath of a break */
+	sv_dbg("verbs: QP %u: %s %u failed: %s (vendor error 0x%x)", v->qp ? v->qp->qp_num : 0,
+	       kind == SV_WR_SEND ? "send slot" : "receive buffer", idx,
+	       ibv_wc_status_str(wc->status), wc->vendor_err);
+	break_core(p, -ECONNRESET);
+	return -ECONNRESET;
+}
+
+static int complete(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc *wc,
+		    uint64_t now_us)
+{
+	uint32_t kind = (uint32_t)(wc->wr_id >> 32), idx = (uint32_t)wc->wr_id;
+	if ((kind != SV_WR_SEND || idx >= v->nsend) && (kind != SV_WR_RECV || idx >= v->nrecv)) {
+		sv_err("verbs: completion with unknown wr_id 0x%llx (status %s)",
+		       (unsigned long long)wc->wr_id, ibv_wc_status_str(wc->status));
+		break_core(p, -EIO);
+		return -EIO;
+	}
+	int err = 0;
+	if (wc->status != IBV_WC_SUCCESS)
+		err = wc_failed(v, p, wc, kind, idx);
+	if (kind == SV_WR_SEND) {
+		/* Success or not, the slot is done: the memory may go back to the
+		 * application, which the core allows once zc_inflight drops. Drop
+		 * the registrations before the core learns of it. */
+		zc_release(v, idx);
+		int r = sv_proto_on_send_done(p, idx, now_us);
+		return err ? err : r;
+	}
+	if (err || wc->status != IBV_WC_SUCCESS)
+		return err; /* a flushed receive holds nothing */
+	return sv_proto_on_recv(p, idx, wc->byte_len, now_us);
+}
+
+int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, uint64_t now_us)
+{
+	struct ibv_wc wc[SV_POLL_BATCH];
+	int handled = 0, err = 0;
+	for (;;) {
+		int n = ibv_poll_cq(v->cq, SV_POLL_BATCH, wc);
+		if (n < 0) {
+			sv_err("verbs: ibv_poll_cq failed (%d)", n);
+			break_core(p, -EIO);
+			if (!err)
+				err = -EIO;
+			break;
+		}
+		/* Every completion taken from the CQ is handed on, even after an
+		 * error: each one releases a slot the core is waiting for. */
+		for (int i = 0; i < n; i++) {
+			int r = complete(v, p, &wc[i], now_us);
+			if (r < 0 && !err)
+				err = r;
+		}
+		handled += n;
+		if (n < SV_POLL_BATCH)
+			break;
+	}
+	return err ? err : handled;
+}
+
+int sv_verbs_arm(struct sv_verbs *v)
+{
+	int r = ibv_req_notify_cq(v->cq, 0);
+	if (r) {
+		r = neg_err(r);
+		sv_dbg("verbs: ibv_req_notify_cq: %s", strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+int sv_verbs_fd(const struct sv_verbs *v)
+{
+	return v->chan->fd;
+}
+
+void sv_verbs_drain_events(struct sv_verbs *v)
+{
+	struct ibv_cq *cq;
+	void *cq_ctx;
+	/* The fd is non-blocking: EAGAIN ends the loop when none is left. */
+	while (ibv_get_cq_event(v->chan, &cq, &cq_ctx) == 0) {
+		if (++v->unacked >= SV_EVENT_ACK_BATCH) {
+			ibv_ack_cq_events(v->cq, v->unacked);
+			v->unacked = 0;
+		}
+	}
+	if (errno != EAGAIN && errno != EWOULDBLOCK)
+		sv_dbg("verbs: ibv_get_cq_event: %s", strerror(errno));
+}

@@ -1,0 +1,66 @@
+/* The RDMA verbs transport under the protocol core: one RC queue pair per
+ * connection, created on a librdmacm id, with one completion queue and its
+ * own completion channel, and the registered buffer pools the core numbers.
+ *
+ * It implements struct sv_xport_ops (proto.h). Like the core it has no
+ * locks of its own (only the process-wide PD list is shared), never blocks
+ * and keeps no clocks: the caller serialises calls, polls, arms and sleeps
+ * on sv_verbs_fd(). */
+#ifndef SV_VERBS_H
+#define SV_VERBS_H
+
+#include "proto.h"
+
+#include <stdint.h>
+
+struct rdma_cm_id;
+
+/* User iovec pieces one zero-copy message may carry (the core slices its
+ * zero-copy writes into at most this many); each message has one more
+ * scatter/gather entry for the header in the send buffer. */
+#ifndef SV_XPORT_MAX_SGE
+#define SV_XPORT_MAX_SGE 8
+#endif
+
+/* One connection's verbs resources. */
+struct sv_verbs;
+
+/* Create the CQ (with its own completion channel, fd non-blocking and
+ * close-on-exec), the RC QP on `id` (which must be bound to a device:
+ * address resolved on the active side, the connect request's id on the
+ * passive side) and the registered receive and send pools for `prm`.
+ * The protection domain is shared by all connections on one device.
+ * Call sv_proto_init right after, before rdma_connect/rdma_accept: the core
+ * posts every receive buffer there. Returns 0 or -errno. */
+int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct sv_proto_params *prm);
+
+/* Destroy the QP (rdma_destroy_qp; the id stays the caller's), the memory
+ * registrations, the CQ and the channel, and drop the PD reference.
+ * Safe on NULL and on a partially created object. */
+void sv_verbs_destroy(struct sv_verbs *v);
+
+/* The ops and context to pass to sv_proto_init. */
+struct sv_xport sv_verbs_xport(struct sv_verbs *v);
+
+/* Poll the CQ until it is empty and feed each completion to the core, in
+ * the order the CQ reports them. Returns the number of completions handled,
+ * or -errno: -ECONNRESET for a failed work request (the core is marked
+ * broken), or the core's own error. Every completion is consumed even when
+ * an error is returned: send slots (and their zero-copy registrations) are
+ * released on failed completions too, so a zero-copy writer waiting on
+ * sv_proto_zcopy_busy() is let go. Flush errors that follow a break are
+ * expected and not reported again. */
+int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, uint64_t now_us);
+
+/* Request an event on the channel for the next completion. Poll once more
+ * after arming and before sleeping, or a completion that raced in is missed. */
+int sv_verbs_arm(struct sv_verbs *v);
+
+/* The completion channel fd: poll it for POLLIN while waiting. */
+int sv_verbs_fd(const struct sv_verbs *v);
+
+/* Take every pending channel event (never blocks) and acknowledge them, in
+ * batches; sv_verbs_destroy acknowledges what is left. */
+void sv_verbs_drain_events(struct sv_verbs *v);
+
+#endif
