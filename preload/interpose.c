@@ -116,11 +116,12 @@ SV_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	if (sv_passthrough())
 		return SV_REAL(connect)(fd, addr, len);
 	int r = sv_real.connect(fd, addr, len);
-	if (r == 0) {
-		int saved = errno;
+	int saved = errno;
+	if (r == 0)
 		sv_on_connected(fd);
-		errno = saved;
-	}
+	else if (errno == EINPROGRESS)
+		sv_on_connecting(fd);
+	errno = saved;
 	return r;
 }
 

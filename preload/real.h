@@ -6,6 +6,8 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -33,7 +35,9 @@
 	X(shutdown, int, (int, int))                                                        \
 	X(setsockopt, int, (int, int, int, const void *, socklen_t))                        \
 	X(getsockopt, int, (int, int, int, void *, socklen_t *))                            \
-	X(fdopen, FILE *, (int, const char *))
+	X(fdopen, FILE *, (int, const char *))                                              \
+	X(poll, int, (struct pollfd *, nfds_t, int))                                        \
+	X(ppoll, int, (struct pollfd *, nfds_t, const struct timespec *, const sigset_t *))
 
 struct sv_real {
 #define SV_REAL_FIELD(name, ret, args) ret(*name) args;

@@ -174,6 +174,26 @@ void sv_on_connected(int fd)
 	sv_leave();
 }
 
+void sv_on_connecting(int fd)
+{
+	struct sv_fd *f = sv_fd_get(fd);
+	if (!f)
+		return;
+	bool plain = f->ops == &sv_kernel_ops;
+	sv_fd_put(f);
+	if (!plain)
+		return;
+	sv_enter();
+	struct sv_stream *s = sv_stream_new(fd, true);
+	if (s) {
+		sv_stream_get(s);
+		if (replace_entry(fd, &sv_stream_ops, s))
+			sv_stream_connecting(s);
+		sv_stream_put(s);
+	}
+	sv_leave();
+}
+
 void sv_on_exit(void)
 {
 	sv_enter();

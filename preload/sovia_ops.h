@@ -15,6 +15,8 @@ void sv_on_listen(int fd);
 void sv_on_accepted(int lfd, int fd);
 /* connect() on fd succeeded. */
 void sv_on_connected(int fd);
+/* A non-blocking connect() on fd is in progress. */
+void sv_on_connecting(int fd);
 /* The process is exiting. */
 void sv_on_exit(void);
 

@@ -102,9 +102,21 @@ void sv_stream_exit_flush(struct sv_stream *s)
 	pthread_mutex_lock(&s->lock);
 	struct sv_proto *p = &s->proto;
 	if (s->proto_ready && s->state != SV_CONN_FALLBACK && !s->error &&
-	    p->tx_state == SV_TX_OPEN)
+	    p->tx_state == SV_TX_OPEN) {
 		sv_stream_drain(s);
-	if (sv_cfg.stats && !s->app_closed)
+		/* A connection the application closed but the helper had not
+		 * finished yet: its FIN goes too. */
+		uint64_t end = sv_now_us() + 2000000u;
+		while (s->app_closed && p->tx_state == SV_TX_OPEN && !s->error &&
+		       sv_now_us() < end) {
+			sv_stream_progress(s);
+			if (sv_proto_send_fin(p, sv_now_us()) != -EAGAIN)
+				break;
+			sv_stream_wait(s, 0, end);
+		}
+		sv_stream_drain(s);
+	}
+	if (sv_cfg.stats && !s->stats_printed)
 		sv_stream_print_stats(s, "exit");
 	pthread_mutex_unlock(&s->lock);
 }

@@ -220,10 +220,15 @@ static int ack_policy(struct sv_proto *p, uint64_t now)
 {
 	if (p->error || !p->unreported)
 		return 0;
-	if (p->unreported_data >= p->prm.ack_delay)
-		return send_update(p);
-	if (p->peer_credits <= p->prm.reserve && p->unreported >= 2)
-		return send_update(p);
+	bool now_due = p->unreported_data >= p->prm.ack_delay ||
+		       (p->peer_credits <= p->prm.reserve && p->unreported >= 2);
+	if (now_due) {
+		int r = send_update(p);
+		if (r < 0)
+			return r;
+	}
+	/* Not sent (not due, or no credit or buffer free): the timer makes
+	 * sure consumed data is reported. */
 	if (p->unreported_data > 0 && !p->ack_deadline)
 		p->ack_deadline = now + p->prm.ack_timeout_us;
 	return 0;
@@ -235,7 +240,7 @@ int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 		  const struct sv_xport *xp)
 {
 	memset(p, 0, sizeof(*p));
-	if (prm->buf_size <= SV_HDR_SIZE || prm->window < 1 || prm->reserve < 3 ||
+	if (prm->buf_size <= SV_HDR_SIZE || prm->window < 2 || prm->reserve < 3 ||
 	    prm->ack_delay < 1 || prm->coalesce_size < 1 ||
 	    prm->coalesce_size > prm->buf_size - SV_HDR_SIZE || sv_proto_nrecv(prm) > 65535)
 		return -EINVAL;
@@ -262,6 +267,7 @@ int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 		}
 	}
 	p->credits = nr;
+	p->peer_nrecv = nr; /* until sv_proto_set_peer says otherwise */
 	p->peer_credits = nr;
 	p->tx_state = SV_TX_TCP;
 	p->rx_on_qp = false;
@@ -273,6 +279,7 @@ int sv_proto_set_peer(struct sv_proto *p, uint32_t peer_nrecv, uint32_t peer_buf
 	if (peer_nrecv <= p->prm.reserve || peer_nrecv > 65535 || peer_buf_size <= SV_HDR_SIZE)
 		return -EINVAL;
 	p->credits = peer_nrecv;
+	p->peer_nrecv = peer_nrecv;
 	if (peer_buf_size - SV_HDR_SIZE < p->tx_payload_max)
 		p->tx_payload_max = peer_buf_size - SV_HDR_SIZE;
 	return 0;
@@ -303,6 +310,7 @@ static int flush_pending(struct sv_proto *p, enum sv_flush_reason why)
 	p->pending_slot = -1;
 	p->pending_len = 0;
 	p->pending_deadline = 0;
+	p->pending_hold = false;
 	int r = post(p, slot, SV_MSG_DATA, p->snd_nxt, len, NULL, 0);
 	if (r < 0)
 		return r;
@@ -456,6 +464,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
 	iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, 0, total);
 	p->pending_len += (uint32_t)total;
+	p->pending_hold = (flags & MSG_MORE) != 0; /* the latest write says */
 
 	if (p->pending_len >= climit)
 		r = flush_pending(p, SV_FLUSH_FULL);
@@ -490,12 +499,13 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us)
 	if (p->error)
 		return 0;
 	/* Nagle: the last in-flight data completed, push what waited for it. */
-	if (p->inflight == 0 && p->pending_slot >= 0 && !p->cork) {
+	if (p->inflight == 0 && p->pending_slot >= 0 && !p->cork && !p->pending_hold) {
 		int r = flush_pending(p, SV_FLUSH_IDLE);
 		if (r < 0 && r != -EAGAIN)
 			return r;
 	}
-	return 0;
+	/* A report that found no free send buffer may go now. */
+	return ack_policy(p, now_us);
 }
 
 /* ---- Receiving --------------------------------------------------------- */
@@ -532,8 +542,8 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 	if (p->peer_credits == 0)
 		return malformed(p); /* it sent without a credit */
 	p->peer_credits--;
-	if ((uint32_t)p->credits + h.credits > nrecv(p))
-		return malformed(p);
+	if ((uint64_t)p->credits + h.credits > p->peer_nrecv)
+		return malformed(p); /* more buffers than the peer has */
 	if (h.ack > p->snd_nxt)
 		return malformed(p); /* acknowledges bytes we never sent */
 	p->credits += h.credits;
@@ -602,7 +612,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		return r;
 
 	/* New credits may release data that waited for them. */
-	if (p->pending_slot >= 0 && p->inflight == 0 && !p->cork) {
+	if (p->pending_slot >= 0 && p->inflight == 0 && !p->cork && !p->pending_hold) {
 		r = flush_pending(p, SV_FLUSH_IDLE);
 		if (r < 0 && r != -EAGAIN)
 			return r;
@@ -821,6 +831,8 @@ uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us)
 		p->ack_deadline = 0;
 		if (p->unreported_data > 0 && send_update(p) < 0)
 			return 0;
+		if (p->unreported_data > 0) /* no credit or buffer: try again later */
+			p->ack_deadline = now_us + p->prm.ack_timeout_us;
 	}
 	if (p->pending_slot >= 0 && now_us >= p->pending_deadline) {
 		if (flush_pending(p, SV_FLUSH_TIMER) == -EAGAIN)

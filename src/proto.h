@@ -159,6 +159,8 @@ struct sv_proto {
 	uint32_t pending_len;    /* payload bytes in it */
 	uint64_t pending_deadline; /* when the coalescing timer fires */
 	bool cork;               /* TCP_CORK: hold small writes */
+	bool pending_hold;       /* the last write into it had MSG_MORE */
+	uint32_t peer_nrecv;     /* the peer's receive buffers: our credits' ceiling */
 	uint32_t zc_inflight;    /* zero-copy sends not yet completed */
 
 	/* Receiving. Control events are processed on arrival; their stream

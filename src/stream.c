@@ -7,8 +7,11 @@
 #include "log.h"
 #include "verbs.h"
 
+#include <rdma/rdma_cma.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +73,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 		return "no-resources";
 	case SV_FB_UNSUPPORTED:
 		return "unsupported-call";
+	case SV_FB_SHUTDOWN:
+		return "shut-down-before-upgrade";
 	}
 	return "?";
 }
@@ -319,6 +324,14 @@ void sv_stream_qp_down(struct sv_stream *s, int err)
 	pthread_mutex_lock(&s->lock);
 	if (s->verbs && !s->error)
 		sv_verbs_poll(s->verbs, &s->proto, sv_now_us()); /* keep what arrived */
+	struct sv_proto *p = &s->proto;
+	bool tx_done = p->tx_state != SV_TX_OPEN || s->tx_shut;
+	if (s->proto_ready && p->rx_fin && tx_done && !p->peer_to_rdma) {
+		/* Both directions finished: an ordinary end, nothing is lost. */
+		sv_stream_wake(s);
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	sv_stream_break(s, err);
 	pthread_mutex_unlock(&s->lock);
 }
@@ -344,7 +357,20 @@ void sv_stream_established(struct sv_stream *s)
 		pthread_mutex_unlock(&s->lock);
 		return;
 	}
+	if (s->tx_shut) {
+		/* The application finished sending on TCP before the QP came up:
+		 * the echo can no longer follow TCP's FIN, so this connection
+		 * stays on TCP (nothing in-band happened yet). */
+		s->state = SV_CONN_FALLBACK;
+		s->fallback = SV_FB_SHUTDOWN;
+		if (s->id)
+			rdma_disconnect(s->id);
+		sv_stream_wake(s);
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	s->state = SV_CONN_SWITCHING;
+	s->deadline_us = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
 	if (s->is_client) {
 		/* The client moves first: TCP carried [0, tcp_tx); its data then
 		 * waits until the server proves it is the TCP peer. */
@@ -365,6 +391,8 @@ void sv_stream_established(struct sv_stream *s)
 /* The server's reply to a verified client: move our sending as well. */
 static void server_switch_tx(struct sv_stream *s)
 {
+	if (s->tx_shut)
+		return; /* finished on TCP: our direction simply stays there */
 	int r = sv_proto_send_to_rdma(&s->proto, s->tcp_tx, sv_now_us());
 	if (r < 0) {
 		sv_stream_break(s, r);
@@ -373,6 +401,25 @@ static void server_switch_tx(struct sv_stream *s)
 	s->echo_owed = true;
 	s->echo_sent = 0;
 	s->st.switches_to_rdma++;
+}
+
+void sv_stream_unhold(struct sv_stream *s, const char *why)
+{
+	if (!s->tx_held)
+		return;
+	/* The server cannot prove itself any more: our sending goes back to
+	 * TCP with TO_TCP (it carries no data, so even an impostor learns
+	 * nothing) and the connection carries on there. */
+	sv_info("fd %d: the server did not prove itself (%s): sending stays on TCP", s->fd, why);
+	if (sv_proto_send_to_tcp(&s->proto, sv_now_us()) < 0) {
+		sv_stream_break(s, -ECONNRESET);
+		return;
+	}
+	s->tx_held = false;
+	s->st.switches_to_tcp++;
+	s->state = SV_CONN_FALLBACK;
+	s->fallback = SV_FB_CHALLENGE;
+	sv_stream_wake(s);
 }
 
 void sv_stream_rx_switched(struct sv_stream *s)
@@ -393,6 +440,28 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
 	*done = false;
 	pthread_mutex_lock(&s->lock);
 	uint64_t next = 0;
+	if (s->connecting) {
+		/* A non-blocking connect in progress: upgrade once it is done. */
+		struct pollfd pfd = {.fd = s->fd, .events = POLLOUT};
+		if (poll(&pfd, 1, 0) == 1) {
+			int err = 0;
+			socklen_t l = sizeof(err);
+			getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &l);
+			s->connecting = false;
+			socklen_t ll = sizeof(s->tuple.local), pl = sizeof(s->tuple.peer);
+			bool ok = !err && getsockname(s->fd, (struct sockaddr *)&s->tuple.local, &ll) == 0 &&
+				  getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) == 0;
+			pthread_mutex_unlock(&s->lock);
+			if (ok)
+				sv_upgrade_connect(s);
+			else
+				sv_stream_fallback(s, SV_FB_NO_ROUTE);
+			*done = true; /* sv_upgrade_connect watches it again */
+			return 0;
+		}
+		pthread_mutex_unlock(&s->lock);
+		return now + 5000; /* connects take round trips: look every 5 ms */
+	}
 	switch (s->state) {
 	case SV_CONN_TCP:
 	case SV_CONN_RESOLVING:
@@ -411,24 +480,29 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
 		/* Pump the peer's TCP bytes up to its switch point, so the
 		 * upgrade completes even if the application is not reading. */
 		if (s->proto_ready && s->proto.peer_to_rdma && !s->error) {
+			static __thread uint8_t scratch[65536];
 			for (;;) {
-				if (s->tcpbuf_cap - s->tcpbuf_len < 65536) {
-					size_t cap = s->tcpbuf_cap ? s->tcpbuf_cap * 2 : 65536;
-					uint8_t *nb = realloc(s->tcpbuf, cap);
-					if (!nb)
-						break;
-					s->tcpbuf = nb;
-					s->tcpbuf_cap = cap;
-				}
-				struct iovec iov = {s->tcpbuf + s->tcpbuf_len,
-						    s->tcpbuf_cap - s->tcpbuf_len};
+				struct iovec iov = {scratch, sizeof(scratch)};
+				size_t before = s->tcpbuf_len;
 				long n = sv_stream_tcp_read(s, &iov, 1, 0);
 				if (n <= 0)
 					break;
-				s->tcpbuf_len += (size_t)n;
+				/* A failed challenge may have queued the would-be echo,
+				 * which comes after these bytes in the stream. */
+				size_t echo = s->tcpbuf_len - before;
+				uint8_t held[SV_CHALLENGE_SIZE];
+				memcpy(held, s->tcpbuf + before, echo);
+				s->tcpbuf_len = before;
+				if (sv_stream_tcpbuf_append(s, scratch, (size_t)n) < 0 ||
+				    sv_stream_tcpbuf_append(s, held, echo) < 0) {
+					sv_stream_break(s, -ENOMEM);
+					break;
+				}
 				sv_stream_wake(s);
 			}
 		}
+		if (s->tx_held && s->deadline_us && now >= s->deadline_us && !s->echo_owed)
+			sv_stream_unhold(s, "timeout");
 		if (s->state == SV_CONN_SWITCHING && s->deadline_us && now >= s->deadline_us &&
 		    s->proto_ready && !s->proto.rx_on_qp && s->proto.tx_state == SV_TX_TCP &&
 		    !s->proto.peer_to_rdma) {
@@ -466,6 +540,18 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
 	return next;
 }
 
+void sv_stream_connecting(struct sv_stream *s)
+{
+	if (sv_helper_start() < 0) {
+		sv_stream_fallback(s, SV_FB_DISABLED);
+		return;
+	}
+	pthread_mutex_lock(&s->lock);
+	s->connecting = true;
+	pthread_mutex_unlock(&s->lock);
+	sv_helper_watch(s);
+}
+
 /* ---- Statistics -------------------------------------------------------- */
 
 static void addr_str(const struct sockaddr_storage *ss, char *out, size_t len)
@@ -486,9 +572,12 @@ static void addr_str(const struct sockaddr_storage *ss, char *out, size_t len)
 
 void sv_stream_print_stats(struct sv_stream *s, const char *when)
 {
+	if (s->stats_printed)
+		return;
 	char local[64], peer[64], line[1024];
 	addr_str(&s->tuple.local, local, sizeof(local));
 	addr_str(&s->tuple.peer, peer, sizeof(peer));
+	s->stats_printed = true;
 	const struct sv_proto_stats *p = &s->proto.st;
 	int n = snprintf(
 		line, sizeof(line),

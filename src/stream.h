@@ -47,6 +47,7 @@ enum sv_fallback {
 	SV_FB_CHALLENGE,    /* the RDMA peer failed to prove it is the TCP peer */
 	SV_FB_RESOURCES,    /* creating the QP or its buffers failed */
 	SV_FB_UNSUPPORTED,  /* a call libsovia cannot serve moved it back */
+	SV_FB_SHUTDOWN,     /* the sender shut down before the QP was up */
 };
 
 const char *sv_conn_state_name(enum sv_conn_state s);
@@ -67,6 +68,7 @@ struct sv_stream {
 	atomic_int refs;
 	int fd;              /* the kernel TCP socket */
 	bool is_client;
+	bool connecting;     /* a non-blocking connect() has not completed yet */
 	enum sv_conn_state state;
 	enum sv_fallback fallback;
 	struct sv_tuple tuple;
@@ -104,9 +106,11 @@ struct sv_stream {
 	/* Close. */
 	bool app_closed;     /* the application closed its fd; the helper lingers */
 	bool tx_shut;        /* shutdown(SHUT_WR) done */
+	bool shut_deferred;  /* TCP's shutdown waits for the echo to go out first */
 	uint64_t linger_deadline_us;
 
 	int error; /* -errno when broken */
+	bool stats_printed;
 	struct sv_stream_stats st;
 
 	struct sv_stream *next_all; /* the helper's list of live streams */
@@ -139,6 +143,19 @@ void sv_stream_established(struct sv_stream *s);
 uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done);
 /* The QP or rdma_cm reported the connection gone. */
 void sv_stream_qp_down(struct sv_stream *s, int err);
+
+/* poll(): which of `events` libsovia answers for this stream (*own gets
+ * those that are ready) and which the kernel's socket answers (*kernel). */
+void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel);
+/* Before sleeping in poll(): arm, and add the fds whose readiness means the
+ * stream may have changed (at most 2). Sets *again when it changed already.
+ * Every call is paired with sv_stream_poll_done after the sleep. */
+struct pollfd;
+int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again);
+void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n);
+
+/* Non-blocking connect: the helper starts the upgrade once it completes. */
+void sv_stream_connecting(struct sv_stream *s);
 
 /* Exit: push out everything held back and wait (bounded) for delivery. */
 void sv_stream_exit_flush(struct sv_stream *s);

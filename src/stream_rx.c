@@ -8,22 +8,28 @@
 #include <errno.h>
 #include <string.h>
 
+/* The RDMA peer is not the TCP peer (or announced something the TCP
+ * stream contradicts): drop the QP. The TCP stream is untouched: what we
+ * took for an echo is the TCP peer's data and goes back in front. */
+static void challenge_failed(struct sv_stream *s, const char *why)
+{
+	sv_warn("fd %d: the RDMA peer failed the challenge (%s); the connection stays on TCP",
+		s->fd, why);
+	sv_proto_send_reset(&s->proto);
+	s->proto.peer_to_rdma = false;
+	s->state = SV_CONN_FALLBACK;
+	s->fallback = SV_FB_CHALLENGE;
+	if (sv_stream_tcpbuf_append(s, s->chal_got, s->chal_len) < 0)
+		sv_stream_break(s, -ENOMEM);
+	s->chal_len = 0;
+	sv_stream_wake(s);
+}
+
 /* The peer's echo is complete: is it our challenge? */
 static void check_echo(struct sv_stream *s)
 {
 	if (memcmp(s->chal_got, s->my_challenge, SV_CHALLENGE_SIZE) != 0) {
-		/* The RDMA peer is not the TCP peer (or not the one that
-		 * answered): drop the QP; the TCP stream is untouched. */
-		sv_warn("fd %d: the RDMA peer failed the challenge; the connection stays on TCP",
-			s->fd);
-		sv_proto_send_reset(&s->proto);
-		s->state = SV_CONN_FALLBACK;
-		s->fallback = SV_FB_CHALLENGE;
-		/* What we took for an echo is the peer's data: give it back. */
-		if (sv_stream_tcpbuf_append(s, s->chal_got, s->chal_len) < 0)
-			sv_stream_break(s, -ENOMEM);
-		s->chal_len = 0;
-		sv_stream_wake(s);
+		challenge_failed(s, "wrong echo");
 		return;
 	}
 	s->chal_len = 0;
@@ -79,12 +85,19 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 		return r < 0 ? -errno : r;
 	}
 
+	if (watch && p->peer_to_rdma && p->peer_to_rdma_seq < s->tcp_rx) {
+		/* The real peer cannot have sent fewer bytes than we read. */
+		challenge_failed(s, "switch point behind the TCP stream");
+		return -EAGAIN;
+	}
 	if (watch && p->peer_to_rdma && s->tcp_rx == p->peer_to_rdma_seq) {
 		/* At the switch point: what follows is the echo, then nothing. */
 		ssize_t r = recv(s->fd, s->chal_got + s->chal_len, SV_CHALLENGE_SIZE - s->chal_len,
 				 MSG_DONTWAIT);
-		if (r == 0)
-			return -ECONNRESET; /* TCP ended inside the switch */
+		if (r == 0) {
+			challenge_failed(s, "TCP ended before the echo");
+			return -EAGAIN;
+		}
 		if (r < 0)
 			return -errno;
 		s->chal_len += (uint32_t)r;
@@ -111,15 +124,22 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	ssize_t r = recvmsg(s->fd, &m, flags | MSG_DONTWAIT);
 	if (r < 0)
 		return -errno;
-	if (r == 0)
+	if (r == 0) {
+		/* TCP ended without the server's switch: it cannot prove
+		 * itself any more, so we stop waiting for it. */
+		if (s->tx_held && !s->echo_owed)
+			sv_stream_unhold(s, "TCP ended");
 		return 0;
+	}
 
 	/* Read first, then look at the completion queue: the peer writes its
 	 * echo only after its TO_RDMA completed, so if these bytes include the
 	 * echo, the TO_RDMA is visible now. */
 	if (watch && !announced && s->verbs) {
 		sv_stream_progress(s);
-		if (p->peer_to_rdma) {
+		if (p->peer_to_rdma && p->peer_to_rdma_seq < s->tcp_rx) {
+			challenge_failed(s, "switch point behind the TCP stream");
+		} else if (p->peer_to_rdma) {
 			uint64_t left = p->peer_to_rdma_seq - s->tcp_rx;
 			if ((uint64_t)r > left) {
 				size_t extra = (size_t)r - (size_t)left;
@@ -128,13 +148,8 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 				} else if (extra > SV_CHALLENGE_SIZE) {
 					/* More than an echo after the switch point: the
 					 * announcement did not come from the TCP peer.
-					 * Deliver everything; drop the QP. */
-					sv_warn("fd %d: TCP data beyond the announced switch point; "
-						"dropping the QP",
-						s->fd);
-					sv_proto_send_reset(p);
-					s->state = SV_CONN_FALLBACK;
-					s->fallback = SV_FB_CHALLENGE;
+					 * Everything read is the application's. */
+					challenge_failed(s, "data beyond the switch point");
 				} else {
 					iov_copy_out(use, limcnt, (size_t)left, s->chal_got, extra);
 					s->chal_len = (uint32_t)extra;
@@ -188,6 +203,8 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 		/* TCP for good: the kernel's own call, blocking as it likes. */
 		pthread_mutex_unlock(&s->lock);
 		ssize_t n = recvmsg(s->fd, msg, flags);
+		if (n > 0 && !(flags & MSG_PEEK))
+			__atomic_fetch_add(&s->st.tcp_rx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
 		return n < 0 ? -errno : n;
 	}
 	long r;

@@ -41,6 +41,10 @@ int sv_stream_write_echo(struct sv_stream *s)
 		s->echo_sent += (uint32_t)r;
 	}
 	s->echo_owed = false;
+	if (s->shut_deferred) {
+		s->shut_deferred = false;
+		shutdown(s->fd, SHUT_WR); /* TCP's FIN after the echo */
+	}
 	if (!s->tx_held && s->proto.rx_on_qp && s->state == SV_CONN_SWITCHING)
 		s->state = SV_CONN_RDMA;
 	return 1;
@@ -216,9 +220,12 @@ int sv_stream_shutdown(struct sv_stream *s, int how)
 	}
 	/* The kernel's socket follows, unless a switch still needs TCP: the
 	 * echo must get out before TCP's FIN. */
-	if (!(s->echo_owed && (how == SHUT_WR || how == SHUT_RDWR))) {
-		if (shutdown(s->fd, how) < 0 && r == 0)
+	if (s->echo_owed && (how == SHUT_WR || how == SHUT_RDWR)) {
+		s->shut_deferred = true;
+		if (how == SHUT_RDWR && shutdown(s->fd, SHUT_RD) < 0 && r == 0)
 			r = -errno;
+	} else if (shutdown(s->fd, how) < 0 && r == 0) {
+		r = -errno;
 	}
 	sv_stream_wake(s);
 	pthread_mutex_unlock(&s->lock);

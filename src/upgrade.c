@@ -235,9 +235,12 @@ struct sv_listener *sv_upgrade_listen(int fd)
 			fd, strerror(errno));
 		goto destroy_id;
 	}
-	if (rdma_listen(l->id, 128) < 0)
+	if (rdma_listen(l->id, 128) < 0) {
+		sv_info("fd %d: rdma_listen: %s", fd, strerror(errno));
 		goto destroy_id;
+	}
 	pthread_mutex_unlock(&up_lock);
+	sv_dbg("fd %d: RDMA listener up beside it", fd);
 	return l;
 
 destroy_id:
@@ -280,6 +283,7 @@ void sv_upgrade_accepted(struct sv_stream *s)
 	u->next = unmatched;
 	unmatched = u;
 	pthread_mutex_unlock(&up_lock);
+	sv_dbg("fd %d accepted: waiting for its upgrade request", s->fd);
 	sv_helper_watch(s); /* wakes the helper to match it, and times it out */
 }
 
@@ -376,6 +380,7 @@ static void connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destro
 				 &req);
 	if (r < 0) {
 		/* Not ours (an rsockets peer, say), or another version. */
+		sv_dbg("upgrade request: not libsovia's or another version (%d): rejected", r);
 		reject(id, r == -EPROTONOSUPPORT);
 		*destroy = id;
 		return;
@@ -386,14 +391,18 @@ static void connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destro
 	memcpy(&ps, peer, peer->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
 						       : sizeof(struct sockaddr_in));
 	if (!sv_addr_same_host(&ps, &req.client)) {
+		sv_dbg("upgrade request from another host than its TCP client");
 		sv_warn("an upgrade request from another host than its TCP peer: refused");
 		reject(id, false);
 		*destroy = id;
 		return;
 	}
 	id->context = NULL;
-	if (match_request(id, &req))
+	if (match_request(id, &req)) {
+		sv_dbg("upgrade request: matched an accepted connection");
 		return;
+	}
+	sv_dbg("upgrade request: no accepted connection yet; waiting for accept()");
 	/* The application has not accepted the TCP connection yet. */
 	struct pending_req *p = malloc(sizeof(*p));
 	if (!p) {
@@ -417,6 +426,7 @@ uint64_t sv_upgrade_timers(uint64_t now)
 		bool settled = match_request(p->id, &p->req);
 		if (!settled && now >= p->deadline) {
 			/* Its TCP connection was never accepted in time. */
+			sv_dbg("upgrade request: no matching accepted connection in time: rejected");
 			reject(p->id, false);
 			rdma_destroy_id(p->id);
 			settled = true;

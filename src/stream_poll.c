@@ -1,0 +1,110 @@
+/* Readiness of a stream for poll(): each direction is judged by whoever
+ * carries it. While a direction is on the QP, the kernel's TCP socket knows
+ * nothing about it, so libsovia answers; otherwise the kernel does. */
+#include "stream_int.h"
+
+#include "verbs.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#ifndef POLLRDHUP
+#define POLLRDHUP 0x2000
+#endif
+
+/* Is the receive side answered by libsovia rather than the kernel? */
+static bool rx_ours(const struct sv_stream *s)
+{
+	if (s->tcpbuf_len > s->tcpbuf_off)
+		return true;
+	if (!s->proto_ready || s->state == SV_CONN_FALLBACK)
+		return false;
+	/* During a switch the TCP socket may hold only the echo: our read
+	 * decides what is data. */
+	return s->proto.rx_on_qp || s->proto.peer_to_rdma || s->chal_len;
+}
+
+static bool tx_ours(const struct sv_stream *s)
+{
+	return s->proto_ready && s->state != SV_CONN_FALLBACK && s->proto.tx_state != SV_TX_TCP;
+}
+
+void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->proto_ready && !s->error)
+		sv_stream_progress(s);
+	short rx = events & (POLLIN | POLLRDNORM | POLLRDHUP | POLLPRI);
+	short tx = events & (POLLOUT | POLLWRNORM);
+	short mine = 0, rev = 0;
+	if (s->error) {
+		mine = events;
+		rev = POLLERR | POLLHUP | (rx & ~POLLPRI) | tx;
+	} else {
+		if (rx_ours(s)) {
+			mine |= rx;
+			struct sv_proto *p = &s->proto;
+			bool data = s->tcpbuf_len > s->tcpbuf_off ||
+				    (s->proto_ready && sv_proto_readable(p) > 0);
+			bool eof = s->proto_ready && p->rx_fin && p->rcv_read == p->rx_fin_seq;
+			bool switched = s->proto_ready && !p->rx_on_qp && !p->peer_to_rdma;
+			if (data || eof || switched)
+				rev |= rx & (POLLIN | POLLRDNORM);
+			if (eof)
+				rev |= rx & POLLRDHUP;
+			if (eof && s->tx_shut)
+				rev |= POLLHUP;
+		}
+		if (tx_ours(s)) {
+			mine |= tx;
+			struct sv_proto *p = &s->proto;
+			bool room = p->tx_state == SV_TX_OPEN && !s->tx_held &&
+				    ((p->credits > p->prm.reserve && p->nfree > 0) ||
+				     (p->pending_slot >= 0 && p->pending_len < p->prm.coalesce_size));
+			bool closed = p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_RESET;
+			if (room || closed)
+				rev |= tx;
+		}
+	}
+	*own = rev;
+	*kernel = (short)(events & ~mine);
+	pthread_mutex_unlock(&s->lock);
+}
+
+int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again)
+{
+	int n = 0;
+	pthread_mutex_lock(&s->lock);
+	if (s->verbs && !s->error) {
+		/* Arm, then look once more: a completion before the arming
+		 * would not wake the sleep. */
+		sv_verbs_arm(s->verbs);
+		if (sv_verbs_poll(s->verbs, &s->proto, sv_now_us()) > 0)
+			*again = true;
+		out[n++] = (struct pollfd){.fd = sv_verbs_fd(s->verbs), .events = POLLIN};
+	}
+	out[n++] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+	s->waiters++;
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
+
+void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n)
+{
+	pthread_mutex_lock(&s->lock);
+	s->waiters--;
+	for (int i = 0; i < n; i++) {
+		if (!(src[i].revents & POLLIN))
+			continue;
+		if (src[i].fd == s->wake_fd) {
+			if (s->waiters == 0) {
+				uint64_t v;
+				ssize_t r = read(s->wake_fd, &v, sizeof(v));
+				(void)r;
+			}
+		} else if (s->verbs) {
+			sv_verbs_drain_events(s->verbs);
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+}

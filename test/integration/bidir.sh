@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Both ends send at once with small windows, and the readers start late:
+# both send windows fill completely before anyone reads. The connection must
+# still finish, byte-exact, in both directions (credits come back through
+# the control reserve).
+. "$(dirname "$0")/lib.sh"
+export SOVIA_WINDOW=4 SOVIA_BUF_SIZE=4096
+BYTES=${SOVIA_IT_BIDIR:-20000000}
+LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-bidir" -s "$IP" 5031 "$BYTES" -d 1500 \
+	>"$WORK/server.out" 2>"$WORK/server.err" &
+srv=$!
+wait_port 5031
+LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-bidir" -c "$IP" 5031 "$BYTES" -d 1500 \
+	2>"$WORK/client.err" | tee "$WORK/client.out"
+wait "$srv" || { cat "$WORK/server.err" >&2; fail "server failed"; }
+grep -q "OK $BYTES bytes" "$WORK/server.out" || fail "server did not get everything"
+cat "$WORK/server.err" "$WORK/client.err" >"$WORK/stats"
+for role in client server; do
+	assert_rdma_carried "$WORK/stats" $role $((BYTES / 2)) $((BYTES / 2))
+	stalls=$(stat_of "$WORK/stats" credit_stalls $role)
+	[ "$stalls" -gt 0 ] || fail "$role never ran out of credits: the window was not filled"
+	echo "$role: credit_stalls=$stalls"
+done
+echo "bidir: OK"

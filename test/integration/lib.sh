@@ -1,0 +1,55 @@
+# Shared by the integration tests. They run inside the soft-RoCE test bed
+# (test/bed/sovia-bed), which sets SOVIA_BED_IP (the rxe interface's address)
+# and SOVIA_BED_DEV (the rxe device).
+set -euo pipefail
+
+LIB=${1:?usage: $0 LIBSOVIA_SO BUILD_DIR}
+BUILD=${2:?usage: $0 LIBSOVIA_SO BUILD_DIR}
+IP=${SOVIA_BED_IP:?run me in the test bed: test/bed/sovia-bed -- $0 ...}
+DEV=${SOVIA_BED_DEV:-rxe0}
+WORK=$(mktemp -d /dev/shm/sovia-it.XXXXXX)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "== $*"; }
+
+# Wait until something listens on TCP port $1.
+wait_port() {
+	for _ in $(seq 300); do
+		ss -ltn "sport = :$1" | grep -q LISTEN && return 0
+		sleep 0.1
+	done
+	fail "nothing listens on port $1"
+}
+
+rxe_pkts() { cat "/sys/class/infiniband/$DEV/ports/1/hw_counters/sent_pkts"; }
+lo_bytes() { cat /sys/class/net/lo/statistics/tx_bytes; }
+
+# The value of field $2 in the libsovia stats line(s) of file $1 for role $3
+# (client|server); sums over lines.
+stat_of() {
+	{ grep -h "libsovia stats" "$1" || true; } | { grep " $3 " || true; } |
+		sed -n "s/.* $2=\([0-9]*\).*/\1/p" | awk '{s += $1} END {print s + 0}'
+}
+state_of() {
+	{ grep -h "libsovia stats" "$1" || true; } | { grep " $2 " || true; } |
+		sed -n 's/.* state=\([a-z-]*\).*/\1/p' | head -1
+}
+fallback_of() {
+	{ grep -h "libsovia stats" "$1" || true; } | { grep " $2 " || true; } |
+		sed -n 's/.* fallback=\([a-z-]*\).*/\1/p' | head -1
+}
+
+# Assert the stats in file $1 show role $2 sent at least $3 bytes over RDMA
+# and at most $4 over TCP.
+assert_rdma_carried() {
+	local f=$1 role=$2 min=$3 maxtcp=$4
+	local rb tb
+	rb=$(stat_of "$f" rdma_tx_bytes "$role")
+	tb=$(stat_of "$f" tcp_tx_bytes "$role")
+	[ "$rb" -ge "$min" ] || { cat "$f" >&2; fail "$role sent only $rb bytes over RDMA (want >= $min)"; }
+	[ "$tb" -le "$maxtcp" ] || { cat "$f" >&2; fail "$role sent $tb bytes over TCP (want <= $maxtcp)"; }
+	echo "$role: rdma_tx_bytes=$rb tcp_tx_bytes=$tb"
+}
+
+export SOVIA_STATS=1

@@ -1,0 +1,2402 @@
+/* The protocol core against the in-process fake transport (fake_xport.c).
+ *
+ * Written from the contract in src/proto.h (and the notes that go with it):
+ * credits and the pre-post rule, delayed and piggybacked ACKs, the coalescing
+ * flush rules, zero copy, the medium-switch byte accounting, FIN, malformed
+ * input, and a randomized soak. Everything is deterministic: time is a
+ * number the tests pass in, and the soak uses fixed seeds.
+ *
+ * Side A is P[SA] on FP.ep[SA], side B is P[SB] on FP.ep[SB]. Each side
+ * writes its own fixed pseudo-random byte stream (STREAM[s]); TXO[s] is how
+ * much of it the core took, RXO[s] how much of the peer's stream s consumed,
+ * and every byte received is compared with the stream. */
+#include "fake_xport.h"
+#include "log.h"
+#include "proto.h"
+
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+enum { SA = 0, SB = 1 };
+
+#define STREAM_LEN (1u << 20)
+#define RBUF_LEN (1u << 16)
+
+static struct fake_pair FP;
+static struct sv_proto P[2];
+static bool P_UP[2];
+static bool FP_UP;
+static struct sv_proto_params PRM;
+static uint64_t NOW;
+static uint8_t *STREAM[2];
+static uint64_t TXO[2], RXO[2];
+static uint8_t RBUF[RBUF_LEN];
+static uint64_t TO_RDMA_SEQ[2]; /* soak_switching: side s's last TO_RDMA offset */
+static bool ACCEPTED[2];        /* ... the peer accepted side s's last TO_RDMA */
+
+static char side_name(int s)
+{
+	return s == SA ? 'A' : 'B';
+}
+
+static void fill_stream(uint8_t *buf, size_t n, uint64_t seed)
+{
+	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+	for (size_t i = 0; i < n; i++) {
+		x ^= x >> 12;
+		x ^= x << 25;
+		x ^= x >> 27;
+		buf[i] = (uint8_t)((x * 0x2545F4914F6CDD1Dull) >> 56);
+	}
+}
+
+static void setup(void)
+{
+	sv_log_threshold = -1; /* malformed input is logged: keep the output quiet */
+	NOW = 1000;
+	memset(TXO, 0, sizeof(TXO));
+	memset(RXO, 0, sizeof(RXO));
+	memset(TO_RDMA_SEQ, 0, sizeof(TO_RDMA_SEQ));
+	memset(ACCEPTED, 0, sizeof(ACCEPTED));
+	for (int s = 0; s < 2; s++) {
+		STREAM[s] = malloc(STREAM_LEN);
+		cr_assert_not_null(STREAM[s]);
+		fill_stream(STREAM[s], STREAM_LEN, (uint64_t)s + 7);
+	}
+}
+
+static void teardown(void)
+{
+	for (int s = 0; s < 2; s++) {
+		if (P_UP[s])
+			sv_proto_destroy(&P[s]);
+		P_UP[s] = false;
+	}
+	if (FP_UP)
+		fake_pair_destroy(&FP);
+	FP_UP = false;
+	for (int s = 0; s < 2; s++) {
+		free(STREAM[s]);
+		STREAM[s] = NULL;
+	}
+}
+
+TestSuite(proto, .init = setup, .fini = teardown, .timeout = 60);
+
+/* ---- The harness ---------------------------------------------------------- */
+
+static struct sv_proto_params prm_default(void)
+{
+	struct sv_proto_params p = {
+		.window = 8,
+		.reserve = 3,
+		.buf_size = 256,
+		.ack_delay = 4,
+		.ack_timeout_us = 1000,
+		.coalesce = false,
+		.coalesce_size = 64,
+		.coalesce_timeout_us = 500,
+		.zcopy_threshold = 1u << 30,
+	};
+	return p;
+}
+
+static struct sv_proto_params prm_coalesce(void)
+{
+	struct sv_proto_params p = prm_default();
+	p.coalesce = true;
+	return p;
+}
+
+static uint32_t NRECV(void)
+{
+	return sv_proto_nrecv(&PRM);
+}
+
+/* Receive buffers side s posted. */
+static uint32_t nrecv_of(int s)
+{
+	return FP.ep[s].nrecv;
+}
+
+static uint32_t PAYLOAD_MAX(void)
+{
+	return PRM.buf_size - SV_HDR_SIZE;
+}
+
+/* Two cores on a fresh fake pair, each with its own parameters (the
+ * reserve must agree; the window and buffer size need not): both
+ * directions on TCP, every receive buffer posted, each side's credits =
+ * the peer's nrecv. PRM is A's. */
+static void conn_up2(const struct sv_proto_params *pa, const struct sv_proto_params *pb)
+{
+	const struct sv_proto_params *prm2[2] = {pa, pb};
+	PRM = *pa;
+	uint32_t nr[2], ns[2], bs[2];
+	for (int s = 0; s < 2; s++) {
+		nr[s] = sv_proto_nrecv(prm2[s]);
+		ns[s] = sv_proto_nsend(prm2[s]);
+		bs[s] = prm2[s]->buf_size;
+	}
+	cr_assert_eq(fake_pair_init2(&FP, nr, ns, bs), 0);
+	FP_UP = true;
+	for (int s = 0; s < 2; s++) {
+		struct sv_xport x = fake_xport(&FP.ep[s]);
+		int r = sv_proto_init(&P[s], prm2[s], &x);
+		cr_assert_eq(r, 0, "sv_proto_init (%c): %d", side_name(s), r);
+		P_UP[s] = true;
+	}
+	for (int s = 0; s < 2; s++) {
+		int r = sv_proto_set_peer(&P[s], nr[1 - s], bs[1 - s]);
+		cr_assert_eq(r, 0, "sv_proto_set_peer (%c): %d", side_name(s), r);
+		/* A message must fit our send buffer and the peer's receive buffer. */
+		uint32_t small = bs[s] < bs[1 - s] ? bs[s] : bs[1 - s];
+		cr_assert_eq(P[s].tx_payload_max, small - SV_HDR_SIZE);
+	}
+	for (int s = 0; s < 2; s++) {
+		cr_assert_eq(fake_posted(&FP.ep[s]), nr[s],
+			     "%c: init must post all %u receive buffers, posted %u", side_name(s),
+			     nr[s], fake_posted(&FP.ep[s]));
+		cr_assert_eq(P[s].credits, nr[1 - s], "%c: credits start at the peer's nrecv",
+			     side_name(s));
+		cr_assert_eq(P[s].peer_credits, nr[s],
+			     "%c: the peer's credits start at our nrecv", side_name(s));
+		cr_assert_eq(P[s].tx_state, SV_TX_TCP);
+		cr_assert_not(P[s].rx_on_qp);
+		cr_assert(sv_proto_rx_on_tcp(&P[s]), "%c: rx starts on TCP", side_name(s));
+		cr_assert_eq(P[s].payload_max, bs[s] - SV_HDR_SIZE);
+		cr_assert_eq(P[s].pending_slot, -1);
+		cr_assert_eq(P[s].error, 0);
+		cr_assert_eq(fake_count(&FP.ep[s], 0), 0, "init sends nothing");
+	}
+}
+
+static void conn_up(const struct sv_proto_params *prm)
+{
+	conn_up2(prm, prm);
+}
+
+/* No transport violation, no error, and a side never believes in more
+ * credits than the peer has receive buffers posted. */
+static void check_clean(void)
+{
+	for (int s = 0; s < 2; s++) {
+		cr_assert_eq(FP.ep[s].violations, 0, "%c broke the transport rules (%u): %s",
+			     side_name(s), FP.ep[s].violations, FP.ep[s].why);
+		cr_assert_eq(P[s].error, 0, "%c: unexpected error %d", side_name(s), P[s].error);
+		cr_assert_leq(P[s].credits, nrecv_of(1 - s),
+			      "%c: credits %u above the peer's nrecv %u (wrapped?)", side_name(s),
+			      P[s].credits, nrecv_of(1 - s));
+		cr_assert_leq(P[s].credits, fake_posted(&FP.ep[1 - s]),
+			      "%c believes in %u credits, the peer has %u buffers posted",
+			      side_name(s), P[s].credits, fake_posted(&FP.ep[1 - s]));
+	}
+}
+
+/* Deliver completions on both sides until none is left. */
+static void pump(void)
+{
+	for (int i = 0; i < 100000; i++) {
+		if (!fake_pending(&FP.ep[SA]) && !fake_pending(&FP.ep[SB])) {
+			check_clean();
+			return;
+		}
+		for (int s = 0; s < 2; s++) {
+			int r = fake_poll(&FP.ep[s], &P[s], NOW);
+			cr_assert_geq(r, 0, "%c: a completion failed: %d", side_name(s), r);
+		}
+	}
+	cr_assert_fail("completions never stop (UPDATE ping-pong?)");
+}
+
+/* Credit conservation, once every message is delivered: each of a side's
+ * receive buffers is credited to the peer, or reposted and not yet
+ * reported, or holds unread data. And each side's view of the peer's
+ * credits is exact. */
+static void check_conservation(void)
+{
+	for (int s = 0; s < 2; s++) {
+		int o = 1 - s;
+		cr_assert_eq(P[s].credits + P[o].unreported + P[o].rxq_count, nrecv_of(o),
+			     "%c credits %u + %c unreported %u + %c unread buffers %u != nrecv %u",
+			     side_name(s), P[s].credits, side_name(o), P[o].unreported,
+			     side_name(o), P[o].rxq_count, nrecv_of(o));
+		cr_assert_eq(P[o].peer_credits, P[s].credits,
+			     "%c's view of %c's credits is %u, they are %u", side_name(o),
+			     side_name(s), P[o].peer_credits, P[s].credits);
+		cr_assert_eq(fake_posted(&FP.ep[o]) + P[o].rxq_count, nrecv_of(o),
+			     "%c: %u posted + %u unread buffers != nrecv", side_name(o),
+			     fake_posted(&FP.ep[o]), P[o].rxq_count);
+	}
+}
+
+static void check_quiescent(void)
+{
+	pump();
+	check_conservation();
+}
+
+/* Side s writes the next len bytes of its stream. */
+static long put(int s, size_t len, int flags)
+{
+	cr_assert_leq(TXO[s] + len, STREAM_LEN);
+	struct iovec iov = {STREAM[s] + TXO[s], len};
+	long r = sv_proto_send(&P[s], &iov, 1, flags, NOW);
+	if (r > 0) {
+		cr_assert_leq((size_t)r, len, "send took %ld of %zu bytes", r, len);
+		TXO[s] += (uint64_t)r;
+	}
+	return r;
+}
+
+static void put_all(int s, size_t len, int flags)
+{
+	long r = put(s, len, flags);
+	cr_assert_eq(r, (long)len, "%c: send of %zu bytes returned %ld", side_name(s), len, r);
+}
+
+static void verify_rx(int s, const uint8_t *buf, size_t n)
+{
+	const uint8_t *want = STREAM[1 - s] + RXO[s];
+	cr_assert_leq(RXO[s] + n, TXO[1 - s], "%c received %zu bytes at %llu, the peer only sent %llu",
+		      side_name(s), n, (unsigned long long)RXO[s],
+		      (unsigned long long)TXO[1 - s]);
+	if (memcmp(buf, want, n) != 0) {
+		size_t i = 0;
+		while (buf[i] == want[i])
+			i++;
+		cr_assert_fail("%c: byte %llu of the stream is %#x, expected %#x", side_name(s),
+			       (unsigned long long)(RXO[s] + i), buf[i], want[i]);
+	}
+}
+
+/* Side s reads up to len bytes and checks them against the peer's stream. */
+static long get(int s, size_t len, int flags)
+{
+	cr_assert_leq(len, RBUF_LEN);
+	memset(RBUF, 0xEE, len);
+	struct iovec iov = {RBUF, len};
+	long r = sv_proto_recv(&P[s], &iov, 1, flags, NOW);
+	if (r > 0) {
+		cr_assert_leq((size_t)r, len, "recv returned %ld for %zu bytes", r, len);
+		verify_rx(s, RBUF, (size_t)r);
+		if (!(flags & MSG_PEEK))
+			RXO[s] += (uint64_t)r;
+	}
+	return r;
+}
+
+/* Read everything readable; returns the bytes read. The last result must
+ * be -EAGAIN (or 0 at EOF). */
+static uint64_t drain(int s)
+{
+	uint64_t n = 0;
+	for (;;) {
+		long r = get(s, RBUF_LEN, 0);
+		if (r <= 0) {
+			cr_assert(r == -EAGAIN || r == 0, "%c: recv returned %ld", side_name(s), r);
+			return n;
+		}
+		n += (uint64_t)r;
+	}
+}
+
+/* Move both directions onto the QP: A's TO_RDMA first, then B's. */
+static void open_both(void)
+{
+	int r = sv_proto_send_to_rdma(&P[SA], TXO[SA], NOW);
+	cr_assert_eq(r, 0, "A: TO_RDMA: %d", r);
+	pump();
+	r = sv_proto_send_to_rdma(&P[SB], TXO[SB], NOW);
+	cr_assert_eq(r, 0, "B: TO_RDMA: %d", r);
+	pump();
+	for (int s = 0; s < 2; s++) {
+		cr_assert(P[s].peer_to_rdma, "%c did not record the peer's TO_RDMA", side_name(s));
+		cr_assert_eq(sv_proto_rx_accept(&P[s]), 0);
+		cr_assert(P[s].rx_on_qp);
+		cr_assert_not(sv_proto_rx_on_tcp(&P[s]));
+		cr_assert_eq(P[s].tx_state, SV_TX_OPEN);
+	}
+}
+
+static const struct fake_msg *msg_of(int s, size_t n)
+{
+	const struct fake_msg *m = fake_msg_at(&FP.ep[s], n);
+	cr_assert_not_null(m, "%c sent only %zu messages, wanted #%zu", side_name(s),
+			   fake_count(&FP.ep[s], 0), n);
+	return m;
+}
+
+static const struct fake_msg *last_of(int s)
+{
+	const struct fake_msg *m = fake_last(&FP.ep[s]);
+	cr_assert_not_null(m, "%c sent nothing", side_name(s));
+	return m;
+}
+
+/* The n-th DATA message side s sent (from 0). */
+static const struct fake_msg *data_msg(int s, size_t n)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < fake_count(&FP.ep[s], 0); i++) {
+		const struct fake_msg *m = fake_msg_at(&FP.ep[s], i);
+		if (m->h.type == SV_MSG_DATA && k++ == n)
+			return m;
+	}
+	cr_assert_fail("%c sent only %zu DATA messages, wanted #%zu", side_name(s),
+		       fake_count(&FP.ep[s], SV_MSG_DATA), n);
+	return NULL;
+}
+
+static size_t ndata(int s)
+{
+	return fake_count(&FP.ep[s], SV_MSG_DATA);
+}
+
+/* ---- Wire header ------------------------------------------------------------ */
+
+Test(proto, hdr_little_endian_layout)
+{
+	struct sv_hdr h = {
+		.type = SV_MSG_DATA,
+		.flags = 0,
+		.credits = 0x1234,
+		.len = 0x89ABCDEFu,
+		.seq = 0x0102030405060708ull,
+		.ack = 0x1112131415161718ull,
+	};
+	static const uint8_t want[SV_HDR_SIZE] = {
+		0x01, 0x00, 0x34, 0x12, 0xEF, 0xCD, 0xAB, 0x89, /* type flags credits len */
+		0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* seq */
+		0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* ack */
+	};
+	uint8_t out[SV_HDR_SIZE + 4];
+	memset(out, 0xCC, sizeof(out));
+	sv_hdr_encode(&h, out);
+	for (int i = 0; i < SV_HDR_SIZE; i++)
+		cr_assert_eq(out[i], want[i], "byte %d is %#x, expected %#x", i, out[i], want[i]);
+	for (int i = SV_HDR_SIZE; i < SV_HDR_SIZE + 4; i++)
+		cr_assert_eq(out[i], 0xCC, "encode wrote past the header (byte %d)", i);
+
+	/* Decoding the bytes (not the struct) gives the fields back. */
+	struct sv_hdr d;
+	memset(&d, 0xFF, sizeof(d));
+	sv_hdr_decode(want, &d);
+	cr_assert_eq(d.type, SV_MSG_DATA);
+	cr_assert_eq(d.flags, 0);
+	cr_assert_eq(d.credits, 0x1234);
+	cr_assert_eq(d.len, 0x89ABCDEFu);
+	cr_assert_eq(d.seq, 0x0102030405060708ull);
+	cr_assert_eq(d.ack, 0x1112131415161718ull);
+	cr_assert_eq(sizeof(struct sv_hdr), SV_HDR_SIZE);
+}
+
+Test(proto, hdr_round_trip)
+{
+	static const struct sv_hdr cases[] = {
+		{0, 0, 0, 0, 0, 0},
+		{SV_MSG_UPDATE, 0, 1, 0, 1, 2},
+		{SV_MSG_RESET, 0xFF, 0xFFFF, 0xFFFFFFFFu, UINT64_MAX, UINT64_MAX},
+		{SV_MSG_FIN, 0x80, 0x8000, 0x80000000u, 0x8000000000000000ull, 1ull << 32},
+		{SV_MSG_TO_TCP, 1, 0x00FF, 0x000000FFu, 0xFFull, 0xFF00ull},
+		{0xEE, 0x7F, 0x7FFF, 0x7FFFFFFFu, 0x7FFFFFFFFFFFFFFFull, 0x0123456789ABCDEFull},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		uint8_t b[SV_HDR_SIZE];
+		struct sv_hdr d;
+		memset(&d, 0x55, sizeof(d));
+		sv_hdr_encode(&cases[i], b);
+		sv_hdr_decode(b, &d);
+		cr_assert_eq(d.type, cases[i].type, "case %zu", i);
+		cr_assert_eq(d.flags, cases[i].flags, "case %zu", i);
+		cr_assert_eq(d.credits, cases[i].credits, "case %zu", i);
+		cr_assert_eq(d.len, cases[i].len, "case %zu", i);
+		cr_assert_eq(d.seq, cases[i].seq, "case %zu", i);
+		cr_assert_eq(d.ack, cases[i].ack, "case %zu", i);
+		/* seq's low byte is at offset 8, ack's at 16 */
+		cr_assert_eq(b[8], (uint8_t)cases[i].seq, "case %zu", i);
+		cr_assert_eq(b[23], (uint8_t)(cases[i].ack >> 56), "case %zu", i);
+	}
+}
+
+/* ---- The TO_RDMA handshake and its credit accounting ----------------------- */
+
+Test(proto, handshake_credit_accounting)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	uint32_t n = NRECV();
+
+	/* A: TCP carried 1000 bytes, the QP carries the rest. */
+	TXO[SA] = RXO[SB] = 1000;
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 1000, NOW), 0);
+	cr_assert_eq(P[SA].tx_state, SV_TX_OPEN);
+	cr_assert_eq(P[SA].snd_nxt, 1000);
+	cr_assert_eq(P[SA].credits, n - 1, "TO_RDMA costs one credit");
+	const struct fake_msg *m = last_of(SA);
+	cr_assert_eq(m->h.type, SV_MSG_TO_RDMA);
+	cr_assert_eq(m->h.seq, 1000);
+	cr_assert_eq(m->h.len, 0);
+	cr_assert_eq(m->h.flags, 0);
+	cr_assert_eq(m->h.credits, 0, "nothing to report yet");
+	cr_assert_eq(m->h.ack, 0);
+	cr_assert_eq(m->iovcnt, 0);
+	pump();
+
+	cr_assert(P[SB].peer_to_rdma);
+	cr_assert_eq(P[SB].peer_to_rdma_seq, 1000);
+	cr_assert_eq(P[SB].rcv_nxt, 1000);
+	cr_assert_not(P[SB].rx_on_qp, "rx stays on TCP until rx_accept");
+	cr_assert(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert_eq(P[SB].unreported, 1, "the control buffer is reposted and unreported");
+	cr_assert_eq(P[SB].unreported_data, 0);
+	cr_assert_eq(fake_posted(&FP.ep[SB]), n, "control buffers are reposted at once");
+	cr_assert_eq(P[SB].peer_credits, n - 1);
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), 0, "a TO_RDMA is not answered by itself");
+
+	/* B's TO_RDMA carries B's report. */
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SB], 0, NOW), 0);
+	m = last_of(SB);
+	cr_assert_eq(m->h.type, SV_MSG_TO_RDMA);
+	cr_assert_eq(m->h.seq, 0);
+	cr_assert_eq(m->h.credits, 1);
+	cr_assert_eq(m->h.ack, 1000, "ack = rcv_nxt");
+	cr_assert_eq(P[SB].unreported, 0);
+	pump();
+	cr_assert_eq(P[SA].credits, n, "A got its credit back");
+	cr_assert_eq(P[SA].unreported, 1);
+	cr_assert_eq(P[SA].peer_to_rdma_seq, 0);
+
+	cr_assert_eq(sv_proto_rx_accept(&P[SA]), 0);
+	cr_assert_eq(sv_proto_rx_accept(&P[SB]), 0);
+	cr_assert(P[SA].rx_on_qp);
+	cr_assert(P[SB].rx_on_qp);
+	cr_assert_not(sv_proto_rx_on_tcp(&P[SA]));
+	cr_assert_not(sv_proto_rx_on_tcp(&P[SB]));
+	check_quiescent();
+
+	/* The ACK timer is for consumed data: a reposted control buffer alone
+	 * never makes an UPDATE. */
+	NOW += 100 * prm.ack_timeout_us;
+	sv_proto_timers(&P[SA], NOW);
+	sv_proto_timers(&P[SB], NOW);
+	pump();
+	cr_assert_eq(fake_count(&FP.ep[SA], SV_MSG_UPDATE), 0);
+	cr_assert_eq(fake_count(&FP.ep[SB], SV_MSG_UPDATE), 0);
+
+	/* A's first DATA piggybacks the report for B's TO_RDMA. */
+	put_all(SA, 10, 0);
+	m = last_of(SA);
+	cr_assert_eq(m->h.type, SV_MSG_DATA);
+	cr_assert_eq(m->h.seq, 1000);
+	cr_assert_eq(m->h.len, 10);
+	cr_assert_eq(m->h.credits, 1);
+	cr_assert_eq(P[SA].st.acks_piggybacked, 1);
+	pump();
+	cr_assert_eq(P[SB].credits, n);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 10);
+	cr_assert_eq(drain(SB), 10);
+	check_quiescent();
+}
+
+Test(proto, to_rdma_pending_until_its_completion)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	cr_assert_not(sv_proto_to_rdma_pending(&P[SA]));
+	FP.ep[SA].hold_send_done = true;
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 0, NOW), 0);
+	cr_assert(sv_proto_to_rdma_pending(&P[SA]));
+	put_all(SA, 10, 0); /* data may follow at once */
+	pump();
+	cr_assert(sv_proto_to_rdma_pending(&P[SA]), "not completed yet");
+	cr_assert(P[SB].peer_to_rdma);
+	fake_release_sends(&FP.ep[SA], 1);
+	pump();
+	cr_assert_not(sv_proto_to_rdma_pending(&P[SA]));
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	pump();
+	cr_assert_eq(sv_proto_rx_accept(&P[SB]), 0);
+	cr_assert_eq(drain(SB), 10);
+	check_quiescent();
+}
+
+/* Each side sends messages that fit the peer's buffers, not its own. */
+Test(proto, peer_buffer_size_bounds_messages)
+{
+	struct sv_proto_params pa = prm_default(), pb = prm_default();
+	pa.buf_size = 256;
+	pb.buf_size = 128;
+	pa.window = pb.window = 16;
+	conn_up2(&pa, &pb);
+	open_both();
+	put_all(SA, 1000, 0);
+	put_all(SB, 1000, 0);
+	pump();
+	/* A's messages must fit B's buffers; B's must fit its own send buffers. */
+	for (int s = 0; s < 2; s++) {
+		for (size_t i = 0; i < ndata(s); i++)
+			cr_assert_leq(data_msg(s, i)->h.len, 128 - SV_HDR_SIZE);
+		cr_assert_eq(data_msg(s, 0)->h.len, 128 - SV_HDR_SIZE, "full messages");
+	}
+	cr_assert_eq(drain(SA), 1000);
+	cr_assert_eq(drain(SB), 1000);
+	check_quiescent();
+}
+
+/* ---- Credits: the window, stalls, the reserve ------------------------------- */
+
+struct cw_param {
+	uint32_t window, reserve, ack_delay;
+};
+
+ParameterizedTestParameters(proto, credit_window)
+{
+	static struct cw_param params[] = {
+		{2, 3, 1}, {2, 3, 2}, {3, 3, 2}, {4, 3, 2},  {5, 3, 2}, {4, 4, 3},
+		{8, 3, 4}, {8, 3, 8}, {7, 4, 3}, {16, 5, 4}, {32, 3, 8}, {64, 6, 16},
+	};
+	return cr_make_param_array(struct cw_param, params, sizeof(params) / sizeof(params[0]));
+}
+
+ParameterizedTest(struct cw_param *cw, proto, credit_window)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = cw->window;
+	prm.reserve = cw->reserve;
+	prm.ack_delay = cw->ack_delay;
+	prm.buf_size = 128;
+	conn_up(&prm);
+	open_both();
+	cr_assert_eq(P[SA].credits, NRECV());
+
+	/* The receiver does not read: exactly `window` DATA messages go. */
+	for (uint32_t i = 0; i < cw->window; i++) {
+		size_t len = 1 + i % PAYLOAD_MAX();
+		long r = put(SA, len, 0);
+		cr_assert_eq(r, (long)len, "write %u of a window of %u: %ld", i + 1, cw->window, r);
+		pump();
+	}
+	cr_assert_eq(ndata(SA), cw->window);
+	cr_assert_eq(P[SA].credits, cw->reserve, "the data window is used up");
+	cr_assert_eq(P[SA].st.credit_stalls, 0);
+	cr_assert_eq(fake_count(&FP.ep[SB], SV_MSG_UPDATE), 0,
+		     "B has consumed nothing, so it has nothing to report");
+
+	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
+	cr_assert_eq(P[SA].st.credit_stalls, 1);
+	cr_assert_eq(put(SA, 100, 0), -EAGAIN);
+	cr_assert_eq(P[SA].st.credit_stalls, 2);
+	cr_assert_eq(ndata(SA), cw->window, "a stalled send posts nothing");
+	cr_assert_eq(P[SA].credits, cw->reserve);
+	check_quiescent();
+
+	/* B reads: credits come back; the rest is reported by the timer. */
+	uint64_t sent = TXO[SA];
+	cr_assert_eq(drain(SB), sent);
+	pump();
+	NOW += prm.ack_timeout_us;
+	sv_proto_timers(&P[SA], NOW);
+	sv_proto_timers(&P[SB], NOW);
+	check_quiescent();
+	cr_assert_eq(P[SB].unreported_data, 0, "every consumed buffer is reported");
+	cr_assert_gt(P[SA].credits, cw->reserve, "A can send again");
+
+	/* ... and A really can: one more full window. */
+	uint32_t more = P[SA].credits - cw->reserve;
+	for (uint32_t i = 0; i < more; i++)
+		put_all(SA, PAYLOAD_MAX(), 0);
+	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
+	pump();
+	cr_assert_eq(drain(SB), (uint64_t)more * PAYLOAD_MAX());
+	check_quiescent();
+}
+
+/* A control message uses the reserve: FIN goes out while the data window is
+ * exhausted. */
+Test(proto, fin_uses_reserve_when_window_is_full)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 4;
+	conn_up(&prm);
+	open_both();
+	for (uint32_t i = 0; i < prm.window; i++)
+		put_all(SA, 50, 0);
+	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
+	cr_assert_eq(last_of(SA)->h.type, SV_MSG_FIN);
+	cr_assert_eq(last_of(SA)->h.seq, TXO[SA]);
+	cr_assert_eq(put(SA, 1, 0), -EPIPE);
+	pump();
+	cr_assert_eq(drain(SB), TXO[SA]);
+	cr_assert_eq(get(SB, 10, 0), 0, "EOF after the data");
+	check_quiescent();
+}
+
+/* The reserve keeps the last credit for an UPDATE: control messages need
+ * two credits. And when the peer's view of our credits has fallen to the
+ * reserve with two buffers unreported, it reports at once. */
+Test(proto, control_needs_two_credits_and_low_credits_trigger_update)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 4;
+	prm.reserve = 3;
+	prm.ack_delay = 4;
+	conn_up(&prm);
+	open_both();
+	for (uint32_t i = 0; i < prm.window; i++)
+		put_all(SA, 10, 0);
+	cr_assert_eq(P[SA].credits, 3);
+	pump();
+	cr_assert_eq(P[SB].peer_credits, 3);
+	size_t b0 = fake_count(&FP.ep[SB], 0);
+
+	uint64_t x = TXO[SA];
+	cr_assert_eq(sv_proto_send_to_tcp(&P[SA], NOW), 0);
+	cr_assert_eq(P[SA].tx_state, SV_TX_TCP);
+	cr_assert_eq(last_of(SA)->h.type, SV_MSG_TO_TCP);
+	cr_assert_eq(last_of(SA)->h.seq, x);
+	/* TCP carries 5 bytes, then A moves back to the QP. */
+	TXO[SA] += 5;
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], x + 5, NOW), 0);
+	cr_assert_eq(P[SA].credits, 1);
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), -EAGAIN, "FIN needs two credits");
+	cr_assert_eq(P[SA].credits, 1, "a refused control message costs nothing");
+	size_t a0 = fake_count(&FP.ep[SA], 0);
+
+	pump();
+	/* B: peer_credits 1 <= reserve, 2 control buffers unreported. */
+	cr_assert_eq(fake_count(&FP.ep[SB], SV_MSG_UPDATE), 1,
+		     "B must report the two control buffers when A is low on credits");
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1);
+	cr_assert_eq(last_of(SB)->h.credits, 2);
+	cr_assert_eq(P[SA].credits, 3);
+	cr_assert_eq(fake_count(&FP.ep[SA], 0), a0, "A does not answer the UPDATE");
+	check_quiescent();
+
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
+	pump();
+
+	/* B: the QP bytes up to the TO_TCP, then TCP's 5, then the QP again. */
+	cr_assert_not(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert_eq(drain(SB), x);
+	cr_assert(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert(P[SB].peer_to_rdma);
+	cr_assert_eq(P[SB].peer_to_rdma_seq, x + 5);
+	RXO[SB] += 5; /* the stream layer read them from TCP */
+	cr_assert_eq(sv_proto_rx_accept(&P[SB]), 0);
+	cr_assert_eq(get(SB, 10, 0), 0, "FIN right after the switch: EOF");
+	check_quiescent();
+}
+
+/* ---- Delayed ACKs and piggybacking ------------------------------------------ */
+
+static void ack_conn(void)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 16;
+	prm.ack_delay = 4;
+	prm.ack_timeout_us = 1000;
+	conn_up(&prm);
+	open_both();
+}
+
+Test(proto, delayed_ack_by_count)
+{
+	ack_conn();
+	for (int i = 0; i < 6; i++)
+		put_all(SA, 1, 0);
+	pump();
+	size_t b0 = fake_count(&FP.ep[SB], 0);
+	uint32_t ac = P[SA].credits;
+
+	for (uint32_t i = 0; i < PRM.ack_delay - 1; i++) {
+		cr_assert_eq(get(SB, 1, 0), 1);
+		pump();
+		cr_assert_eq(fake_count(&FP.ep[SB], 0), b0, "no UPDATE after %u of %u", i + 1,
+			     PRM.ack_delay);
+		cr_assert_eq(P[SB].st.updates_sent, 0);
+		cr_assert_eq(P[SB].unreported_data, i + 1);
+	}
+	cr_assert_eq(P[SA].credits, ac);
+
+	cr_assert_eq(get(SB, 1, 0), 1);
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1, "the ack_delay-th consumption sends");
+	const struct fake_msg *m = last_of(SB);
+	cr_assert_eq(m->h.type, SV_MSG_UPDATE);
+	cr_assert_eq(m->h.len, 0);
+	cr_assert_eq(m->h.flags, 0);
+	cr_assert_eq(m->h.credits, PRM.ack_delay);
+	cr_assert_eq(m->h.ack, 6, "ack = bytes received");
+	cr_assert_eq(m->total, SV_HDR_SIZE);
+	cr_assert_eq(P[SB].st.updates_sent, 1);
+	cr_assert_eq(P[SB].unreported, 0);
+	cr_assert_eq(P[SB].unreported_data, 0);
+	size_t a0 = fake_count(&FP.ep[SA], 0);
+	pump();
+	cr_assert_eq(P[SA].credits, ac + PRM.ack_delay);
+	cr_assert_eq(P[SA].snd_una, 6);
+	cr_assert_eq(fake_count(&FP.ep[SA], 0), a0, "an UPDATE is not answered");
+
+	/* Two more: below the count, so only the timer reports them. */
+	cr_assert_eq(get(SB, 2, 0), 2);
+	pump();
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1);
+	check_quiescent();
+}
+
+Test(proto, delayed_ack_by_timer)
+{
+	ack_conn();
+	for (int i = 0; i < 3; i++)
+		put_all(SA, 1, 0);
+	pump();
+	size_t b0 = fake_count(&FP.ep[SB], 0);
+	uint32_t ac = P[SA].credits;
+	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 0, "nothing consumed: no timer");
+
+	NOW = 2000;
+	cr_assert_eq(get(SB, 1, 0), 1);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 2000 + PRM.ack_timeout_us);
+	NOW = 2500;
+	cr_assert_eq(get(SB, 1, 0), 1);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 2000 + PRM.ack_timeout_us,
+		     "the timer runs from the first unreported consumption");
+
+	uint64_t dl = 2000 + PRM.ack_timeout_us;
+	NOW = dl - 1;
+	cr_assert_eq(sv_proto_timers(&P[SB], NOW), dl);
+	pump();
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0, "nothing before the deadline");
+
+	NOW = dl;
+	cr_assert_eq(sv_proto_timers(&P[SB], NOW), 0, "nothing else is armed");
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1);
+	const struct fake_msg *m = last_of(SB);
+	cr_assert_eq(m->h.type, SV_MSG_UPDATE);
+	cr_assert_eq(m->h.credits, 2);
+	cr_assert_eq(m->h.ack, 3);
+	cr_assert_eq(P[SB].st.updates_sent, 1);
+	pump();
+	cr_assert_eq(P[SA].credits, ac + 2);
+
+	/* Disarmed: later timers send nothing. */
+	NOW += 10 * PRM.ack_timeout_us;
+	cr_assert_eq(sv_proto_timers(&P[SB], NOW), 0);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 0);
+	pump();
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1);
+	check_quiescent();
+}
+
+Test(proto, ack_piggybacked_on_data)
+{
+	ack_conn();
+	for (int i = 0; i < 3; i++)
+		put_all(SA, 5, 0);
+	pump();
+	cr_assert_eq(get(SB, 10, 0), 10); /* two buffers consumed, 2 < ack_delay */
+	pump();
+	cr_assert_eq(fake_count(&FP.ep[SB], SV_MSG_UPDATE), 0);
+	uint32_t ac = P[SA].credits;
+	uint64_t pb = P[SB].st.acks_piggybacked;
+
+	put_all(SB, 20, 0);
+	const struct fake_msg *m = last_of(SB);
+	cr_assert_eq(m->h.type, SV_MSG_DATA);
+	cr_assert_eq(m->h.credits, 2, "the DATA carries the unreported buffers");
+	cr_assert_eq(m->h.ack, 15);
+	cr_assert_eq(P[SB].st.acks_piggybacked, pb + 1);
+	cr_assert_eq(P[SB].st.updates_sent, 0);
+	cr_assert_eq(P[SB].unreported, 0);
+	cr_assert_eq(P[SB].unreported_data, 0);
+	pump();
+	cr_assert_eq(P[SA].credits, ac + 2, "A's credits went back up");
+	cr_assert_eq(drain(SA), 20);
+
+	/* Everything was reported: the ACK timer sends nothing now. */
+	NOW += 10 * PRM.ack_timeout_us;
+	sv_proto_timers(&P[SB], NOW);
+	pump();
+	cr_assert_eq(fake_count(&FP.ep[SB], SV_MSG_UPDATE), 0);
+
+	/* A DATA with nothing to report does not count as a piggybacked ACK. */
+	pb = P[SB].st.acks_piggybacked;
+	put_all(SB, 3, 0);
+	cr_assert_eq(last_of(SB)->h.credits, 0);
+	cr_assert_eq(P[SB].st.acks_piggybacked, pb);
+	pump();
+	drain(SA);
+	drain(SB);
+	check_quiescent();
+}
+
+/* ---- Coalescing ------------------------------------------------------------------ */
+
+Test(proto, coalesce_first_write_on_idle_is_sent)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, 0);
+	cr_assert_eq(ndata(SA), 1, "an idle connection never delays the first write");
+	cr_assert_eq(data_msg(SA, 0)->h.len, 10);
+	cr_assert_eq(P[SA].st.flushes_idle, 1);
+	cr_assert_eq(P[SA].pending_slot, -1);
+	cr_assert_eq(P[SA].inflight, 1);
+	/* Its completion is not in: the next small write waits... */
+	put_all(SA, 7, 0);
+	cr_assert_eq(ndata(SA), 1);
+	cr_assert_eq(P[SA].pending_len, 7);
+	/* ... until the completion drains in-flight to 0. */
+	pump();
+	cr_assert_eq(ndata(SA), 2);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 7);
+	cr_assert_eq(P[SA].st.flushes_idle, 2);
+	cr_assert_eq(drain(SB), 17);
+	check_quiescent();
+}
+
+Test(proto, coalesce_holds_while_in_flight_then_idle)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	cr_assert_eq(ndata(SA), 1);
+	uint64_t c0 = P[SA].st.coalesced_writes;
+	put_all(SA, 20, 0); /* opens the pending buffer (counted or not) */
+	uint64_t c1 = P[SA].st.coalesced_writes;
+	cr_assert(c1 == c0 || c1 == c0 + 1);
+	put_all(SA, 15, 0); /* appended to it: counted */
+	cr_assert_eq(P[SA].st.coalesced_writes, c1 + 1);
+	pump();
+	cr_assert_eq(ndata(SA), 1, "held while a DATA is in flight");
+	cr_assert_eq(P[SA].pending_len, 35);
+	cr_assert_eq(drain(SB), 10);
+
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	pump();
+	cr_assert_eq(ndata(SA), 2);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 35, "both writes in one message");
+	cr_assert_eq(P[SA].st.flushes_idle, 2);
+	cr_assert_eq(P[SA].pending_slot, -1);
+	cr_assert_eq(drain(SB), 35);
+	FP.ep[SA].hold_send_done = false;
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, coalesce_flush_full_when_next_write_does_not_fit)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 40, 0);
+	cr_assert_eq(ndata(SA), 1);
+	put_all(SA, 30, 0); /* 40 + 30 > 64 */
+	cr_assert_eq(P[SA].st.flushes_full, 1);
+	cr_assert_eq(ndata(SA), 2);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 40);
+	cr_assert_eq(P[SA].pending_len, 30);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	pump();
+	cr_assert_eq(ndata(SA), 3);
+	cr_assert_eq(data_msg(SA, 2)->h.len, 30);
+	cr_assert_eq(drain(SB), 80);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, coalesce_flush_full_when_size_reached)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 30, 0);
+	cr_assert_eq(ndata(SA), 1);
+	put_all(SA, 34, 0); /* 30 + 34 = 64 = coalesce_size */
+	cr_assert_eq(P[SA].st.flushes_full, 1);
+	cr_assert_eq(ndata(SA), 2);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 64);
+	cr_assert_eq(P[SA].pending_slot, -1);
+	pump();
+	cr_assert_eq(drain(SB), 74);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, coalesce_flush_large_keeps_order)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 20, 0);
+	cr_assert_eq(ndata(SA), 1);
+	put_all(SA, 100, 0); /* >= coalesce_size */
+	cr_assert_eq(P[SA].st.flushes_large, 1);
+	cr_assert_eq(ndata(SA), 3, "the pending bytes, then the large write, at once");
+	cr_assert_eq(data_msg(SA, 1)->h.len, 20);
+	cr_assert_eq(data_msg(SA, 2)->h.len, 100);
+	cr_assert_eq(data_msg(SA, 1)->h.seq, 10);
+	cr_assert_eq(data_msg(SA, 2)->h.seq, 30);
+	cr_assert_eq(P[SA].pending_slot, -1);
+	pump();
+	cr_assert_eq(drain(SB), 130); /* verify_rx checks the order */
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, coalesce_flush_timer)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	NOW += 100;
+	uint64_t opened = NOW, dl = opened + prm.coalesce_timeout_us;
+	put_all(SA, 20, 0);
+	cr_assert_eq(ndata(SA), 1);
+	cr_assert_eq(sv_proto_next_deadline(&P[SA]), dl);
+	NOW = dl - 1;
+	cr_assert_eq(sv_proto_timers(&P[SA], NOW), dl);
+	cr_assert_eq(ndata(SA), 1, "not before the deadline");
+	put_all(SA, 5, 0); /* appending does not move the deadline */
+	cr_assert_eq(sv_proto_next_deadline(&P[SA]), dl);
+	NOW = dl;
+	cr_assert_eq(sv_proto_timers(&P[SA], NOW), 0);
+	cr_assert_eq(P[SA].st.flushes_timer, 1);
+	cr_assert_eq(ndata(SA), 2);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 25);
+	cr_assert_eq(P[SA].pending_slot, -1);
+	pump();
+	cr_assert_eq(drain(SB), 35);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, coalesce_flush_on_recv)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 20, 0);
+	cr_assert_eq(ndata(SA), 1);
+	cr_assert_eq(get(SA, 100, 0), -EAGAIN);
+	cr_assert_eq(P[SA].st.flushes_recv, 1);
+	cr_assert_eq(ndata(SA), 2);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 20);
+	pump();
+	cr_assert_eq(drain(SB), 30);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, coalesce_flush_on_fin)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 20, 0);
+	size_t n0 = fake_count(&FP.ep[SA], 0);
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
+	cr_assert_eq(P[SA].st.flushes_close, 1);
+	cr_assert_eq(fake_count(&FP.ep[SA], 0), n0 + 2);
+	cr_assert_eq(msg_of(SA, n0)->h.type, SV_MSG_DATA);
+	cr_assert_eq(msg_of(SA, n0)->h.len, 20);
+	cr_assert_eq(msg_of(SA, n0 + 1)->h.type, SV_MSG_FIN);
+	cr_assert_eq(msg_of(SA, n0 + 1)->h.seq, 30);
+	cr_assert_eq(P[SA].tx_state, SV_TX_FIN);
+	pump();
+	cr_assert_eq(drain(SB), 30);
+	cr_assert_eq(get(SB, 10, 0), 0);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, coalesce_flush_on_switch_to_tcp)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 20, 0);
+	size_t n0 = fake_count(&FP.ep[SA], 0);
+	cr_assert_eq(sv_proto_send_to_tcp(&P[SA], NOW), 0);
+	cr_assert_eq(P[SA].st.flushes_close, 1);
+	cr_assert_eq(fake_count(&FP.ep[SA], 0), n0 + 2);
+	cr_assert_eq(msg_of(SA, n0)->h.len, 20);
+	cr_assert_eq(msg_of(SA, n0 + 1)->h.type, SV_MSG_TO_TCP);
+	cr_assert_eq(msg_of(SA, n0 + 1)->h.seq, 30);
+	pump();
+	cr_assert_eq(drain(SB), 30);
+	cr_assert(sv_proto_rx_on_tcp(&P[SB]));
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, nodelay_sends_every_write)
+{
+	struct sv_proto_params prm = prm_default(); /* coalesce = false */
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 20, 0);
+	put_all(SA, 5, 0);
+	cr_assert_eq(ndata(SA), 3);
+	cr_assert_eq(data_msg(SA, 0)->h.len, 10);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 20);
+	cr_assert_eq(data_msg(SA, 2)->h.len, 5);
+	cr_assert_eq(P[SA].st.flushes_nodelay, 3);
+	cr_assert_eq(P[SA].st.coalesced_writes, 0);
+	cr_assert_eq(P[SA].st.flushes_idle, 0);
+	cr_assert_eq(P[SA].pending_slot, -1);
+	pump();
+	cr_assert_eq(drain(SB), 35);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+Test(proto, msg_more_holds_until_a_write_without_it)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, MSG_MORE);
+	pump();
+	cr_assert_eq(ndata(SA), 0, "MSG_MORE holds even on an idle connection");
+	put_all(SA, 5, MSG_MORE);
+	cr_assert_eq(ndata(SA), 0);
+	cr_assert_eq(P[SA].pending_len, 15);
+	put_all(SA, 7, 0);
+	cr_assert_eq(ndata(SA), 1);
+	cr_assert_eq(data_msg(SA, 0)->h.len, 22);
+	cr_assert_eq(P[SA].st.flushes_idle, 1);
+	pump();
+	cr_assert_eq(drain(SB), 22);
+	check_quiescent();
+}
+
+Test(proto, msg_more_is_flushed_by_the_timer)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, MSG_MORE);
+	cr_assert_eq(ndata(SA), 0);
+	NOW += prm.coalesce_timeout_us;
+	sv_proto_timers(&P[SA], NOW);
+	cr_assert_eq(ndata(SA), 1);
+	cr_assert_eq(P[SA].st.flushes_timer, 1);
+	pump();
+	cr_assert_eq(drain(SB), 10);
+	check_quiescent();
+}
+
+Test(proto, cork_holds_small_writes)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	P[SA].cork = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 10, 0);
+	pump();
+	cr_assert_eq(ndata(SA), 0, "cork holds on an idle connection");
+	NOW += prm.coalesce_timeout_us;
+	sv_proto_timers(&P[SA], NOW);
+	cr_assert_eq(ndata(SA), 1);
+	cr_assert_eq(data_msg(SA, 0)->h.len, 20);
+	cr_assert_eq(P[SA].st.flushes_timer, 1);
+	pump();
+	P[SA].cork = false;
+	put_all(SA, 3, 0);
+	cr_assert_eq(ndata(SA), 2, "uncorked and idle: sent at once");
+	pump();
+	cr_assert_eq(drain(SB), 23);
+	check_quiescent();
+}
+
+/* ---- Zero copy --------------------------------------------------------------- */
+
+Test(proto, zero_copy_at_threshold)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	prm.zcopy_threshold = 512;
+	prm.window = 16;
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+
+	/* Below the threshold: copied. */
+	put_all(SA, 511, 0);
+	cr_assert_eq(FP.ep[SA].zcopy_posts, 0);
+	cr_assert_eq(P[SA].st.tx_zcopy_bytes, 0);
+	cr_assert_not(sv_proto_zcopy_busy(&P[SA]), "copied data does not pin the caller");
+	size_t d0 = ndata(SA);
+
+	/* At the threshold: from the caller's memory. */
+	put_all(SA, 512, 0);
+	size_t d1 = ndata(SA);
+	cr_assert_gt(FP.ep[SA].zcopy_posts, 0);
+	uint64_t bytes = 0;
+	for (size_t i = d0; i < d1; i++) {
+		const struct fake_msg *m = data_msg(SA, i);
+		cr_assert_gt(m->iovcnt, 0, "DATA #%zu of the zero-copy write was copied", i);
+		bytes += m->h.len;
+	}
+	cr_assert_eq(bytes, 512);
+	cr_assert_eq(P[SA].st.tx_zcopy_bytes, 512);
+	cr_assert(sv_proto_zcopy_busy(&P[SA]));
+
+	put_all(SA, 700, 0);
+	cr_assert_eq(P[SA].st.tx_zcopy_bytes, 1212);
+	pump();
+	cr_assert(sv_proto_zcopy_busy(&P[SA]), "busy until the send completions");
+
+	/* The copied messages' completions come first: still busy. */
+	fake_release_sends(&FP.ep[SA], d0);
+	pump();
+	cr_assert(sv_proto_zcopy_busy(&P[SA]));
+	FP.ep[SA].hold_send_done = false;
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	pump();
+	cr_assert_not(sv_proto_zcopy_busy(&P[SA]));
+	cr_assert_eq(P[SA].zc_inflight, 0);
+	cr_assert_eq(drain(SB), 511 + 512 + 700);
+	check_quiescent();
+}
+
+/* ---- Switching media, FIN, RESET ---------------------------------------------- */
+
+Test(proto, switch_over_byte_accounting)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	/* TCP carried A's first 100 bytes. */
+	TXO[SA] = RXO[SB] = 100;
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 100, NOW), 0);
+	cr_assert_eq(P[SA].snd_nxt, 100);
+	cr_assert_eq(P[SA].tx_state, SV_TX_OPEN);
+	put_all(SA, 30, 0);
+	put_all(SA, 20, 0);
+	cr_assert_eq(data_msg(SA, 0)->h.seq, 100);
+	cr_assert_eq(data_msg(SA, 1)->h.seq, 130);
+	pump();
+	cr_assert(P[SB].peer_to_rdma);
+	cr_assert_eq(P[SB].peer_to_rdma_seq, 100);
+	cr_assert_not(P[SB].rx_on_qp);
+	cr_assert(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert_eq(get(SB, 1000, 0), -EAGAIN, "queued until rx_accept");
+	cr_assert_eq(P[SB].rxq_count, 2, "the DATA is queued");
+
+	cr_assert_eq(sv_proto_rx_accept(&P[SB]), 0);
+	cr_assert(P[SB].rx_on_qp);
+	cr_assert_not(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert_eq(drain(SB), 50);
+	cr_assert_eq(P[SB].rcv_nxt, 150);
+
+	/* 30 more bytes in three messages, then back to TCP at 180. */
+	put_all(SA, 10, 0);
+	put_all(SA, 10, 0);
+	put_all(SA, 10, 0);
+	cr_assert_eq(sv_proto_send_to_tcp(&P[SA], NOW), 0);
+	cr_assert_eq(P[SA].tx_state, SV_TX_TCP);
+	cr_assert_eq(last_of(SA)->h.type, SV_MSG_TO_TCP);
+	cr_assert_eq(last_of(SA)->h.seq, 180);
+	pump();
+	cr_assert_not(sv_proto_rx_on_tcp(&P[SB]), "30 QP bytes are still unread");
+	cr_assert_eq(sv_proto_readable(&P[SB]), 30);
+	cr_assert_eq(drain(SB), 30, "exactly the bytes up to the switch");
+	cr_assert_eq(RXO[SB], 180);
+	cr_assert(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert_eq(get(SB, 1000, 0), -EAGAIN);
+	cr_assert_not(P[SB].rx_on_qp);
+
+	/* TCP carries 70 bytes; the QP again from 250. */
+	pump(); /* B's UPDATE gives A its credits back */
+	TXO[SA] += 70;
+	RXO[SB] += 70;
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 250, NOW), 0);
+	cr_assert_eq(P[SA].snd_nxt, 250);
+	put_all(SA, 20, 0);
+	cr_assert_eq(last_of(SA)->h.seq, 250);
+	pump();
+	cr_assert(P[SB].peer_to_rdma);
+	cr_assert_eq(P[SB].peer_to_rdma_seq, 250);
+	cr_assert_eq(get(SB, 1000, 0), -EAGAIN);
+	cr_assert_eq(sv_proto_rx_accept(&P[SB]), 0);
+	cr_assert_eq(drain(SB), 20);
+	cr_assert_eq(P[SB].rcv_nxt, 270);
+	check_quiescent();
+}
+
+/* TO_TCP and a new TO_RDMA arrive before the old QP bytes are read, with new
+ * QP bytes behind them: recv stops at the switch point, the TCP part comes
+ * in between, and the new QP bytes only after rx_accept. */
+Test(proto, switch_back_and_forth_before_reading)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 30, 0);
+	put_all(SA, 20, 0);
+	cr_assert_eq(sv_proto_send_to_tcp(&P[SA], NOW), 0);
+	TXO[SA] += 20; /* TCP carries [50, 70) */
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 70, NOW), 0);
+	put_all(SA, 30, 0);
+	cr_assert_eq(last_of(SA)->h.seq, 70);
+	pump();
+	cr_assert_eq(P[SB].rx_switch_seq, 50);
+	cr_assert(P[SB].peer_to_rdma);
+	cr_assert_eq(P[SB].peer_to_rdma_seq, 70);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 50, "only the bytes before the switch");
+	cr_assert_not(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert_eq(get(SB, 1000, 0), 50, "recv stops at the switch point");
+	cr_assert(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert_eq(get(SB, 1000, 0), -EAGAIN);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 0);
+	RXO[SB] += 20; /* the stream layer reads [50, 70) from TCP */
+	cr_assert_eq(sv_proto_rx_accept(&P[SB]), 0);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 30);
+	cr_assert_eq(drain(SB), 30);
+	cr_assert_eq(RXO[SB], 100);
+	check_quiescent();
+}
+
+/* A TO_TCP with nothing unread before it moves the receive side to TCP at
+ * once: the stream layer asks sv_proto_rx_on_tcp before it reads again. */
+Test(proto, to_tcp_with_nothing_unread_is_on_tcp_at_once)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, 0);
+	pump();
+	cr_assert_eq(drain(SB), 10);
+	cr_assert_not(sv_proto_rx_on_tcp(&P[SB]));
+	cr_assert_eq(sv_proto_send_to_tcp(&P[SA], NOW), 0);
+	pump();
+	cr_assert(sv_proto_rx_on_tcp(&P[SB]), "every QP byte before the TO_TCP is consumed");
+	cr_assert_eq(sv_proto_readable(&P[SB]), 0);
+	check_quiescent();
+}
+
+Test(proto, fin_after_data)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 100, 0);
+	put_all(SA, 300, 0);
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
+	cr_assert_eq(P[SA].tx_state, SV_TX_FIN);
+	cr_assert_eq(last_of(SA)->h.type, SV_MSG_FIN);
+	cr_assert_eq(last_of(SA)->h.seq, 400);
+	cr_assert_eq(put(SA, 1, 0), -EPIPE);
+	pump();
+	cr_assert_eq(sv_proto_readable(&P[SB]), 400);
+	cr_assert_eq(get(SB, 150, 0), 150);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 250);
+	cr_assert_eq(drain(SB), 250);
+	cr_assert_eq(get(SB, 10, 0), 0, "EOF");
+	cr_assert_eq(get(SB, 10, 0), 0, "EOF stays");
+	cr_assert(P[SB].rx_fin);
+	cr_assert_eq(P[SB].rx_fin_seq, 400);
+	/* The other direction is unaffected. */
+	put_all(SB, 50, 0);
+	pump();
+	cr_assert_eq(drain(SA), 50);
+	check_quiescent();
+}
+
+Test(proto, peer_reset)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, 0);
+	pump();
+	cr_assert_eq(sv_proto_send_reset(&P[SA]), 0);
+	cr_assert_eq(last_of(SA)->h.type, SV_MSG_RESET);
+	fake_poll(&FP.ep[SB], &P[SB], NOW);
+	cr_assert_eq(P[SB].error, -ECONNRESET);
+	cr_assert_eq(get(SB, 100, 0), -ECONNRESET);
+	cr_assert_eq(put(SB, 10, 0), -ECONNRESET);
+	cr_assert_eq(FP.ep[SA].violations, 0, "%s", FP.ep[SA].why);
+	cr_assert_eq(FP.ep[SB].violations, 0, "%s", FP.ep[SB].why);
+}
+
+/* ---- Two full windows ----------------------------------------------------------- */
+
+ParameterizedTestParameters(proto, two_full_windows)
+{
+	static struct cw_param params[] = {
+		{4, 3, 2}, {8, 3, 8}, {3, 3, 2}, {2, 3, 1}, {2, 4, 2}, {16, 4, 5},
+	};
+	return cr_make_param_array(struct cw_param, params, sizeof(params) / sizeof(params[0]));
+}
+
+static void full_windows_exchange(const struct cw_param *cw)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = cw->window;
+	prm.reserve = cw->reserve;
+	prm.ack_delay = cw->ack_delay;
+	prm.buf_size = 128;
+	conn_up(&prm);
+	open_both();
+	uint64_t target = 3ull * cw->window * PAYLOAD_MAX();
+
+	for (int round = 0; round < 200; round++) {
+		for (int s = 0; s < 2; s++) {
+			while (TXO[s] < target) {
+				size_t len = PAYLOAD_MAX();
+				if (TXO[s] + len > target)
+					len = (size_t)(target - TXO[s]);
+				long r = put(s, len, 0);
+				if (r == -EAGAIN)
+					break;
+				cr_assert_gt(r, 0, "%c: send returned %ld", side_name(s), r);
+			}
+			pump();
+		}
+		if (round == 0) {
+			/* Neither has read: both sent exactly a full window. */
+			cr_assert_eq(ndata(SA), cw->window);
+			cr_assert_eq(ndata(SB), cw->window);
+			cr_assert_eq(P[SA].credits, cw->reserve);
+			cr_assert_eq(P[SB].credits, cw->reserve);
+			check_conservation();
+		}
+		uint64_t moved = drain(SA) + drain(SB);
+		pump();
+		if (RXO[SA] == target && RXO[SB] == target)
+			break;
+		if (moved == 0) {
+			/* Nothing moved: advancing time must unblock it. */
+			NOW += prm.ack_timeout_us;
+			sv_proto_timers(&P[SA], NOW);
+			sv_proto_timers(&P[SB], NOW);
+			pump();
+		}
+	}
+	cr_assert_eq(RXO[SB], target, "w=%u c=%u t=%u: B received %llu of %llu", cw->window,
+		     cw->reserve, cw->ack_delay, (unsigned long long)RXO[SB],
+		     (unsigned long long)target);
+	cr_assert_eq(RXO[SA], target, "w=%u c=%u t=%u: A received %llu of %llu", cw->window,
+		     cw->reserve, cw->ack_delay, (unsigned long long)RXO[SA],
+		     (unsigned long long)target);
+	check_quiescent();
+}
+
+ParameterizedTest(struct cw_param *cw, proto, two_full_windows)
+{
+	full_windows_exchange(cw);
+}
+
+/* A window of one: either the core refuses it, or it works like any other
+ * (the credit rules must not deadlock when both sides are at the reserve). */
+Test(proto, window_of_one_is_refused_or_works)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 1;
+	prm.ack_delay = 1;
+	struct fake_pair fp;
+	struct sv_proto tmp;
+	cr_assert_eq(fake_pair_init(&fp, sv_proto_nrecv(&prm), sv_proto_nsend(&prm), prm.buf_size), 0);
+	struct sv_xport x = fake_xport(&fp.ep[0]);
+	int r = sv_proto_init(&tmp, &prm, &x);
+	if (r == 0)
+		sv_proto_destroy(&tmp);
+	fake_pair_destroy(&fp);
+	if (r == -EINVAL)
+		return;
+	cr_assert_eq(r, 0);
+	struct cw_param cw = {1, prm.reserve, 1};
+	full_windows_exchange(&cw);
+}
+
+/* Windows need not agree: each side's credits are the peer's buffers. */
+Test(proto, asymmetric_windows)
+{
+	struct sv_proto_params pa = prm_default(), pb = prm_default();
+	pa.window = 4;
+	pb.window = 16;
+	pa.ack_delay = 2;
+	pb.ack_delay = 8;
+	conn_up2(&pa, &pb);
+	/* The handshake: B's TO_RDMA reports 1 buffer, giving A back the
+	 * credit its TO_RDMA cost: A is at B's nrecv again, above its own. */
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 0, NOW), 0);
+	pump();
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SB], 0, NOW), 0);
+	uint32_t before = P[SA].credits;
+	int r = fake_poll(&FP.ep[SA], &P[SA], NOW);
+	cr_assert_geq(r, 0,
+		      "A (%u buffers) reset on B's report of 1 buffer, which takes A's "
+		      "credits from %u to %u = B's nrecv: %d",
+		      nrecv_of(SA), before, before + 1, r);
+	cr_assert_eq(P[SA].credits, nrecv_of(SB));
+	pump();
+	for (int s = 0; s < 2; s++)
+		cr_assert_eq(sv_proto_rx_accept(&P[s]), 0);
+	/* A fills B's 16-buffer window, B fills A's 4-buffer one. */
+	for (int s = 0; s < 2; s++) {
+		while (put(s, 10, 0) > 0)
+			pump(); /* send completions free our send buffers */
+		pump();
+	}
+	cr_assert_eq(ndata(SA), pb.window, "A may send B's window: sent %zu", ndata(SA));
+	cr_assert_eq(ndata(SB), pa.window, "B may send A's window: sent %zu", ndata(SB));
+	check_conservation();
+	/* Read everything, exchange more, read again. */
+	for (int round = 0; round < 4; round++) {
+		drain(SA);
+		drain(SB);
+		pump();
+		NOW += pa.ack_timeout_us;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+		check_conservation();
+		for (int s = 0; s < 2; s++) {
+			while (put(s, 10, 0) > 0)
+				pump(); /* send completions free our send buffers */
+			pump();
+		}
+	}
+	drain(SA);
+	drain(SB);
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	cr_assert_eq(RXO[SA], TXO[SB]);
+	cr_assert_gt(TXO[SA], 16 * 10 * 3);
+	check_quiescent();
+}
+
+/* An UPDATE that found no free send buffer is not lost: it goes out once a
+ * send completion frees one (or at the latest when the ACK timer fires). */
+Test(proto, update_waits_for_a_send_buffer)
+{
+	struct sv_proto_params prm = prm_default(); /* w 8, c 3, t 4; nsend 12 */
+	conn_up(&prm);
+	open_both();
+	FP.ep[SB].hold_send_done = true;
+	/* B posts as many DATA as it has send buffers, none completes. */
+	while (put(SB, 1, 0) > 0)
+		;
+	pump();
+	drain(SA); /* A reports: B gets credits, not buffers */
+	NOW += prm.ack_timeout_us;
+	sv_proto_timers(&P[SA], NOW);
+	pump();
+	while (put(SB, 1, 0) > 0)
+		;
+	pump();
+	cr_assert_gt(P[SB].credits, prm.reserve, "B is short of buffers, not of credits");
+	cr_assert_eq(P[SB].nfree, 0, "every send buffer of B is in flight");
+	cr_assert_eq(fake_held(&FP.ep[SB]), sv_proto_nsend(&prm));
+
+	/* A sends ack_delay messages; B consumes them: an UPDATE is due. */
+	size_t u0 = fake_count(&FP.ep[SB], SV_MSG_UPDATE);
+	for (uint32_t i = 0; i < prm.ack_delay; i++)
+		put_all(SA, 1, 0);
+	pump();
+	cr_assert_eq(drain(SB), prm.ack_delay);
+	cr_assert_eq(fake_count(&FP.ep[SB], SV_MSG_UPDATE), u0, "no buffer, no UPDATE yet");
+
+	/* B's sends complete; B's application reads nothing more. */
+	FP.ep[SB].hold_send_done = false;
+	fake_release_sends(&FP.ep[SB], SIZE_MAX);
+	pump();
+	NOW += prm.ack_timeout_us;
+	sv_proto_timers(&P[SA], NOW);
+	sv_proto_timers(&P[SB], NOW);
+	pump();
+	cr_assert_gt(fake_count(&FP.ep[SB], SV_MSG_UPDATE), u0,
+		     "the UPDATE due at consumption was dropped: B owes A %u buffers, "
+		     "next deadline %llu", P[SB].unreported,
+		     (unsigned long long)sv_proto_next_deadline(&P[SB]));
+	cr_assert_eq(P[SB].unreported_data, 0);
+	check_quiescent();
+}
+
+/* MSG_MORE data waits for the listed flush reasons; a message arriving from
+ * the peer is not one of them. */
+Test(proto, msg_more_not_flushed_by_arrivals)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, MSG_MORE);
+	cr_assert_eq(ndata(SA), 0);
+	put_all(SB, 100, 0); /* DATA arrives at A */
+	pump();
+	cr_assert_eq(ndata(SA), 0, "A's MSG_MORE bytes were sent when B's DATA arrived "
+				   "(flushes_idle %llu)",
+		     (unsigned long long)P[SA].st.flushes_idle);
+	cr_assert_eq(P[SA].pending_len, 10);
+	put_all(SA, 5, 0);
+	cr_assert_eq(ndata(SA), 1);
+	cr_assert_eq(data_msg(SA, 0)->h.len, 15);
+	pump();
+	cr_assert_eq(drain(SB), 15);
+	check_quiescent();
+}
+
+/* ---- Reads: partial, spanning, scattered, peeking ----------------------------- */
+
+static void three_messages(void)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 5, 0);
+	put_all(SA, 7, 0);
+	put_all(SA, 3, 0);
+	cr_assert_eq(ndata(SA), 3);
+	pump();
+	cr_assert_eq(sv_proto_readable(&P[SB]), 15);
+}
+
+Test(proto, recv_one_byte_at_a_time)
+{
+	three_messages();
+	uint32_t posted = fake_posted(&FP.ep[SB]);
+	static const int ends[] = {5, 12, 15}; /* message boundaries */
+	int k = 0;
+	for (int i = 1; i <= 15; i++) {
+		cr_assert_eq(get(SB, 1, 0), 1, "byte %d", i);
+		cr_assert_eq(sv_proto_readable(&P[SB]), (uint64_t)(15 - i));
+		if (i == ends[k])
+			k++;
+		cr_assert_eq(fake_posted(&FP.ep[SB]), posted + (uint32_t)k,
+			     "after %d bytes, %d buffers are consumed fully and reposted", i, k);
+	}
+	cr_assert_eq(get(SB, 1, 0), -EAGAIN);
+	pump();
+	check_quiescent();
+}
+
+Test(proto, recv_spans_messages)
+{
+	three_messages();
+	cr_assert_eq(get(SB, 10, 0), 10, "recv copies across message boundaries");
+	cr_assert_eq(sv_proto_readable(&P[SB]), 5);
+	cr_assert_eq(get(SB, 100, 0), 5);
+	cr_assert_eq(get(SB, 100, 0), -EAGAIN);
+	check_quiescent();
+}
+
+Test(proto, recv_into_several_iovecs)
+{
+	three_messages();
+	uint8_t a[3], b[1], c[4], d[100];
+	memset(d, 0xEE, sizeof(d));
+	struct iovec iov[] = {{a, 3}, {b, 0}, {c, 4}, {d, sizeof(d)}};
+	long r = sv_proto_recv(&P[SB], iov, 4, 0, NOW);
+	cr_assert_eq(r, 15);
+	uint8_t all[15];
+	memcpy(all, a, 3);
+	memcpy(all + 3, c, 4);
+	memcpy(all + 7, d, 8);
+	verify_rx(SB, all, 15);
+	RXO[SB] += 15;
+	cr_assert_eq(d[8], 0xEE, "recv wrote past the data");
+	cr_assert_eq(get(SB, 1, 0), -EAGAIN);
+	check_quiescent();
+}
+
+Test(proto, send_from_several_iovecs)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	const uint8_t *s = STREAM[SA];
+	struct iovec iov[] = {{(void *)s, 2}, {(void *)(s + 2), 0}, {(void *)(s + 2), 9}};
+	long r = sv_proto_send(&P[SA], iov, 3, 0, NOW);
+	cr_assert_eq(r, 11);
+	TXO[SA] += 11;
+	cr_assert_eq(ndata(SA), 1, "one message for one write");
+	cr_assert_eq(data_msg(SA, 0)->h.len, 11);
+	cr_assert_eq(memcmp(FP.ep[SA].sent, s, 11), 0);
+	pump();
+	cr_assert_eq(drain(SB), 11);
+	check_quiescent();
+}
+
+Test(proto, recv_peek_leaves_the_data)
+{
+	three_messages();
+	uint32_t posted = fake_posted(&FP.ep[SB]);
+	cr_assert_eq(get(SB, 10, MSG_PEEK), 10);
+	cr_assert_eq(get(SB, 100, MSG_PEEK), 15);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 15);
+	cr_assert_eq(fake_posted(&FP.ep[SB]), posted, "peeking consumes no buffer");
+	cr_assert_eq(P[SB].unreported_data, 0);
+	cr_assert_eq(get(SB, 6, 0), 6);
+	cr_assert_eq(get(SB, 3, MSG_PEEK), 3);
+	cr_assert_eq(drain(SB), 9);
+	check_quiescent();
+}
+
+Test(proto, large_write_takes_what_the_credits_allow)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 4;
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, 0);
+	put_all(SA, 10, 0); /* two data credits left */
+	long r = put(SA, 10 * PAYLOAD_MAX(), 0);
+	cr_assert_gt(r, 0, "a partial write takes what fits: %ld", r);
+	cr_assert_leq(r, (long)(2 * PAYLOAD_MAX()));
+	cr_assert_eq(ndata(SA), 4);
+	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
+	pump();
+	cr_assert_eq(drain(SB), TXO[SA]);
+	check_quiescent();
+}
+
+/* ---- Malformed input ------------------------------------------------------------ */
+
+enum bad_kind {
+	BAD_TYPE_0,
+	BAD_TYPE_7,
+	BAD_TYPE_255,
+	BAD_FLAGS,
+	BAD_LEN_OVER_MAX,
+	BAD_LEN_HUGE,
+	BAD_LEN_WRAPS,
+	BAD_SEQ_AHEAD,
+	BAD_SEQ_BEHIND,
+	BAD_DATA_RX_TCP,
+	BAD_DATA_AFTER_TO_TCP,
+	BAD_UPDATE_PAYLOAD,
+	BAD_CREDITS_OVER_NRECV,
+	BAD_CREDITS_HUGE,
+	BAD_SHORT,
+	BAD_EMPTY,
+	BAD_BYTE_LEN_LONGER,
+	BAD_BYTE_LEN_SHORTER,
+	BAD_ACK_AHEAD,
+	BAD_DATA_EMPTY,
+	BAD_FIN_PAYLOAD,
+	BAD_TO_TCP_PAYLOAD,
+	BAD_FIN_TWICE,
+	BAD_DATA_AFTER_FIN,
+	BAD_FIN_SEQ,
+	BAD_TO_TCP_SEQ,
+	BAD_TO_RDMA_ON_QP,
+	BAD_TO_TCP_ON_TCP,
+};
+
+static const char *const bad_names[] = {
+	"unknown type 0", "unknown type 7", "unknown type 255", "nonzero flags",
+	"len > payload max", "len 0xffffffff", "24 + len wraps to byte_len",
+	"DATA seq ahead", "DATA seq behind", "DATA while rx on TCP, no TO_RDMA",
+	"DATA after TO_TCP", "UPDATE with payload", "credits over nrecv",
+	"credits 0xffff", "byte_len < header", "byte_len 0", "byte_len > 24 + len",
+	"byte_len < 24 + len", "ack beyond snd_nxt", "DATA with no payload",
+	"FIN with payload", "TO_TCP with payload", "second FIN", "DATA after FIN",
+	"FIN seq != rcv_nxt", "TO_TCP seq != rcv_nxt", "TO_RDMA while on the QP",
+	"TO_TCP while on TCP",
+};
+
+struct bad_case {
+	int kind;
+};
+
+ParameterizedTestParameters(proto, malformed_resets)
+{
+	static struct bad_case cases[] = {
+		{BAD_TYPE_0},         {BAD_TYPE_7},           {BAD_TYPE_255},
+		{BAD_FLAGS},          {BAD_LEN_OVER_MAX},     {BAD_LEN_HUGE},
+		{BAD_LEN_WRAPS},      {BAD_SEQ_AHEAD},        {BAD_SEQ_BEHIND},
+		{BAD_DATA_RX_TCP},    {BAD_DATA_AFTER_TO_TCP}, {BAD_UPDATE_PAYLOAD},
+		{BAD_CREDITS_OVER_NRECV}, {BAD_CREDITS_HUGE}, {BAD_SHORT},
+		{BAD_EMPTY},          {BAD_BYTE_LEN_LONGER},  {BAD_BYTE_LEN_SHORTER},
+		{BAD_ACK_AHEAD},      {BAD_DATA_EMPTY},       {BAD_FIN_PAYLOAD},
+		{BAD_TO_TCP_PAYLOAD}, {BAD_FIN_TWICE},        {BAD_DATA_AFTER_FIN},
+		{BAD_FIN_SEQ},        {BAD_TO_TCP_SEQ},       {BAD_TO_RDMA_ON_QP},
+		{BAD_TO_TCP_ON_TCP},
+	};
+	return cr_make_param_array(struct bad_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct bad_case *bc, proto, malformed_resets)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	if (bc->kind != BAD_DATA_RX_TCP && bc->kind != BAD_TO_TCP_ON_TCP) {
+		open_both();
+		put_all(SA, 10, 0);
+		pump();
+	}
+	if (bc->kind == BAD_FIN_TWICE || bc->kind == BAD_DATA_AFTER_FIN) {
+		/* A valid FIN first. */
+		struct sv_hdr fin = {.type = SV_MSG_FIN, .seq = P[SB].rcv_nxt, .ack = P[SB].snd_nxt};
+		cr_assert_eq(fake_inject_msg(&FP.ep[SB], &fin, NULL, 0, SV_HDR_SIZE), 0);
+		int r0 = fake_poll(&FP.ep[SB], &P[SB], NOW);
+		cr_assert_geq(r0, 0, "a valid FIN was refused: %d", r0);
+		cr_assert(P[SB].rx_fin);
+	}
+	if (bc->kind == BAD_DATA_AFTER_TO_TCP) {
+		cr_assert_eq(sv_proto_send_to_tcp(&P[SA], NOW), 0);
+		pump();
+		cr_assert_eq(drain(SB), 10);
+		cr_assert(sv_proto_rx_on_tcp(&P[SB]));
+	}
+	check_clean();
+	cr_assert_eq(sizeof(bad_names) / sizeof(bad_names[0]), BAD_TO_TCP_ON_TCP + 1);
+
+	uint32_t pmax = PAYLOAD_MAX();
+	uint8_t payload[512];
+	memset(payload, 0x42, sizeof(payload));
+	struct sv_hdr h = {
+		.type = SV_MSG_DATA,
+		.flags = 0,
+		.credits = 0,
+		.len = 4,
+		.seq = P[SB].rcv_nxt,
+		.ack = P[SB].snd_nxt,
+	};
+	uint32_t plen = 4;
+	uint32_t byte_len = SV_HDR_SIZE + 4;
+	switch (bc->kind) {
+	case BAD_TYPE_0:
+		h.type = 0;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		break;
+	case BAD_TYPE_7:
+		h.type = 7;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		break;
+	case BAD_TYPE_255:
+		h.type = 255;
+		break;
+	case BAD_FLAGS:
+		h.flags = 1;
+		break;
+	case BAD_LEN_OVER_MAX: /* the header claims one byte more than fits */
+		h.len = pmax + 1;
+		plen = pmax;
+		byte_len = PRM.buf_size;
+		break;
+	case BAD_LEN_HUGE:
+		h.len = 0xFFFFFFFFu;
+		plen = pmax;
+		byte_len = PRM.buf_size;
+		break;
+	case BAD_LEN_WRAPS: /* SV_HDR_SIZE + len wraps around to byte_len in 32 bits */
+		h.len = 0xFFFFFFFFu - SV_HDR_SIZE + 1 + 6;
+		plen = 0;
+		byte_len = 6;
+		break;
+	case BAD_SEQ_AHEAD:
+		h.seq += 1;
+		break;
+	case BAD_SEQ_BEHIND:
+		h.seq -= 1;
+		break;
+	case BAD_DATA_RX_TCP:
+		cr_assert_not(P[SB].rx_on_qp);
+		cr_assert_not(P[SB].peer_to_rdma);
+		break;
+	case BAD_DATA_AFTER_TO_TCP:
+		break;
+	case BAD_UPDATE_PAYLOAD:
+		h.type = SV_MSG_UPDATE;
+		h.seq = P[SB].snd_nxt;
+		break;
+	case BAD_CREDITS_OVER_NRECV:
+		h.type = SV_MSG_UPDATE;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		h.credits = (uint16_t)(NRECV() - P[SB].credits + 1);
+		break;
+	case BAD_CREDITS_HUGE:
+		h.type = SV_MSG_UPDATE;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		h.credits = 0xFFFF;
+		break;
+	case BAD_SHORT:
+		h.type = SV_MSG_UPDATE;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE - 1;
+		break;
+	case BAD_EMPTY:
+		h.type = SV_MSG_UPDATE;
+		h.len = plen = 0;
+		byte_len = 0;
+		break;
+	case BAD_BYTE_LEN_LONGER:
+		h.len = 4;
+		plen = 8;
+		byte_len = SV_HDR_SIZE + 8;
+		break;
+	case BAD_BYTE_LEN_SHORTER:
+		h.len = 8;
+		plen = 8;
+		byte_len = SV_HDR_SIZE + 4;
+		break;
+	case BAD_ACK_AHEAD: /* acknowledges a byte B never sent */
+		h.type = SV_MSG_UPDATE;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		h.ack = P[SB].snd_nxt + 1;
+		break;
+	case BAD_DATA_EMPTY: /* DATA carries 1 .. payload_max bytes */
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		break;
+	case BAD_FIN_PAYLOAD:
+		h.type = SV_MSG_FIN;
+		break;
+	case BAD_TO_TCP_PAYLOAD:
+		h.type = SV_MSG_TO_TCP;
+		break;
+	case BAD_FIN_TWICE:
+		h.type = SV_MSG_FIN;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		break;
+	case BAD_DATA_AFTER_FIN:
+		break;
+	case BAD_FIN_SEQ:
+		h.type = SV_MSG_FIN;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		h.seq = P[SB].rcv_nxt + 5;
+		break;
+	case BAD_TO_TCP_SEQ:
+		h.type = SV_MSG_TO_TCP;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		h.seq = P[SB].rcv_nxt - 1;
+		break;
+	case BAD_TO_RDMA_ON_QP: /* the direction is already on the QP */
+		h.type = SV_MSG_TO_RDMA;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		break;
+	case BAD_TO_TCP_ON_TCP: /* the direction never left TCP */
+		h.type = SV_MSG_TO_TCP;
+		h.len = plen = 0;
+		byte_len = SV_HDR_SIZE;
+		break;
+	default:
+		cr_assert_fail("unknown case %d", bc->kind);
+	}
+
+	cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h, payload, plen, byte_len), 0);
+	int r = fake_poll(&FP.ep[SB], &P[SB], NOW);
+	cr_assert_eq(r, -ECONNRESET, "%s: on_recv returned %d", bad_names[bc->kind], r);
+	cr_assert_eq(P[SB].error, -ECONNRESET, "%s", bad_names[bc->kind]);
+
+	/* Every later call reports the reset, and nothing crashes. */
+	cr_assert_eq(get(SB, 100, 0), -ECONNRESET);
+	cr_assert_eq(get(SB, 100, MSG_PEEK), -ECONNRESET);
+	cr_assert_eq(put(SB, 10, 0), -ECONNRESET);
+	cr_assert_eq(put(SB, 1000, 0), -ECONNRESET);
+	NOW += 10000;
+	sv_proto_timers(&P[SB], NOW);
+	(void)sv_proto_flush(&P[SB], SV_FLUSH_CLOSE, NOW);
+	(void)sv_proto_readable(&P[SB]);
+	(void)sv_proto_rx_on_tcp(&P[SB]);
+	/* More traffic from A, and a second malformed message. */
+	if (P[SA].tx_state == SV_TX_OPEN) {
+		for (int i = 0; i < 3; i++)
+			(void)put(SA, 10, 0);
+	}
+	struct sv_hdr h2 = {.type = 99, .len = 0};
+	if (fake_posted(&FP.ep[SB]) > 0)
+		cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h2, NULL, 0, SV_HDR_SIZE), 0);
+	for (int i = 0; i < 10; i++) {
+		fake_poll(&FP.ep[SA], &P[SA], NOW);
+		fake_poll(&FP.ep[SB], &P[SB], NOW);
+	}
+	cr_assert_eq(P[SB].error, -ECONNRESET);
+	cr_assert_eq(get(SB, 100, 0), -ECONNRESET);
+	cr_assert_eq(put(SB, 10, 0), -ECONNRESET);
+	cr_assert_eq(FP.ep[SA].violations, 0, "%s", FP.ep[SA].why);
+	cr_assert_eq(FP.ep[SB].violations, 0, "%s", FP.ep[SB].why);
+}
+
+/* ---- Randomized soak ------------------------------------------------------------- */
+
+struct soak_param {
+	uint32_t seed;
+	uint32_t window, reserve, ack_delay, buf_size, coalesce_size, zcopy_threshold;
+	uint32_t steps;
+	uint8_t coalesce;
+};
+
+ParameterizedTestParameters(proto, soak)
+{
+	static struct soak_param params[] = {
+		{1, 8, 3, 4, 256, 64, 1u << 30, 30000, 1},
+		{2, 4, 3, 2, 128, 32, 300, 30000, 1},
+		{3, 16, 4, 8, 512, 128, 1024, 30000, 0},
+		{4, 2, 3, 1, 64, 16, 100, 30000, 1},
+		{5, 2, 3, 1, 100, 50, 1u << 30, 30000, 1},
+		{6, 32, 3, 16, 1024, 256, 2048, 20000, 1},
+		{7, 3, 5, 3, 200, 100, 400, 30000, 0},
+		{8, 8, 3, 8, 256, 200, 256, 30000, 1},
+	};
+	return cr_make_param_array(struct soak_param, params, sizeof(params) / sizeof(params[0]));
+}
+
+static uint64_t RNG;
+
+static uint64_t rnd(void)
+{
+	uint64_t x = RNG;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	RNG = x;
+	return x * 0x2545F4914F6CDD1Dull;
+}
+
+static uint32_t rnd_below(uint32_t n)
+{
+	return (uint32_t)(rnd() % n);
+}
+
+/* Split len bytes at p into up to 3 iovecs at random points. */
+static int rnd_iov(struct iovec *iov, uint8_t *p, size_t len)
+{
+	int n = 1 + (int)rnd_below(3);
+	size_t left = len;
+	for (int i = 0; i < n; i++) {
+		size_t k = (i == n - 1) ? left : (left ? rnd_below((uint32_t)left + 1) : 0);
+		iov[i].iov_base = p;
+		iov[i].iov_len = k;
+		p += k;
+		left -= k;
+	}
+	return n;
+}
+
+static uint64_t soak_limit(void)
+{
+	return STREAM_LEN - 4 * (uint64_t)PRM.buf_size;
+}
+
+static void soak_write(int s)
+{
+	if (P[s].tx_state != SV_TX_OPEN)
+		return;
+	/* The stream layer does not return to the application (which
+	 * would write again) while a zero-copy send is in flight. */
+	if (sv_proto_zcopy_busy(&P[s]))
+		return;
+	/* Half small writes (coalescing), half up to three buffers. */
+	size_t len = rnd_below(2) ? 1 + rnd_below(PRM.coalesce_size)
+				  : 1 + rnd_below(3 * PRM.buf_size);
+	if (TXO[s] + len > soak_limit())
+		return;
+	int flags = rnd_below(4) == 0 ? MSG_MORE : 0;
+	struct iovec iov[3];
+	int n = rnd_iov(iov, STREAM[s] + TXO[s], len);
+	long r = sv_proto_send(&P[s], iov, n, flags, NOW);
+	cr_assert((r > 0 && (size_t)r <= len) || r == -EAGAIN, "%c: send(%zu) returned %ld",
+		  side_name(s), len, r);
+	if (r > 0)
+		TXO[s] += (uint64_t)r;
+}
+
+static void soak_read(int s)
+{
+	size_t len = 1 + rnd_below(2 * PRM.buf_size);
+	int flags = rnd_below(8) == 0 ? MSG_PEEK : 0;
+	struct iovec iov[3];
+	memset(RBUF, 0xEE, len);
+	int n = rnd_iov(iov, RBUF, len);
+	uint64_t readable = sv_proto_readable(&P[s]);
+	long r = sv_proto_recv(&P[s], iov, n, flags, NOW);
+	if (r == -EAGAIN) {
+		cr_assert_eq(readable, 0, "%c: recv said -EAGAIN with %llu bytes readable",
+			     side_name(s), (unsigned long long)readable);
+		return;
+	}
+	cr_assert_gt(r, 0, "%c: recv returned %ld", side_name(s), r);
+	size_t want = readable < len ? (size_t)readable : len;
+	cr_assert_eq((size_t)r, want, "%c: recv of %zu with %llu readable returned %ld",
+		     side_name(s), len, (unsigned long long)readable, r);
+	verify_rx(s, RBUF, (size_t)r);
+	if (!(flags & MSG_PEEK))
+		RXO[s] += (uint64_t)r;
+}
+
+/* Bytes written and not yet read, or a writer that still has data to
+ * write (it stops near the end of its stream). */
+static bool soak_work_left(void)
+{
+	for (int s = 0; s < 2; s++)
+		if (RXO[1 - s] < TXO[s] || TXO[s] + 3 * PRM.buf_size < soak_limit())
+			return true;
+	return false;
+}
+
+static bool soak_undelivered(void)
+{
+	for (int s = 0; s < 2; s++)
+		if (RXO[1 - s] < TXO[s])
+			return true;
+	return false;
+}
+
+ParameterizedTest(struct soak_param *sp, proto, soak)
+{
+	struct sv_proto_params prm = {
+		.window = sp->window,
+		.reserve = sp->reserve,
+		.buf_size = sp->buf_size,
+		.ack_delay = sp->ack_delay,
+		.ack_timeout_us = 300,
+		.coalesce = sp->coalesce != 0,
+		.coalesce_size = sp->coalesce_size,
+		.coalesce_timeout_us = 200,
+		.zcopy_threshold = sp->zcopy_threshold,
+	};
+	conn_up(&prm);
+	open_both();
+	RNG = 0x243F6A8885A308D3ull ^ ((uint64_t)sp->seed * 0x9E3779B97F4A7C15ull);
+	uint64_t tmax = prm.ack_timeout_us > prm.coalesce_timeout_us ? prm.ack_timeout_us
+								      : prm.coalesce_timeout_us;
+
+	uint64_t progress = 0;
+	uint32_t last_progress = 0;
+	int unblocks = 0;
+	for (uint32_t step = 0; step < sp->steps; step++) {
+		int s = (int)rnd_below(2);
+		struct fake_ep *ep = &FP.ep[s];
+		uint32_t op = rnd_below(100);
+		if (op < 30) {
+			soak_write(s);
+		} else if (op < 60) {
+			soak_read(s);
+		} else if (op < 78) {
+			int r = fake_poll(ep, &P[s], NOW);
+			cr_assert_geq(r, 0, "step %u: %c: completion failed: %d", step,
+				      side_name(s), r);
+		} else if (op < 83) {
+			ep->hold_send_done = !ep->hold_send_done;
+			if (!ep->hold_send_done)
+				fake_release_sends(ep, SIZE_MAX);
+		} else if (op < 88) {
+			fake_release_sends(ep, 1 + rnd_below(4));
+		} else if (op < 96) {
+			NOW += rnd_below((uint32_t)(tmax * 3 / 2 + 1));
+			sv_proto_timers(&P[SA], NOW);
+			sv_proto_timers(&P[SB], NOW);
+		} else {
+			sv_proto_timers(&P[s], NOW);
+		}
+		check_clean();
+		if (!fake_pending_recvs(&FP.ep[SA]) && !fake_pending_recvs(&FP.ep[SB]))
+			check_conservation();
+
+		uint64_t p = TXO[SA] + TXO[SB] + RXO[SA] + RXO[SB];
+		if (p != progress) {
+			progress = p;
+			last_progress = step;
+			unblocks = 0;
+		} else if (step - last_progress > 400 && soak_work_left()) {
+			/* Stuck: completions arrive eventually, and advancing
+			 * time must unblock whatever is left. */
+			cr_assert_lt(unblocks, 3,
+				     "seed %u step %u: deadlock: no progress even after advancing "
+				     "time (A sent %llu, B got %llu; B sent %llu, A got %llu; "
+				     "credits A %u B %u, unreported A %u/%u B %u/%u)",
+				     sp->seed, step, (unsigned long long)TXO[SA],
+				     (unsigned long long)RXO[SB], (unsigned long long)TXO[SB],
+				     (unsigned long long)RXO[SA], P[SA].credits, P[SB].credits,
+				     P[SA].unreported, P[SA].unreported_data, P[SB].unreported,
+				     P[SB].unreported_data);
+			for (int k = 0; k < 2; k++) {
+				FP.ep[k].hold_send_done = false;
+				fake_release_sends(&FP.ep[k], SIZE_MAX);
+			}
+			pump();
+			NOW += tmax + 1;
+			sv_proto_timers(&P[SA], NOW);
+			sv_proto_timers(&P[SB], NOW);
+			pump();
+			last_progress = step;
+			unblocks++;
+		}
+	}
+
+	/* Drain: completions in, time forward, read everything. */
+	for (int round = 0; round < 100 && soak_undelivered(); round++) {
+		for (int k = 0; k < 2; k++) {
+			FP.ep[k].hold_send_done = false;
+			fake_release_sends(&FP.ep[k], SIZE_MAX);
+		}
+		pump();
+		drain(SA);
+		drain(SB);
+		pump();
+		NOW += tmax + 1;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+	}
+	cr_assert_eq(RXO[SB], TXO[SA], "B got %llu of A's %llu bytes", (unsigned long long)RXO[SB],
+		     (unsigned long long)TXO[SA]);
+	cr_assert_eq(RXO[SA], TXO[SB], "A got %llu of B's %llu bytes", (unsigned long long)RXO[SA],
+		     (unsigned long long)TXO[SB]);
+	cr_assert_gt(TXO[SA], 10000, "seed %u: the soak moved too little data (A sent %llu, B sent %llu)", sp->seed, (unsigned long long)TXO[SA], (unsigned long long)TXO[SB]);
+	cr_assert_gt(TXO[SB], 10000);
+	for (int s = 0; s < 2; s++) {
+		cr_assert_eq(FP.ep[s].nsent, TXO[s], "%c: %zu DATA bytes on the wire, %llu written",
+			     side_name(s), FP.ep[s].nsent, (unsigned long long)TXO[s]);
+		cr_assert_eq(memcmp(FP.ep[s].sent, STREAM[s], FP.ep[s].nsent), 0);
+	}
+	NOW += tmax + 1;
+	sv_proto_timers(&P[SA], NOW);
+	sv_proto_timers(&P[SB], NOW);
+	check_quiescent();
+	cr_assert_eq(P[SA].unreported_data, 0);
+	cr_assert_eq(P[SB].unreported_data, 0);
+
+	/* Both close; each sees EOF. */
+	for (int s = 0; s < 2; s++) {
+		int r = sv_proto_send_fin(&P[s], NOW);
+		cr_assert_eq(r, 0, "%c: FIN: %d", side_name(s), r);
+	}
+	pump();
+	cr_assert_eq(get(SA, 10, 0), 0);
+	cr_assert_eq(get(SB, 10, 0), 0);
+	check_quiescent();
+	if (sp->coalesce) {
+		uint64_t fl = 0;
+		for (int s = 0; s < 2; s++)
+			fl += P[s].st.flushes_timer + P[s].st.flushes_full +
+			      P[s].st.flushes_idle + P[s].st.flushes_recv;
+		cr_assert_gt(fl, 0);
+	}
+}
+
+/* ---- Randomized soak with medium switches ------------------------------------------
+ *
+ * Each direction starts on TCP and moves between TCP and the QP at random.
+ * The harness plays TCP: while a side's sending is on TCP its writes go to
+ * a TCP pipe (they just advance TXO), and the receiver reads the pipe when
+ * sv_proto_rx_on_tcp() says so, up to the peer's switch point, and then
+ * calls sv_proto_rx_accept. Bytes the core delivers are checked against
+ * the stream, so a QP byte delivered at the wrong offset shows. A sender
+ * moves back to TCP only after the receiver accepted its last TO_RDMA
+ * (one switch in flight per direction). */
+
+
+/* Where TCP's part of side s's stream currently ends. */
+static uint64_t tcp_end(int s)
+{
+	return P[s].tx_state == SV_TX_TCP ? TXO[s] : TO_RDMA_SEQ[s];
+}
+
+/* Side s reads up to max bytes of the peer's stream from TCP, and moves its
+ * receive side to the QP at the switch point. */
+static void sw_tcp_read(int s, uint64_t max)
+{
+	int o = 1 - s;
+	if (!sv_proto_rx_on_tcp(&P[s]))
+		return;
+	cr_assert_eq(sv_proto_recv(&P[s], &(struct iovec){RBUF, 16}, 1, 0, NOW), -EAGAIN,
+		     "%c: recv delivered QP bytes while on TCP", side_name(s));
+	uint64_t lim = tcp_end(o);
+	if (P[s].peer_to_rdma) {
+		cr_assert_eq(P[s].peer_to_rdma_seq, TO_RDMA_SEQ[o]);
+		lim = P[s].peer_to_rdma_seq;
+	}
+	cr_assert_geq(lim, RXO[s], "%c read past TCP's part", side_name(s));
+	uint64_t n = lim - RXO[s] < max ? lim - RXO[s] : max;
+	RXO[s] += n;
+	if (P[s].peer_to_rdma && RXO[s] == P[s].peer_to_rdma_seq) {
+		int r = sv_proto_rx_accept(&P[s]);
+		cr_assert_eq(r, 0, "%c: rx_accept: %d", side_name(s), r);
+		ACCEPTED[o] = true;
+	}
+}
+
+static void sw_write(int s)
+{
+	size_t len = rnd_below(2) ? 1 + rnd_below(PRM.coalesce_size)
+				  : 1 + rnd_below(3 * PRM.buf_size);
+	if (TXO[s] + len > soak_limit())
+		return;
+	if (P[s].tx_state == SV_TX_TCP) {
+		TXO[s] += len; /* written to the TCP socket */
+		return;
+	}
+	soak_write(s);
+}
+
+static void sw_switch(int s)
+{
+	if (P[s].tx_state == SV_TX_OPEN && ACCEPTED[s]) {
+		int r = sv_proto_send_to_tcp(&P[s], NOW);
+		cr_assert(r == 0 || r == -EAGAIN, "%c: TO_TCP: %d", side_name(s), r);
+		if (r == 0) {
+			cr_assert_eq(last_of(s)->h.type, SV_MSG_TO_TCP);
+			cr_assert_eq(last_of(s)->h.seq, TXO[s], "TO_TCP after every byte taken");
+			ACCEPTED[s] = false;
+		}
+	} else if (P[s].tx_state == SV_TX_TCP) {
+		int r = sv_proto_send_to_rdma(&P[s], TXO[s], NOW);
+		cr_assert(r == 0 || r == -EAGAIN, "%c: TO_RDMA: %d", side_name(s), r);
+		if (r == 0)
+			TO_RDMA_SEQ[s] = TXO[s];
+	}
+}
+
+ParameterizedTestParameters(proto, soak_switching)
+{
+	static struct soak_param params[] = {
+		{11, 8, 3, 4, 256, 64, 1u << 30, 30000, 1},
+		{12, 4, 4, 2, 128, 32, 300, 30000, 1},
+		{13, 16, 4, 8, 512, 128, 1024, 30000, 0},
+		{14, 2, 3, 1, 64, 16, 100, 30000, 1},
+		{15, 6, 4, 3, 200, 100, 400, 30000, 1},
+	};
+	return cr_make_param_array(struct soak_param, params, sizeof(params) / sizeof(params[0]));
+}
+
+ParameterizedTest(struct soak_param *sp, proto, soak_switching)
+{
+	struct sv_proto_params prm = {
+		.window = sp->window,
+		.reserve = sp->reserve,
+		.buf_size = sp->buf_size,
+		.ack_delay = sp->ack_delay,
+		.ack_timeout_us = 300,
+		.coalesce = sp->coalesce != 0,
+		.coalesce_size = sp->coalesce_size,
+		.coalesce_timeout_us = 200,
+		.zcopy_threshold = sp->zcopy_threshold,
+	};
+	conn_up(&prm);
+	RNG = 0x13198A2E03707344ull ^ ((uint64_t)sp->seed * 0x9E3779B97F4A7C15ull);
+	uint64_t tmax = 300;
+	unsigned switches[2] = {0, 0};
+
+	uint64_t progress = 0;
+	uint32_t last_progress = 0;
+	int unblocks = 0;
+	for (uint32_t step = 0; step < sp->steps; step++) {
+		int s = (int)rnd_below(2);
+		struct fake_ep *ep = &FP.ep[s];
+		uint32_t op = rnd_below(100);
+		if (op < 28) {
+			sw_write(s);
+		} else if (op < 48) {
+			soak_read(s);
+		} else if (op < 58) {
+			sw_tcp_read(s, 1 + rnd_below(3 * PRM.buf_size));
+		} else if (op < 74) {
+			int r = fake_poll(ep, &P[s], NOW);
+			cr_assert_geq(r, 0, "seed %u step %u: %c: completion failed: %d", sp->seed,
+				      step, side_name(s), r);
+		} else if (op < 78) {
+			ep->hold_send_done = !ep->hold_send_done;
+			if (!ep->hold_send_done)
+				fake_release_sends(ep, SIZE_MAX);
+		} else if (op < 82) {
+			fake_release_sends(ep, 1 + rnd_below(4));
+		} else if (op < 90) {
+			NOW += rnd_below((uint32_t)(tmax * 3 / 2 + 1));
+			sv_proto_timers(&P[SA], NOW);
+			sv_proto_timers(&P[SB], NOW);
+		} else if (op < 93) {
+			enum sv_tx_state before = P[s].tx_state;
+			sw_switch(s);
+			switches[s] += P[s].tx_state != before;
+		} else {
+			sv_proto_timers(&P[s], NOW);
+		}
+		check_clean();
+		if (!fake_pending_recvs(&FP.ep[SA]) && !fake_pending_recvs(&FP.ep[SB]))
+			check_conservation();
+
+		uint64_t p = TXO[SA] + TXO[SB] + RXO[SA] + RXO[SB];
+		if (p != progress) {
+			progress = p;
+			last_progress = step;
+			unblocks = 0;
+		} else if (step - last_progress > 400 && soak_work_left()) {
+			cr_assert_lt(unblocks, 3,
+				     "seed %u step %u: deadlock (A sent %llu, B got %llu; B sent "
+				     "%llu, A got %llu)",
+				     sp->seed, step, (unsigned long long)TXO[SA],
+				     (unsigned long long)RXO[SB], (unsigned long long)TXO[SB],
+				     (unsigned long long)RXO[SA]);
+			for (int k = 0; k < 2; k++) {
+				FP.ep[k].hold_send_done = false;
+				fake_release_sends(&FP.ep[k], SIZE_MAX);
+			}
+			pump();
+			NOW += tmax + 1;
+			sv_proto_timers(&P[SA], NOW);
+			sv_proto_timers(&P[SB], NOW);
+			pump();
+			last_progress = step;
+			unblocks++;
+		}
+	}
+
+	for (int round = 0; round < 100 && soak_undelivered(); round++) {
+		for (int k = 0; k < 2; k++) {
+			FP.ep[k].hold_send_done = false;
+			fake_release_sends(&FP.ep[k], SIZE_MAX);
+		}
+		pump();
+		for (int k = 0; k < 2; k++) {
+			drain(k);
+			sw_tcp_read(k, UINT64_MAX);
+			drain(k);
+		}
+		pump();
+		NOW += tmax + 1;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+	}
+	cr_assert_eq(RXO[SB], TXO[SA], "seed %u: B got %llu of A's %llu bytes", sp->seed,
+		     (unsigned long long)RXO[SB], (unsigned long long)TXO[SA]);
+	cr_assert_eq(RXO[SA], TXO[SB], "seed %u: A got %llu of B's %llu bytes", sp->seed,
+		     (unsigned long long)RXO[SA], (unsigned long long)TXO[SB]);
+	cr_assert_gt(switches[SA], 10, "seed %u: A switched only %u times", sp->seed,
+		     switches[SA]);
+	cr_assert_gt(switches[SB], 10, "seed %u: B switched only %u times", sp->seed,
+		     switches[SB]);
+	cr_assert_gt(FP.ep[SA].nsent, 10000, "seed %u: little went over the QP", sp->seed);
+	cr_assert_gt(FP.ep[SB].nsent, 10000, "seed %u: little went over the QP", sp->seed);
+	check_quiescent();
+}
