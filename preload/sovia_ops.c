@@ -140,18 +140,21 @@ void sv_on_accepted(int lfd, int fd)
 	if (!lf)
 		return;
 	bool rdma = lf->ops == &listen_ops;
-	sv_fd_put(lf);
-	if (!rdma)
-		return; /* no RDMA listener: the connection is the kernel's alone */
 	sv_enter();
-	struct sv_stream *s = sv_stream_new(fd, false);
-	if (s) {
-		sv_stream_get(s); /* for the upgrade below, past the entry's reference */
-		if (replace_entry(fd, &sv_stream_ops, s))
-			sv_upgrade_accepted(s);
-		sv_stream_put(s);
+	if (rdma)
+		rdma = sv_upgrade_listener_usable(lf->priv);
+	if (rdma) {
+		/* The listener entry (and so its priv) lives while we hold lf. */
+		struct sv_stream *s = sv_stream_new(fd, false);
+		if (s) {
+			sv_stream_get(s); /* for the upgrade, past the entry's reference */
+			if (replace_entry(fd, &sv_stream_ops, s))
+				sv_upgrade_accepted(s, lf->priv);
+			sv_stream_put(s);
+		}
 	}
 	sv_leave();
+	sv_fd_put(lf);
 }
 
 void sv_on_connected(int fd)

@@ -46,7 +46,7 @@ static const struct setting settings[] = {
 	 "coalescing timer in microseconds"},
 	{"SOVIA_REG_THRESHOLD", SETTING_BYTES, U32(reg_threshold), 65536, 1024, 1u << 30,
 	 "write size from which data is sent zero-copy"},
-	{"SOVIA_UPGRADE_TIMEOUT_MS", SETTING_U32, U32(upgrade_timeout_ms), 3000, 10, 600000,
+	{"SOVIA_UPGRADE_TIMEOUT_MS", SETTING_U32, U32(upgrade_timeout_ms), 10000, 10, 600000,
 	 "bound on the RDMA upgrade of one connection in milliseconds"},
 };
 
@@ -173,10 +173,13 @@ int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
 		cfg->ack_delay = fixed;
 		bad++;
 	}
-	if (cfg->coalesce_size > cfg->buf_size) {
-		sv_err("SOVIA_COALESCE_SIZE=%u exceeds SOVIA_BUF_SIZE=%u; using %u",
-		       cfg->coalesce_size, cfg->buf_size, cfg->buf_size);
-		cfg->coalesce_size = cfg->buf_size;
+	/* A coalescing buffer is one message: it must fit a buffer with its
+	 * 24-byte header. */
+	if (cfg->coalesce_size > cfg->buf_size - 24) {
+		sv_err("SOVIA_COALESCE_SIZE=%u does not fit SOVIA_BUF_SIZE=%u with its 24-byte header; "
+		       "using %u",
+		       cfg->coalesce_size, cfg->buf_size, cfg->buf_size - 24);
+		cfg->coalesce_size = cfg->buf_size - 24;
 		bad++;
 	}
 	return bad;

@@ -24,9 +24,18 @@ struct watch {
 };
 
 
+/* Work that needs rdma_cm, queued until the helper has it ready. */
+struct job {
+	void (*fn)(void *arg, int rdma_err);
+	void *arg;
+	struct job *next;
+};
+
 static struct {
 	pthread_once_t once;
-	int err;
+	int err;            /* the thread could not start */
+	atomic_int rdma;    /* 0 starting, 1 ready, -errno: no rdma_cm here */
+	struct job *jobs;   /* under lock */
 	pthread_t thread;
 	pthread_mutex_t lock; /* the watch list */
 	struct rdma_event_channel *ch;
@@ -105,10 +114,78 @@ static uint64_t service_all(uint64_t now)
 	return next;
 }
 
+static void run_jobs(void)
+{
+	pthread_mutex_lock(&h.lock);
+	struct job *j = h.jobs;
+	h.jobs = NULL;
+	pthread_mutex_unlock(&h.lock);
+	int st = atomic_load(&h.rdma);
+	while (j) {
+		struct job *n = j->next;
+		j->fn(j->arg, st < 0 ? st : 0);
+		free(j);
+		j = n;
+	}
+}
+
+/* rdma_cm's first use loads the device providers: slow (seconds under
+ * emulation), so it happens here and never in the application's calls. */
+static void init_rdma(void)
+{
+	h.ch = rdma_create_event_channel();
+	if (!h.ch) {
+		int err = errno ? -errno : -ENODEV;
+		sv_info("no rdma_cm (%s): connections stay on TCP", strerror(-err));
+		atomic_store(&h.rdma, err);
+		return;
+	}
+	int fl = fcntl(h.ch->fd, F_GETFL);
+	fcntl(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
+	fcntl(h.ch->fd, F_SETFD, FD_CLOEXEC);
+	struct epoll_event e = {.events = EPOLLIN, .data.fd = h.ch->fd};
+	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.ch->fd, &e);
+	atomic_store(&h.rdma, 1);
+}
+
+int sv_helper_rdma_state(void)
+{
+	return atomic_load(&h.rdma);
+}
+
+int sv_helper_when_ready(void (*fn)(void *arg, int rdma_err), void *arg)
+{
+	int st = atomic_load(&h.rdma);
+	if (st != 0)
+		return st < 0 ? st : 1; /* the caller goes on at once */
+	struct job *j = malloc(sizeof(*j));
+	if (!j)
+		return -ENOMEM;
+	j->fn = fn;
+	j->arg = arg;
+	pthread_mutex_lock(&h.lock);
+	st = atomic_load(&h.rdma);
+	if (st == 0) {
+		j->next = h.jobs;
+		h.jobs = j;
+	}
+	pthread_mutex_unlock(&h.lock);
+	if (st != 0) {
+		free(j);
+		return st < 0 ? st : 1;
+	}
+	wake_helper();
+	return 0;
+}
+
 static void *helper_main(void *arg)
 {
 	(void)arg;
 	sv_enter(); /* everything this thread calls goes straight to libc */
+	pthread_mutex_lock(&h.lock);
+	init_rdma();
+	pthread_mutex_unlock(&h.lock);
+	run_jobs();
 	for (;;) {
 		uint64_t now = sv_now_us();
 		uint64_t next = service_all(now);
@@ -122,12 +199,13 @@ static void *helper_main(void *arg)
 		}
 		struct epoll_event evs[4];
 		int n = epoll_wait(h.epfd, evs, 4, timeout);
+		run_jobs();
 		for (int i = 0; i < n; i++) {
 			if (evs[i].data.fd == h.wakefd) {
 				uint64_t v;
 				ssize_t r = read(h.wakefd, &v, sizeof(v));
 				(void)r;
-			} else if (evs[i].data.fd == h.ch->fd) {
+			} else if (h.ch && evs[i].data.fd == h.ch->fd) {
 				struct rdma_cm_event *ev;
 				while (rdma_get_cm_event(h.ch, &ev) == 0)
 					sv_upgrade_event(ev); /* acks it */
@@ -140,15 +218,6 @@ static void *helper_main(void *arg)
 static void start_once(void)
 {
 	sv_enter();
-	h.ch = rdma_create_event_channel();
-	if (!h.ch) {
-		h.err = errno ? -errno : -ENODEV;
-		sv_info("no rdma_cm (%s): connections stay on TCP", strerror(-h.err));
-		goto out;
-	}
-	int fl = fcntl(h.ch->fd, F_GETFL);
-	fcntl(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
-	fcntl(h.ch->fd, F_SETFD, FD_CLOEXEC);
 	h.epfd = epoll_create1(EPOLL_CLOEXEC);
 	h.wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (h.epfd < 0 || h.wakefd < 0) {
@@ -157,8 +226,6 @@ static void start_once(void)
 	}
 	struct epoll_event e = {.events = EPOLLIN, .data.fd = h.wakefd};
 	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.wakefd, &e);
-	e.data.fd = h.ch->fd;
-	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.ch->fd, &e);
 
 	/* The helper must not take signals meant for the application. */
 	sigset_t all, old;
@@ -172,6 +239,8 @@ static void start_once(void)
 	}
 	pthread_detach(h.thread);
 out:
+	if (h.err)
+		atomic_store(&h.rdma, h.err);
 	sv_leave();
 }
 

@@ -14,8 +14,17 @@ struct rdma_event_channel;
 struct sv_stream;
 struct sv_listener;
 
-/* Start the thread and the rdma_cm event channel (once). 0 or -errno. */
+/* Start the thread (once); it then sets up rdma_cm by itself. 0 or -errno. */
 int sv_helper_start(void);
+
+/* rdma_cm on the helper: 0 still starting, 1 ready, -errno unavailable. */
+int sv_helper_rdma_state(void);
+
+/* Run fn(arg, rdma_err) on the helper once rdma_cm is ready (rdma_err 0) or
+ * known to be unavailable (-errno). Returns 0 when queued; 1 when it is
+ * ready already and -errno when unavailable (the caller goes on itself, fn
+ * is not called). */
+int sv_helper_when_ready(void (*fn)(void *arg, int rdma_err), void *arg);
 
 /* The shared rdma_cm event channel (after sv_helper_start). */
 struct rdma_event_channel *sv_helper_channel(void);
@@ -38,11 +47,13 @@ extern atomic_bool sv_exiting;
 void sv_upgrade_connect(struct sv_stream *s);
 
 /* Server: the application accepted this connection; a request may match it. */
-void sv_upgrade_accepted(struct sv_stream *s);
+void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l);
 
 /* Server: the application listens on fd; listen for upgrades on the same
  * address and port. NULL when RDMA is not available there (not an error). */
 struct sv_listener *sv_upgrade_listen(int fd);
+/* False once it is known that no RDMA listener could be opened. */
+bool sv_upgrade_listener_usable(struct sv_listener *l);
 void sv_upgrade_unlisten(struct sv_listener *l);
 
 /* Called by the helper for every rdma_cm event. */

@@ -724,7 +724,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		int r = p->xp.ops->post_recv(p->xp.ctx, s->buf);
 		if (r < 0) {
 			fail(p, r);
-			return r;
+			return done ? (long)done : r; /* never lose bytes already copied */
 		}
 		p->unreported++;
 		p->unreported_data++;
@@ -739,7 +739,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	}
 	if (!peek) {
 		int r = ack_policy(p, now_us);
-		if (r < 0)
+		if (r < 0 && !done)
 			return r;
 	}
 	if (done)

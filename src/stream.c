@@ -111,8 +111,14 @@ void sv_stream_exit_flush_all(void)
 	size_t n = 0;
 	pthread_mutex_lock(&all_lock);
 	for (struct sv_stream *s = all_streams; s && n < 256; s = s->next_all) {
-		sv_stream_get(s);
-		batch[n++] = s;
+		/* A stream whose last reference is being dropped right now
+		 * (it is still listed until its release takes this lock) must
+		 * not be revived. */
+		int refs = atomic_load(&s->refs);
+		while (refs > 0 && !atomic_compare_exchange_weak(&s->refs, &refs, refs + 1))
+			;
+		if (refs > 0)
+			batch[n++] = s;
 	}
 	pthread_mutex_unlock(&all_lock);
 	for (size_t i = 0; i < n; i++) {
@@ -264,13 +270,29 @@ void sv_stream_break(struct sv_stream *s, int err)
 		return;
 	struct sv_proto *p = &s->proto;
 	sv_dbg("fd %d: the QP is down (%s)", s->fd, strerror(err < 0 ? -err : ECONNRESET));
-	bool moved = s->proto_ready &&
+	/* Before the QP was established nothing can have gone over it. */
+	bool established = s->state == SV_CONN_SWITCHING || s->state == SV_CONN_RDMA;
+	bool moved = s->proto_ready && established &&
 		     (p->tx_state != SV_TX_TCP || p->rx_on_qp || p->peer_to_rdma);
 	if (!moved) {
 		/* Nothing ever went over the QP: TCP simply carries on. */
 		s->state = SV_CONN_FALLBACK;
 		if (s->fallback == SV_FB_NONE)
 			s->fallback = SV_FB_RESOURCES;
+		sv_stream_wake(s);
+		return;
+	}
+	if (p->peer_to_rdma && !p->rx_on_qp && p->tx_state == SV_TX_TCP &&
+	    memcmp(s->chal_got, s->my_challenge, s->chal_len) != 0) {
+		/* The announced switch never happened, and what we read past its
+		 * point is no echo of ours: it is the TCP peer's data, and TCP
+		 * still carries everything. */
+		p->peer_to_rdma = false;
+		s->state = SV_CONN_FALLBACK;
+		s->fallback = SV_FB_CHALLENGE;
+		if (sv_stream_tcpbuf_append(s, s->chal_got, s->chal_len) < 0)
+			s->error = -ENOMEM;
+		s->chal_len = 0;
 		sv_stream_wake(s);
 		return;
 	}
@@ -357,8 +379,8 @@ void sv_stream_established(struct sv_stream *s)
 		pthread_mutex_unlock(&s->lock);
 		return;
 	}
-	if (s->tx_shut) {
-		/* The application finished sending on TCP before the QP came up:
+	if (s->tx_shut && s->is_client) {
+		/* The client finished sending on TCP before the QP came up:
 		 * the echo can no longer follow TCP's FIN, so this connection
 		 * stays on TCP (nothing in-band happened yet). */
 		s->state = SV_CONN_FALLBACK;
@@ -366,6 +388,12 @@ void sv_stream_established(struct sv_stream *s)
 		if (s->id)
 			rdma_disconnect(s->id);
 		sv_stream_wake(s);
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	if (s->state == SV_CONN_RDMA || s->state == SV_CONN_SWITCHING) {
+		/* The server's QP works from its accept on: the switch can be
+		 * under way or done before ESTABLISHED reaches us. */
 		pthread_mutex_unlock(&s->lock);
 		return;
 	}
@@ -430,9 +458,17 @@ void sv_stream_rx_switched(struct sv_stream *s)
 	} else if (s->proto.tx_state == SV_TX_TCP) {
 		server_switch_tx(s);
 	}
-	if (!s->tx_held && !s->echo_owed)
-		s->state = SV_CONN_RDMA;
+	if (s->state == SV_CONN_REQUESTED)
+		s->state = SV_CONN_SWITCHING; /* ESTABLISHED is still on its way */
+	sv_stream_maybe_rdma(s);
 	sv_stream_wake(s);
+}
+
+void sv_stream_maybe_rdma(struct sv_stream *s)
+{
+	if ((s->state == SV_CONN_SWITCHING || s->state == SV_CONN_REQUESTED) && s->proto_ready &&
+	    s->proto.rx_on_qp && !s->tx_held && !s->echo_owed)
+		s->state = SV_CONN_RDMA;
 }
 
 uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
@@ -542,7 +578,7 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
 
 void sv_stream_connecting(struct sv_stream *s)
 {
-	if (sv_helper_start() < 0) {
+	if (sv_helper_start() < 0 || sv_helper_rdma_state() < 0) {
 		sv_stream_fallback(s, SV_FB_DISABLED);
 		return;
 	}

@@ -25,6 +25,9 @@ void sv_stream_break(struct sv_stream *s, int err);
 /* Is the fd in blocking mode for this call? */
 bool sv_stream_blocking(const struct sv_stream *s, int flags);
 
+/* Both directions settled on the QP: the connection is "rdma". */
+void sv_stream_maybe_rdma(struct sv_stream *s);
+
 /* Client: give up waiting for the server's proof; sending goes back to TCP. */
 void sv_stream_unhold(struct sv_stream *s, const char *why);
 

@@ -45,8 +45,7 @@ int sv_stream_write_echo(struct sv_stream *s)
 		s->shut_deferred = false;
 		shutdown(s->fd, SHUT_WR); /* TCP's FIN after the echo */
 	}
-	if (!s->tx_held && s->proto.rx_on_qp && s->state == SV_CONN_SWITCHING)
-		s->state = SV_CONN_RDMA;
+	sv_stream_maybe_rdma(s);
 	return 1;
 }
 

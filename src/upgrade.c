@@ -23,7 +23,26 @@
 
 struct sv_listener {
 	struct rdma_cm_id *id;
+	struct sockaddr_storage addr;
+	int fd;
+	/* Holders, under up_lock: the application's listening fd, a queued
+	 * creation job, and each accepted connection still waiting for its
+	 * upgrade request. The application may close its listening socket
+	 * right after accept() (nc -l does): like TCP's, the connections it
+	 * accepted must not suffer, so the RDMA listener outlives the fd. */
+	int refs;
+	bool failed; /* no RDMA listener could be had on its address */
 };
+
+/* Drop a holder. Called with up_lock. */
+static void listener_put(struct sv_listener *l)
+{
+	if (--l->refs > 0)
+		return;
+	if (l->id)
+		rdma_destroy_id(l->id);
+	free(l);
+}
 
 /* A connect request waiting for the application to accept its TCP side. */
 struct pending_req {
@@ -36,6 +55,7 @@ struct pending_req {
 /* An accepted connection a request may still come for. */
 struct unmatched {
 	struct sv_stream *s;
+	struct sv_listener *l; /* held until the request came or the wait ended */
 	uint64_t deadline;
 	struct unmatched *next;
 };
@@ -123,12 +143,39 @@ static void drop_qp(struct sv_stream *s, enum sv_fallback why)
 
 /* ---- Client ------------------------------------------------------------- */
 
+static void start_connect(struct sv_stream *s);
+
+static void connect_job(void *arg, int rdma_err)
+{
+	struct sv_stream *s = arg;
+	if (rdma_err)
+		sv_stream_fallback(s, SV_FB_DISABLED);
+	else
+		start_connect(s);
+	sv_stream_put(s);
+}
+
 void sv_upgrade_connect(struct sv_stream *s)
 {
 	if (sv_helper_start() < 0) {
 		sv_stream_fallback(s, SV_FB_DISABLED);
 		return;
 	}
+	sv_stream_get(s);
+	int r = sv_helper_when_ready(connect_job, s);
+	if (r == 0)
+		return; /* the helper starts it once rdma_cm is up */
+	sv_stream_put(s);
+	if (r < 0)
+		sv_stream_fallback(s, SV_FB_DISABLED);
+	else
+		start_connect(s);
+}
+
+static void start_connect(struct sv_stream *s)
+{
+	if (s->app_closed)
+		return;
 	pthread_mutex_lock(&up_lock);
 	struct rdma_cm_id *id;
 	if (rdma_create_id(sv_helper_channel(), &id, s, RDMA_PS_TCP) < 0) {
@@ -215,40 +262,80 @@ static void client_established(struct sv_stream *s, const struct rdma_conn_param
 
 /* ---- Server ------------------------------------------------------------- */
 
+/* Open the RDMA listener on l->addr. Called with up_lock. */
+static void create_listener(struct sv_listener *l)
+{
+	if (rdma_create_id(sv_helper_channel(), &l->id, (void *)((uintptr_t)l | LISTENER_TAG),
+			   RDMA_PS_TCP) < 0)
+		goto failed;
+	if (rdma_bind_addr(l->id, (struct sockaddr *)&l->addr) < 0) {
+		sv_info("fd %d: no RDMA listener on its address (%s); its connections stay on TCP",
+			l->fd, strerror(errno));
+		goto destroy_id;
+	}
+	if (rdma_listen(l->id, 128) < 0) {
+		sv_info("fd %d: rdma_listen: %s", l->fd, strerror(errno));
+		goto destroy_id;
+	}
+	sv_dbg("fd %d: RDMA listener up beside it", l->fd);
+	return;
+
+destroy_id:
+	rdma_destroy_id(l->id);
+	l->id = NULL;
+failed:
+	l->failed = true;
+}
+
+static void listen_job(void *arg, int rdma_err)
+{
+	struct sv_listener *l = arg;
+	pthread_mutex_lock(&up_lock);
+	if (rdma_err)
+		l->failed = true;
+	else if (l->refs > 1)
+		create_listener(l); /* the application still listens */
+	listener_put(l);         /* the job's hold */
+	pthread_mutex_unlock(&up_lock);
+}
+
 struct sv_listener *sv_upgrade_listen(int fd)
 {
 	if (sv_helper_start() < 0)
 		return NULL;
-	struct sockaddr_storage addr;
-	socklen_t len = sizeof(addr);
-	if (getsockname(fd, (struct sockaddr *)&addr, &len) < 0)
-		return NULL;
 	struct sv_listener *l = calloc(1, sizeof(*l));
 	if (!l)
 		return NULL;
+	l->fd = fd;
+	socklen_t len = sizeof(l->addr);
+	if (getsockname(fd, (struct sockaddr *)&l->addr, &len) < 0) {
+		free(l);
+		return NULL;
+	}
+	l->refs = 2; /* the fd and the job */
+	int r = sv_helper_when_ready(listen_job, l);
+	if (r == 0)
+		return l; /* opened by the helper once rdma_cm is up */
+	if (r < 0) {
+		free(l);
+		return NULL;
+	}
 	pthread_mutex_lock(&up_lock);
-	if (rdma_create_id(sv_helper_channel(), &l->id, (void *)((uintptr_t)l | LISTENER_TAG),
-			   RDMA_PS_TCP) < 0)
-		goto free_listener;
-	if (rdma_bind_addr(l->id, (struct sockaddr *)&addr) < 0) {
-		sv_info("fd %d: no RDMA listener on its address (%s); its connections stay on TCP",
-			fd, strerror(errno));
-		goto destroy_id;
-	}
-	if (rdma_listen(l->id, 128) < 0) {
-		sv_info("fd %d: rdma_listen: %s", fd, strerror(errno));
-		goto destroy_id;
-	}
+	l->refs = 1;
+	create_listener(l);
+	bool failed = l->failed;
+	if (failed)
+		listener_put(l);
 	pthread_mutex_unlock(&up_lock);
-	sv_dbg("fd %d: RDMA listener up beside it", fd);
-	return l;
+	return failed ? NULL : l;
+}
 
-destroy_id:
-	rdma_destroy_id(l->id);
-free_listener:
+bool sv_upgrade_listener_usable(struct sv_listener *l)
+{
+	pthread_mutex_lock(&up_lock);
+	bool ok = !l->failed;
 	pthread_mutex_unlock(&up_lock);
-	free(l);
-	return NULL;
+	return ok;
 }
 
 void sv_upgrade_unlisten(struct sv_listener *l)
@@ -256,14 +343,13 @@ void sv_upgrade_unlisten(struct sv_listener *l)
 	if (!l)
 		return;
 	pthread_mutex_lock(&up_lock);
-	rdma_destroy_id(l->id);
+	listener_put(l);
 	pthread_mutex_unlock(&up_lock);
-	free(l);
 }
 
-void sv_upgrade_accepted(struct sv_stream *s)
+void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 {
-	if (sv_helper_start() < 0) {
+	if (sv_helper_start() < 0 || sv_helper_rdma_state() < 0) {
 		sv_stream_fallback(s, SV_FB_DISABLED);
 		return;
 	}
@@ -278,8 +364,10 @@ void sv_upgrade_accepted(struct sv_stream *s)
 	pthread_mutex_unlock(&s->lock);
 	sv_stream_get(s);
 	u->s = s;
+	u->l = l;
 	u->deadline = deadline;
 	pthread_mutex_lock(&up_lock);
+	l->refs++;
 	u->next = unmatched;
 	unmatched = u;
 	pthread_mutex_unlock(&up_lock);
@@ -363,11 +451,13 @@ static bool match_request(struct rdma_cm_id *id, const struct sv_cm_req *req)
 		return false;
 	struct unmatched *u = *pp;
 	*pp = u->next;
+	sv_dbg("upgrade request matched fd %d", u->s->fd);
 	if (!accept_request(u->s, id, req)) {
 		rdma_reject(id, NULL, 0);
 		rdma_destroy_id(id);
 	}
 	sv_stream_put(u->s);
+	listener_put(u->l);
 	free(u);
 	return true;
 }
@@ -442,10 +532,13 @@ uint64_t sv_upgrade_timers(uint64_t now)
 	}
 	for (struct unmatched **pp = &unmatched; *pp;) {
 		struct unmatched *u = *pp;
+		pthread_mutex_lock(&u->s->lock);
 		bool gone = now >= u->deadline || u->s->app_closed || u->s->state != SV_CONN_TCP;
+		pthread_mutex_unlock(&u->s->lock);
 		if (gone) {
 			*pp = u->next;
 			sv_stream_put(u->s);
+			listener_put(u->l);
 			free(u);
 			continue;
 		}
@@ -473,6 +566,14 @@ void sv_upgrade_event(struct rdma_cm_event *ev)
 {
 	struct rdma_cm_id *destroy = NULL;
 	pthread_mutex_lock(&up_lock);
+	{
+		uintptr_t c = (uintptr_t)ev->id->context;
+		sv_dbg("rdma_cm: %s (status %d) for %s", rdma_event_str(ev->event), ev->status,
+		       ev->event == RDMA_CM_EVENT_CONNECT_REQUEST ? "a listener"
+		       : !c                                    ? "nobody"
+		       : (c & LISTENER_TAG)                    ? "a listener"
+							       : "a stream");
+	}
 	if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
 		connect_request(ev, &destroy);
 		goto ack;

@@ -495,13 +495,27 @@ static void break_core(struct sv_proto *p, int err)
 	p->tx_state = SV_TX_RESET;
 }
 
+/* Both directions are done with the QP: the peer's FIN has arrived over
+ * it, our sending has ended (FIN posted, or moved back to TCP), and no DATA
+ * of ours is still in flight (completions come in order, so all of it
+ * arrived). Disconnecting is then the normal end of the connection, and the
+ * flushed work requests carry nothing anyone needs: an UPDATE, our FIN
+ * after the peer no longer cared, receive buffers no message will fill. The
+ * data the peer sent must stay readable up to its EOF: this is no reset. */
+static bool finished(const struct sv_proto *p)
+{
+	return p->rx_fin && (p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_TCP) &&
+	       p->inflight == 0;
+}
+
 /* A failed work request. On an RC QP any failure moves the QP to the error
  * state, after which everything still posted completes with a flush error. */
 static int wc_failed(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc *wc,
 		     uint32_t kind, uint32_t idx)
 {
-	if (wc->status == IBV_WC_WR_FLUSH_ERR && p->error)
-		return 0; /* the expected aftermath of a break */
+	/* The expected aftermath of a break, or of the end. */
+	if (wc->status == IBV_WC_WR_FLUSH_ERR && (p->error || finished(p)))
+		return 0;
 	sv_dbg("verbs: QP %u: %s %u failed: %s (vendor error 0x%x)", v->qp ? v->qp->qp_num : 0,
 	       kind == SV_WR_SEND ? "send slot" : "receive buffer", idx,
 	       ibv_wc_status_str(wc->status), wc->vendor_err);

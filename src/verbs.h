@@ -34,9 +34,10 @@ struct sv_verbs;
  * posts every receive buffer there. Returns 0 or -errno. */
 int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct sv_proto_params *prm);
 
-/* Destroy the QP (rdma_destroy_qp; the id stays the caller's), the memory
- * registrations, the CQ and the channel, and drop the PD reference.
- * Safe on NULL and on a partially created object. */
+/* Destroy the QP (rdma_destroy_qp; the id stays the caller's: call this
+ * before rdma_destroy_id), the memory registrations, the CQ and the
+ * channel, and drop the PD reference. Safe on NULL and on a partially
+ * created object. */
 void sv_verbs_destroy(struct sv_verbs *v);
 
 /* The ops and context to pass to sv_proto_init. */
@@ -48,8 +49,15 @@ struct sv_xport sv_verbs_xport(struct sv_verbs *v);
  * broken), or the core's own error. Every completion is consumed even when
  * an error is returned: send slots (and their zero-copy registrations) are
  * released on failed completions too, so a zero-copy writer waiting on
- * sv_proto_zcopy_busy() is let go. Flush errors that follow a break are
- * expected and not reported again. */
+ * sv_proto_zcopy_busy() is let go. Flush errors are not reported after a
+ * break, nor once both directions are done with the QP (the peer's FIN
+ * received, our FIN posted or our sending back on TCP, no DATA in flight):
+ * a disconnect then is the normal end, and the received data stays
+ * readable up to the EOF.
+ *
+ * librdmacm moves the QP to the error state (so that everything posted is
+ * flushed) in rdma_disconnect, not when RDMA_CM_EVENT_DISCONNECTED arrives:
+ * answer that event with rdma_disconnect. */
 int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, uint64_t now_us);
 
 /* Request an event on the channel for the next completion. Poll once more

@@ -10,8 +10,8 @@ LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-bidir" -s "$IP" 5031 "$BYTES" -d 
 	>"$WORK/server.out" 2>"$WORK/server.err" &
 srv=$!
 wait_port 5031
-LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-bidir" -c "$IP" 5031 "$BYTES" -d 1500 \
-	2>"$WORK/client.err" | tee "$WORK/client.out"
+LD_PRELOAD=$LIB run_logged "$WORK/client.out" "$WORK/client.err" \
+	timeout 300 "$BUILD/apps/sovia-bidir" -c "$IP" 5031 "$BYTES" -d 1500
 wait "$srv" || { cat "$WORK/server.err" >&2; fail "server failed"; }
 grep -q "OK $BYTES bytes" "$WORK/server.out" || fail "server did not get everything"
 cat "$WORK/server.err" "$WORK/client.err" >"$WORK/stats"

@@ -17,7 +17,8 @@ wait_port $PORT
 	timeout 60 nc -N -p $CPORT "$IP" $PORT >"$WORK/client.out" 2>"$WORK/client.err" &
 cli=$!
 sleep 1
-"$BUILD/apps/sovia-forge" -a "$IP" -p $PORT -C "$IP" -P $CPORT -N 6 -t 8 | tee "$WORK/forge.out"
+run_logged "$WORK/forge.out" "$WORK/forge.err" \
+	"$BUILD/apps/sovia-forge" -a "$IP" -p $PORT -C "$IP" -P $CPORT -N 6 -t 8
 wait "$cli" || fail "client failed"
 wait "$srv" || fail "server failed"
 printf 'part1\npart2\n' | cmp - "$WORK/server.out" || fail "the server's application got other bytes: $(cat -A "$WORK/server.out")"
@@ -28,12 +29,14 @@ fb=$(fallback_of "$WORK/server.err" server)
 [ "$fb" = challenge-failed ] || { cat "$WORK/server.err" >&2; fail "server fallback '$fb', want challenge-failed"; }
 echo "forged upgrade: refused (server stayed on TCP: $fb; application bytes intact)"
 
-# A request for a 4-tuple no accepted connection has.
-LD_PRELOAD=$LIB timeout 60 nc -l "$IP" 5042 >/dev/null 2>&1 &
+# A request for a 4-tuple no accepted connection has: refused once the
+# server has waited SOVIA_UPGRADE_TIMEOUT_MS (5 s here) for its accept().
+SOVIA_UPGRADE_TIMEOUT_MS=5000 LD_PRELOAD=$LIB timeout 60 nc -l "$IP" 5042 >/dev/null 2>&1 &
 srv2=$!
 wait_port 5042
 t0=$(date +%s)
-"$BUILD/apps/sovia-forge" -a "$IP" -p 5042 -C "$IP" -P 40002 -N 0 -t 1 | tee "$WORK/forge2.out"
+run_logged "$WORK/forge2.out" "$WORK/forge2.err" \
+	"$BUILD/apps/sovia-forge" -a "$IP" -p 5042 -C "$IP" -P 40002 -N 0 -t 1
 t1=$(date +%s)
 grep -q "request refused (RDMA_CM_EVENT_REJECTED)" "$WORK/forge2.out" || fail "an unmatched request was not rejected"
 echo "unmatched request: rejected after $((t1 - t0)) s (SOVIA_UPGRADE_TIMEOUT_MS bounds it)"

@@ -53,3 +53,20 @@ assert_rdma_carried() {
 }
 
 export SOVIA_STATS=1
+# Under full CPU emulation the first rdma_cm use of a process takes seconds;
+# give the upgrade room so a slow guest does not turn into a fallback.
+export SOVIA_UPGRADE_TIMEOUT_MS=${SOVIA_UPGRADE_TIMEOUT_MS:-30000}
+
+# Run a command with stdout to $1 (also shown) and stderr to $2; on failure
+# show its stderr and fail with the status.
+run_logged() {
+	local out=$1 err=$2 rc=0
+	shift 2
+	"$@" >"$out" 2>"$err" || rc=$?
+	cat "$out"
+	if [ "$rc" -ne 0 ]; then
+		echo "--- stderr of $1:" >&2
+		tail -20 "$err" >&2
+		fail "$* exited with $rc"
+	fi
+}

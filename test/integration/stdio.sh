@@ -3,12 +3,12 @@
 # preloaded: every reply is checked, and the lines went over RDMA once the
 # connection was upgraded.
 . "$(dirname "$0")/lib.sh"
-LINES=${SOVIA_IT_LINES:-3000}
+LINES=${SOVIA_IT_LINES:-1000}
 LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-stdio" -s "$IP" 5021 >"$WORK/server.out" 2>"$WORK/server.err" &
 srv=$!
 wait_port 5021
-LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-stdio" -c "$IP" 5021 "$LINES" 2>"$WORK/client.err" |
-	tee "$WORK/client.out"
+LD_PRELOAD=$LIB run_logged "$WORK/client.out" "$WORK/client.err" \
+	timeout 300 "$BUILD/apps/sovia-stdio" -c "$IP" 5021 "$LINES"
 wait "$srv" || { cat "$WORK/server.err" >&2; fail "server failed"; }
 grep -q "OK $LINES lines" "$WORK/client.out" || fail "client did not finish"
 grep -q "answered $LINES lines" "$WORK/server.out" || fail "server did not answer every line"

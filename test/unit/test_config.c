@@ -122,5 +122,5 @@ Test(config, coalesce_size_capped_by_buffer)
 	env_set("SOVIA_BUF_SIZE", "4k");
 	env_set("SOVIA_COALESCE_SIZE", "8k");
 	cr_assert_eq(sv_config_load(&c, fake_getenv), 1);
-	cr_assert_eq(c.coalesce_size, 4096);
+	cr_assert_eq(c.coalesce_size, 4096 - 24);
 }

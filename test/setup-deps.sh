@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what building and testing libsovia needs, from Debian 12's own
+# packages. Idempotent: packages already there are left alone.
+set -euo pipefail
+PKGS=(build-essential cmake pkg-config libibverbs-dev librdmacm-dev rdma-core
+      ibverbs-providers ibverbs-utils libcriterion-dev netcat-openbsd iproute2)
+missing=()
+for p in "${PKGS[@]}"; do
+	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "setup-deps: installing ${missing[*]}"
+	SUDO=""
+	[ "$(id -u)" = 0 ] || SUDO=sudo
+	$SUDO apt-get update -q
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi
