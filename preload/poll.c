@@ -48,7 +48,7 @@ static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 	struct sv_fd **ents = calloc(n, sizeof(*ents));
 	short *own = calloc(n, sizeof(*own));
-	struct pollfd *k = calloc(n * 3 + 1, sizeof(*k));
+	struct pollfd *k = calloc(n * 4 + 1, sizeof(*k));
 	int result = -ENOMEM;
 	if (!ents || !own || !k)
 		goto free_all;

@@ -157,7 +157,9 @@ void sv_on_accepted(int lfd, int fd)
 	sv_fd_put(lf);
 }
 
-void sv_on_connected(int fd)
+/* A client socket becomes a stream; then `start` begins its upgrade (at
+ * once, or when a non-blocking connect completes). */
+static void client_stream(int fd, void (*start)(struct sv_stream *s))
 {
 	struct sv_fd *f = sv_fd_get(fd);
 	if (!f)
@@ -165,36 +167,26 @@ void sv_on_connected(int fd)
 	bool plain = f->ops == &sv_kernel_ops;
 	sv_fd_put(f);
 	if (!plain)
-		return;
+		return; /* a stream already (connect() called again to poll it) */
 	sv_enter();
 	struct sv_stream *s = sv_stream_new(fd, true);
 	if (s) {
 		sv_stream_get(s);
 		if (replace_entry(fd, &sv_stream_ops, s))
-			sv_upgrade_connect(s);
+			start(s);
 		sv_stream_put(s);
 	}
 	sv_leave();
 }
 
+void sv_on_connected(int fd)
+{
+	client_stream(fd, sv_upgrade_connect);
+}
+
 void sv_on_connecting(int fd)
 {
-	struct sv_fd *f = sv_fd_get(fd);
-	if (!f)
-		return;
-	bool plain = f->ops == &sv_kernel_ops;
-	sv_fd_put(f);
-	if (!plain)
-		return;
-	sv_enter();
-	struct sv_stream *s = sv_stream_new(fd, true);
-	if (s) {
-		sv_stream_get(s);
-		if (replace_entry(fd, &sv_stream_ops, s))
-			sv_stream_connecting(s);
-		sv_stream_put(s);
-	}
-	sv_leave();
+	client_stream(fd, sv_stream_connecting);
 }
 
 void sv_on_exit(void)

@@ -1,5 +1,7 @@
 #include "cmdata.h"
 
+#include "le.h"
+
 #include <errno.h>
 #include <netinet/in.h>
 #include <string.h>
@@ -14,26 +16,6 @@
  *  14  server port u16
  *  16  challenge  8 bytes
  *  24  client addr, server addr: 4+4 (IPv4) or 16+16 (IPv6)   -> 32 or 56 bytes */
-
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | (p[1] << 8));
-}
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-	       ((uint32_t)p[3] << 24);
-}
 
 /* The address as 16 bytes (IPv4 mapped) and the port; -1 if not IP. */
 static int addr16(const struct sockaddr_storage *ss, uint8_t out[16], uint16_t *port, int *v4)
@@ -82,11 +64,11 @@ int sv_cm_req_encode(const struct sv_cm_req *r, uint8_t *out)
 		return -EAFNOSUPPORT;
 	int v4 = cv4 && sv4;
 	memset(out, 0, SV_CM_REQ_MAX);
-	put32(out, SV_CM_MAGIC);
+	sv_put32(out, SV_CM_MAGIC);
 	out[4] = r->version;
 	out[5] = v4 ? 4 : 6;
-	put16(out + 6, r->nrecv);
-	put32(out + 8, r->buf_size);
+	sv_put16(out + 6, r->nrecv);
+	sv_put32(out + 8, r->buf_size);
 	memcpy(out + 12, &cp, 2);
 	memcpy(out + 14, &sp, 2);
 	memcpy(out + 16, r->challenge, SV_CHALLENGE_SIZE);
@@ -103,7 +85,7 @@ int sv_cm_req_encode(const struct sv_cm_req *r, uint8_t *out)
 int sv_cm_req_decode(const uint8_t *in, size_t len, struct sv_cm_req *r)
 {
 	memset(r, 0, sizeof(*r));
-	if (!in || len < 5 || get32(in) != SV_CM_MAGIC)
+	if (!in || len < 5 || sv_get32(in) != SV_CM_MAGIC)
 		return -EPROTO;
 	r->version = in[4];
 	if (r->version != SV_CM_VERSION)
@@ -115,8 +97,8 @@ int sv_cm_req_decode(const uint8_t *in, size_t len, struct sv_cm_req *r)
 		return -EPROTO;
 	if (fam == 6 && len < 56)
 		return -EPROTO;
-	r->nrecv = get16(in + 6);
-	r->buf_size = get32(in + 8);
+	r->nrecv = sv_get16(in + 6);
+	r->buf_size = sv_get32(in + 8);
 	uint16_t cp, sp;
 	memcpy(&cp, in + 12, 2);
 	memcpy(&sp, in + 14, 2);
@@ -136,45 +118,47 @@ int sv_cm_req_decode(const uint8_t *in, size_t len, struct sv_cm_req *r)
 void sv_cm_rep_encode(const struct sv_cm_rep *r, uint8_t out[SV_CM_REP_LEN])
 {
 	memset(out, 0, SV_CM_REP_LEN);
-	put32(out, SV_CM_MAGIC);
+	sv_put32(out, SV_CM_MAGIC);
 	out[4] = r->version;
-	put16(out + 6, r->nrecv);
-	put32(out + 8, r->buf_size);
+	sv_put16(out + 6, r->nrecv);
+	sv_put32(out + 8, r->buf_size);
 	memcpy(out + 12, r->challenge, SV_CHALLENGE_SIZE);
 }
 
 int sv_cm_rep_decode(const uint8_t *in, size_t len, struct sv_cm_rep *r)
 {
 	memset(r, 0, sizeof(*r));
-	if (!in || len < 5 || get32(in) != SV_CM_MAGIC)
+	if (!in || len < 5 || sv_get32(in) != SV_CM_MAGIC)
 		return -EPROTO;
 	r->version = in[4];
 	if (r->version != SV_CM_VERSION)
 		return -EPROTONOSUPPORT;
 	if (len < SV_CM_REP_LEN)
 		return -EPROTO;
-	r->nrecv = get16(in + 6);
-	r->buf_size = get32(in + 8);
+	r->nrecv = sv_get16(in + 6);
+	r->buf_size = sv_get32(in + 8);
 	memcpy(r->challenge, in + 12, SV_CHALLENGE_SIZE);
 	return 0;
 }
 
-bool sv_addr_same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+/* Compare two addresses as 16 bytes; ports too when with_port. */
+static bool addr_cmp(const struct sockaddr_storage *a, const struct sockaddr_storage *b,
+		     bool with_port)
 {
 	uint8_t x[16], y[16];
 	uint16_t px, py;
 	int vx, vy;
 	if (addr16(a, x, &px, &vx) < 0 || addr16(b, y, &py, &vy) < 0)
 		return false;
-	return memcmp(x, y, 16) == 0;
+	return (!with_port || px == py) && memcmp(x, y, 16) == 0;
+}
+
+bool sv_addr_same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	return addr_cmp(a, b, false);
 }
 
 bool sv_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
 {
-	uint8_t x[16], y[16];
-	uint16_t px, py;
-	int vx, vy;
-	if (addr16(a, x, &px, &vx) < 0 || addr16(b, y, &py, &vy) < 0)
-		return false;
-	return px == py && memcmp(x, y, 16) == 0;
+	return addr_cmp(a, b, true);
 }

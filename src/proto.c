@@ -2,6 +2,8 @@
  * docs/protocol.md for the wire format and the ACK/coalescing policy. */
 #include "proto.h"
 
+#include "le.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,63 +11,24 @@
 
 /* ---- Wire format ------------------------------------------------------ */
 
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	uint32_t v = 0;
-	for (int i = 3; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
-
 void sv_hdr_encode(const struct sv_hdr *h, uint8_t out[SV_HDR_SIZE])
 {
 	out[0] = h->type;
 	out[1] = h->flags;
-	put16(out + 2, h->credits);
-	put32(out + 4, h->len);
-	put64(out + 8, h->seq);
-	put64(out + 16, h->ack);
+	sv_put16(out + 2, h->credits);
+	sv_put32(out + 4, h->len);
+	sv_put64(out + 8, h->seq);
+	sv_put64(out + 16, h->ack);
 }
 
 void sv_hdr_decode(const uint8_t in[SV_HDR_SIZE], struct sv_hdr *h)
 {
 	h->type = in[0];
 	h->flags = in[1];
-	h->credits = get16(in + 2);
-	h->len = get32(in + 4);
-	h->seq = get64(in + 8);
-	h->ack = get64(in + 16);
+	h->credits = sv_get16(in + 2);
+	h->len = sv_get32(in + 4);
+	h->seq = sv_get64(in + 8);
+	h->ack = sv_get64(in + 16);
 }
 
 /* ---- Helpers ----------------------------------------------------------- */
@@ -768,36 +731,33 @@ int sv_proto_send_to_rdma(struct sv_proto *p, uint64_t tcp_end_seq, uint64_t now
 	return 0;
 }
 
-int sv_proto_send_to_tcp(struct sv_proto *p, uint64_t now_us)
+/* End our sending over the QP: what was coalesced goes first, then the
+ * control message at the end of the data; the direction is then in `next`. */
+static int end_tx(struct sv_proto *p, uint8_t type, enum sv_tx_state next)
 {
-	(void)now_us;
 	int r = tx_check(p);
 	if (r < 0)
 		return r;
 	r = flush_pending(p, SV_FLUSH_CLOSE);
 	if (r < 0)
 		return r;
-	r = send_control(p, SV_MSG_TO_TCP, p->snd_nxt, 2);
+	r = send_control(p, type, p->snd_nxt, 2);
 	if (r < 0)
 		return r;
-	p->tx_state = SV_TX_TCP;
+	p->tx_state = next;
 	return 0;
+}
+
+int sv_proto_send_to_tcp(struct sv_proto *p, uint64_t now_us)
+{
+	(void)now_us;
+	return end_tx(p, SV_MSG_TO_TCP, SV_TX_TCP);
 }
 
 int sv_proto_send_fin(struct sv_proto *p, uint64_t now_us)
 {
 	(void)now_us;
-	int r = tx_check(p);
-	if (r < 0)
-		return r;
-	r = flush_pending(p, SV_FLUSH_CLOSE);
-	if (r < 0)
-		return r;
-	r = send_control(p, SV_MSG_FIN, p->snd_nxt, 2);
-	if (r < 0)
-		return r;
-	p->tx_state = SV_TX_FIN;
-	return 0;
+	return end_tx(p, SV_MSG_FIN, SV_TX_FIN);
 }
 
 int sv_proto_send_reset(struct sv_proto *p)

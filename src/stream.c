@@ -75,6 +75,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 		return "unsupported-call";
 	case SV_FB_SHUTDOWN:
 		return "shut-down-before-upgrade";
+	case SV_FB_QP_LOST:
+		return "qp-lost";
 	}
 	return "?";
 }
@@ -266,7 +268,7 @@ int sv_stream_progress(struct sv_stream *s)
 
 void sv_stream_break(struct sv_stream *s, int err)
 {
-	if (s->state == SV_CONN_BROKEN || s->state == SV_CONN_FALLBACK)
+	if (s->state == SV_CONN_BROKEN || s->state == SV_CONN_FALLBACK || s->qp_lost)
 		return;
 	struct sv_proto *p = &s->proto;
 	sv_dbg("fd %d: the QP is down (%s)", s->fd, strerror(err < 0 ? -err : ECONNRESET));
@@ -282,17 +284,22 @@ void sv_stream_break(struct sv_stream *s, int err)
 		sv_stream_wake(s);
 		return;
 	}
-	if (p->peer_to_rdma && !p->rx_on_qp && p->tx_state == SV_TX_TCP &&
-	    memcmp(s->chal_got, s->my_challenge, s->chal_len) != 0) {
-		/* The announced switch never happened, and what we read past its
-		 * point is no echo of ours: it is the TCP peer's data, and TCP
-		 * still carries everything. */
-		p->peer_to_rdma = false;
-		s->state = SV_CONN_FALLBACK;
-		s->fallback = SV_FB_CHALLENGE;
-		if (sv_stream_tcpbuf_append(s, s->chal_got, s->chal_len) < 0)
-			s->error = -ENOMEM;
-		s->chal_len = 0;
+	if (p->peer_to_rdma && !p->rx_on_qp && p->tx_state == SV_TX_TCP) {
+		/* A switch was announced but not verified yet, and nothing of
+		 * ours went over the QP. What follows its point on TCP decides:
+		 * our challenge means a real peer whose QP died (the echo is
+		 * dropped, TCP carries on); anything else is the TCP peer's own
+		 * data (given back). The receive path keeps checking. */
+		if (memcmp(s->chal_got, s->my_challenge, s->chal_len) != 0) {
+			p->peer_to_rdma = false;
+			s->state = SV_CONN_FALLBACK;
+			s->fallback = SV_FB_CHALLENGE;
+			if (sv_stream_tcpbuf_append(s, s->chal_got, s->chal_len) < 0)
+				s->error = -ENOMEM;
+			s->chal_len = 0;
+		} else {
+			s->qp_lost = true;
+		}
 		sv_stream_wake(s);
 		return;
 	}

@@ -48,6 +48,7 @@ enum sv_fallback {
 	SV_FB_RESOURCES,    /* creating the QP or its buffers failed */
 	SV_FB_UNSUPPORTED,  /* a call libsovia cannot serve moved it back */
 	SV_FB_SHUTDOWN,     /* the sender shut down before the QP was up */
+	SV_FB_QP_LOST,      /* the QP died before any data went over it */
 };
 
 const char *sv_conn_state_name(enum sv_conn_state s);
@@ -91,6 +92,7 @@ struct sv_stream {
 	uint8_t chal_got[SV_CHALLENGE_SIZE]; /* the peer's echo as read from TCP */
 	uint32_t chal_len;
 	uint64_t deadline_us; /* upgrade deadline */
+	bool qp_lost;        /* the QP died while a switch waited for its echo */
 
 	/* TCP bytes read by the pump before the application asked for them. */
 	uint8_t *tcpbuf;
@@ -148,7 +150,7 @@ void sv_stream_qp_down(struct sv_stream *s, int err);
  * those that are ready) and which the kernel's socket answers (*kernel). */
 void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel);
 /* Before sleeping in poll(): arm, and add the fds whose readiness means the
- * stream may have changed (at most 2). Sets *again when it changed already.
+ * stream may have changed (at most 3). Sets *again when it changed already.
  * Every call is paired with sv_stream_poll_done after the sleep. */
 struct pollfd;
 int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again);

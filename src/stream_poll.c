@@ -84,6 +84,10 @@ int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again)
 		out[n++] = (struct pollfd){.fd = sv_verbs_fd(s->verbs), .events = POLLIN};
 	}
 	out[n++] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
+	/* A pending switch still reads TCP (its bytes up to the switch point,
+	 * then the echo): TCP's readiness may change what we answer. */
+	if (s->proto_ready && !s->proto.rx_on_qp && (s->proto.peer_to_rdma || s->chal_len))
+		out[n++] = (struct pollfd){.fd = s->fd, .events = POLLIN};
 	s->waiters++;
 	pthread_mutex_unlock(&s->lock);
 	return n;

@@ -33,6 +33,14 @@ static void check_echo(struct sv_stream *s)
 		return;
 	}
 	s->chal_len = 0;
+	if (s->qp_lost) {
+		/* A real echo, but its QP is gone: TCP carries on after it. */
+		s->proto.peer_to_rdma = false;
+		s->state = SV_CONN_FALLBACK;
+		s->fallback = SV_FB_QP_LOST;
+		sv_stream_wake(s);
+		return;
+	}
 	if (sv_proto_rx_accept(&s->proto) < 0) {
 		sv_stream_break(s, -ECONNRESET);
 		return;

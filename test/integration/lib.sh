@@ -10,7 +10,17 @@ DEV=${SOVIA_BED_DEV:-rxe0}
 WORK=$(mktemp -d /dev/shm/sovia-it.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# On failure, show what the programs said (their stderr carries libsovia's
+# statistics and log), then fail.
+fail() {
+	echo "FAIL: $*" >&2
+	for f in "$WORK"/*.err; do
+		[ -s "$f" ] || continue
+		echo "--- ${f##*/}:" >&2
+		tail -15 "$f" | cut -c1-400 >&2
+	done
+	exit 1
+}
 note() { echo "== $*"; }
 
 # Wait until something listens on TCP port $1.
