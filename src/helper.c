@@ -206,9 +206,7 @@ static void *helper_main(void *arg)
 				ssize_t r = read(h.wakefd, &v, sizeof(v));
 				(void)r;
 			} else if (h.ch && evs[i].data.fd == h.ch->fd) {
-				struct rdma_cm_event *ev;
-				while (rdma_get_cm_event(h.ch, &ev) == 0)
-					sv_upgrade_event(ev); /* acks it */
+				sv_upgrade_events(h.ch);
 			}
 		}
 	}

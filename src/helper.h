@@ -56,9 +56,9 @@ struct sv_listener *sv_upgrade_listen(int fd);
 bool sv_upgrade_listener_usable(struct sv_listener *l);
 void sv_upgrade_unlisten(struct sv_listener *l);
 
-/* Called by the helper for every rdma_cm event. */
-struct rdma_cm_event;
-void sv_upgrade_event(struct rdma_cm_event *ev);
+/* Called by the helper when the rdma_cm channel is readable: takes and
+ * handles every pending event. */
+void sv_upgrade_events(struct rdma_event_channel *ch);
 /* Called by the helper on every wake-up: expire pending requests. Returns
  * the next deadline (0 = none). */
 uint64_t sv_upgrade_timers(uint64_t now);

@@ -63,6 +63,36 @@ struct unmatched {
 static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pending_req *pending;
 static struct unmatched *unmatched;
+/* Finished entries whose holds are dropped once up_lock is released and
+ * every event taken is acknowledged: the last reference of a stream takes
+ * up_lock itself, and a listener's id may not be destroyed inside its own
+ * CONNECT_REQUEST event. */
+static struct unmatched *release_later;
+
+static void release_unmatched(struct unmatched *u)
+{
+	u->next = release_later;
+	release_later = u;
+}
+
+static void listener_put(struct sv_listener *l);
+
+/* Called without up_lock. */
+static void run_releases(void)
+{
+	pthread_mutex_lock(&up_lock);
+	struct unmatched *list = release_later;
+	release_later = NULL;
+	for (struct unmatched *u = list; u; u = u->next)
+		listener_put(u->l);
+	pthread_mutex_unlock(&up_lock);
+	while (list) {
+		struct unmatched *n = list->next;
+		sv_stream_put(list->s);
+		free(list);
+		list = n;
+	}
+}
 
 /* Tag the context pointers so an event tells a listener from a stream. */
 #define LISTENER_TAG ((uintptr_t)1)
@@ -443,8 +473,11 @@ static struct unmatched **find_unmatched(const struct sv_cm_req *req)
 	return NULL;
 }
 
-/* Try to match a request; true when it is settled (accepted or refused). */
-static bool match_request(struct rdma_cm_id *id, const struct sv_cm_req *req)
+/* Try to match a request; true when it is settled (accepted or refused).
+ * A refused id is left in *destroy: it may not be destroyed while its own
+ * event (the CONNECT_REQUEST) is not acknowledged yet. */
+static bool match_request(struct rdma_cm_id *id, const struct sv_cm_req *req,
+			  struct rdma_cm_id **destroy)
 {
 	struct unmatched **pp = find_unmatched(req);
 	if (!pp)
@@ -454,11 +487,9 @@ static bool match_request(struct rdma_cm_id *id, const struct sv_cm_req *req)
 	sv_dbg("upgrade request matched fd %d", u->s->fd);
 	if (!accept_request(u->s, id, req)) {
 		rdma_reject(id, NULL, 0);
-		rdma_destroy_id(id);
+		*destroy = id;
 	}
-	sv_stream_put(u->s);
-	listener_put(u->l);
-	free(u);
+	release_unmatched(u);
 	return true;
 }
 
@@ -488,7 +519,7 @@ static void connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destro
 		return;
 	}
 	id->context = NULL;
-	if (match_request(id, &req)) {
+	if (match_request(id, &req, destroy)) {
 		sv_dbg("upgrade request: matched an accepted connection");
 		return;
 	}
@@ -513,7 +544,10 @@ uint64_t sv_upgrade_timers(uint64_t now)
 	pthread_mutex_lock(&up_lock);
 	for (struct pending_req **pp = &pending; *pp;) {
 		struct pending_req *p = *pp;
-		bool settled = match_request(p->id, &p->req);
+		struct rdma_cm_id *refused = NULL;
+		bool settled = match_request(p->id, &p->req, &refused);
+		if (refused)
+			rdma_destroy_id(refused); /* its event was acknowledged long ago */
 		if (!settled && now >= p->deadline) {
 			/* Its TCP connection was never accepted in time. */
 			sv_dbg("upgrade request: no matching accepted connection in time: rejected");
@@ -537,9 +571,7 @@ uint64_t sv_upgrade_timers(uint64_t now)
 		pthread_mutex_unlock(&u->s->lock);
 		if (gone) {
 			*pp = u->next;
-			sv_stream_put(u->s);
-			listener_put(u->l);
-			free(u);
+			release_unmatched(u);
 			continue;
 		}
 		if (!next || u->deadline < next)
@@ -547,6 +579,7 @@ uint64_t sv_upgrade_timers(uint64_t now)
 		pp = &u->next;
 	}
 	pthread_mutex_unlock(&up_lock);
+	run_releases();
 	return next;
 }
 
@@ -562,10 +595,10 @@ static enum sv_fallback reject_reason(const struct rdma_cm_event *ev)
 	return SV_FB_REJECTED;
 }
 
-void sv_upgrade_event(struct rdma_cm_event *ev)
+/* One event; called with up_lock held. It is acknowledged here. */
+static void handle_event(struct rdma_cm_event *ev)
 {
 	struct rdma_cm_id *destroy = NULL;
-	pthread_mutex_lock(&up_lock);
 	{
 		uintptr_t c = (uintptr_t)ev->id->context;
 		sv_dbg("rdma_cm: %s (status %d) for %s", rdma_event_str(ev->event), ev->status,
@@ -621,7 +654,20 @@ ack:
 	rdma_ack_cm_event(ev);
 	if (destroy)
 		rdma_destroy_id(destroy);
+}
+
+void sv_upgrade_events(struct rdma_event_channel *ch)
+{
+	/* Events are taken from the channel with up_lock held: rdma_destroy_id
+	 * (always called with up_lock) waits for every event already taken for
+	 * its id to be acknowledged, so none may be in a hand that waits for
+	 * the lock. */
+	pthread_mutex_lock(&up_lock);
+	struct rdma_cm_event *ev;
+	while (rdma_get_cm_event(ch, &ev) == 0)
+		handle_event(ev);
 	pthread_mutex_unlock(&up_lock);
+	run_releases();
 }
 
 /* The stream is being freed: its QP and id go with it. */
