@@ -112,6 +112,14 @@ static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
 			short rev = own[i];
 			if (k[i].fd >= 0)
 				rev |= k[i].revents;
+			/* The kernel reports a hang-up of the TCP connection even
+			 * while libsovia answers for reading (a switch pending):
+			 * the application must then read, and our receive path
+			 * gives it the data and the end, in order; a hang-up
+			 * without readability would make it stop reading early. */
+			short mine = (short)(fds[i].events & ~k[i].events);
+			if (ents[i] && (mine & POLLIN) && (k[i].revents & (POLLHUP | POLLRDHUP)))
+				rev |= fds[i].events & (POLLIN | POLLRDNORM);
 			fds[i].revents = rev;
 			count += rev != 0;
 		}
