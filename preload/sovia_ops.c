@@ -47,10 +47,6 @@ static int st_setsockopt(struct sv_fd *f, int level, int name, const void *val, 
 	return r;
 }
 
-static int st_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len)
-{
-	return sv_real.getsockopt(f->fd, level, name, val, len) < 0 ? -errno : 0;
-}
 
 static int st_close(struct sv_fd *f)
 {
@@ -67,13 +63,13 @@ static void st_release(struct sv_fd *f)
 	sv_leave();
 }
 
-const struct sv_fd_ops sv_stream_ops = {
+struct sv_fd_ops sv_stream_ops = {
 	.name = "sovia-stream",
 	.recvmsg = st_recvmsg,
 	.sendmsg = st_sendmsg,
 	.shutdown = st_shutdown,
 	.setsockopt = st_setsockopt,
-	.getsockopt = st_getsockopt,
+	.getsockopt = NULL, /* the kernel's: set by sv_ops_init */
 	.close = st_close,
 	.release = st_release,
 };
@@ -93,6 +89,8 @@ static struct sv_fd_ops listen_ops;
 
 void sv_ops_init(void)
 {
+	/* Options are read from the kernel's socket, which gets every one. */
+	sv_stream_ops.getsockopt = sv_kernel_ops.getsockopt;
 	listen_ops = sv_kernel_ops;
 	listen_ops.name = "sovia-listen";
 	listen_ops.release = ls_release;

@@ -4,7 +4,7 @@
 
 #include "preload.h"
 
-extern const struct sv_fd_ops sv_stream_ops;
+extern struct sv_fd_ops sv_stream_ops; /* completed by sv_ops_init */
 
 /* Once, at initialisation. */
 void sv_ops_init(void);

@@ -112,7 +112,6 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	size_t done = 0;
 	long r = 0;
 	bool own = false; /* an error of ours, not the kernel's (which signals itself) */
-	bool blocking = sv_stream_blocking(s, flags);
 	while (done < total || total == 0) {
 		struct iovec rest[64];
 		int restcnt = iov_advance(iov, iovcnt, done, rest);
@@ -179,10 +178,9 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		} else {
 			r = -EAGAIN; /* held until the peer proves itself */
 		}
-		/* Nothing could go now. */
-		if (done && !blocking)
-			break;
-		if (!blocking)
+		/* Nothing could go now. Only here does the fd's mode matter: a
+		 * write that goes through at once costs no fcntl. */
+		if (!sv_stream_blocking(s, flags))
 			break;
 		int w = sv_stream_wait(s, m == TX_TCP ? POLLOUT : 0, 0);
 		if (w < 0) {
