@@ -253,9 +253,13 @@ void sv_proto_destroy(struct sv_proto *p)
 	free(p->free_slots);
 	free(p->slot_kind);
 	free(p->rxq);
+	free(p->ret_buf);
+	free(p->owed);
 	p->free_slots = NULL;
 	p->slot_kind = NULL;
 	p->rxq = NULL;
+	p->ret_buf = NULL;
+	p->owed = NULL;
 }
 
 /* ---- Sending ----------------------------------------------------------- */
@@ -323,6 +327,8 @@ static int tx_check(const struct sv_proto *p)
 		return -EPIPE;
 	case SV_TX_RESET:
 		return p->error ? p->error : -ECONNRESET;
+	case SV_TX_BACK:
+		return -EINVAL; /* detached: the stream layer writes on TCP */
 	}
 	return -EINVAL;
 }
@@ -491,6 +497,26 @@ static int repost_control(struct sv_proto *p, uint32_t buf)
 	return 0;
 }
 
+/* Keep bytes of the peer's stream to give back. */
+static int ret_append(struct sv_proto *p, const void *data, size_t len)
+{
+	if (p->ret_len + len > p->ret_cap) {
+		size_t cap = p->ret_cap ? p->ret_cap : 65536;
+		while (cap < p->ret_len + len)
+			cap *= 2;
+		uint8_t *nb = realloc(p->ret_buf, cap);
+		if (!nb) {
+			fail(p, -ENOMEM);
+			return -ENOMEM;
+		}
+		p->ret_buf = nb;
+		p->ret_cap = cap;
+	}
+	memcpy(p->ret_buf + p->ret_len, data, len);
+	p->ret_len += len;
+	return 0;
+}
+
 int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64_t now_us)
 {
 	if (p->error)
@@ -516,12 +542,26 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 
 	/* The peer's bytes flow to the QP while it is the medium or a TO_RDMA
 	 * has announced it, until a TO_TCP or FIN ends them. */
-	bool qp_part = (p->rx_on_qp && !p->rx_switch_pending) || p->peer_to_rdma;
+	bool qp_part = ((p->rx_on_qp && !p->rx_switch_pending) || p->peer_to_rdma) &&
+		       !p->peer_back;
 	int r = 0;
 	switch ((enum sv_msg_type)h.type) {
 	case SV_MSG_DATA: {
 		if (!qp_part || p->rx_fin || h.len == 0 || h.seq != p->rcv_nxt)
 			return malformed(p);
+		if (p->back_sent) {
+			/* Sent before the peer saw our BACK: it goes back. */
+			r = ret_append(p, (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) +
+						  SV_HDR_SIZE, h.len);
+			if (r == 0)
+				r = repost_control(p, buf);
+			p->unreported_data++;
+			p->rcv_nxt += h.len;
+			p->rcv_read += h.len;
+			p->st.rx_data_msgs++;
+			p->st.rx_bytes += h.len;
+			break;
+		}
 		struct sv_rx_slot *s = &p->rxq[(p->rxq_head + p->rxq_count) % nrecv(p)];
 		s->buf = buf;
 		s->off = 0;
@@ -565,6 +605,50 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		p->rx_fin_seq = h.seq;
 		r = repost_control(p, buf);
 		break;
+	case SV_MSG_BACK: {
+		/* After the peer's data (and its FIN, if any), over the QP. */
+		if (h.len != SV_BACK_PAYLOAD || p->peer_back || !p->rx_on_qp || p->peer_to_rdma ||
+		    p->rx_switch_pending || h.seq != p->rcv_nxt)
+			return malformed(p);
+		if (p->rx_fin && h.seq != p->rx_fin_seq)
+			return malformed(p);
+		uint64_t x = sv_get64((const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) +
+				      SV_HDR_SIZE);
+		/* It cannot have consumed more of our bytes than it received. */
+		if (x > h.ack || (p->back_sent && x > p->back_seq))
+			return malformed(p);
+		p->peer_back = true;
+		p->peer_back_seq = h.seq;
+		p->peer_back_x = x;
+		p->owed_nxt = x;
+		r = repost_control(p, buf);
+		break;
+	}
+	case SV_MSG_RETURN: {
+		/* Only after both BACKs, in order, within what we sent. */
+		if (!p->back_sent || !p->peer_back || h.len == 0 || h.seq != p->owed_nxt ||
+		    h.seq + h.len > p->back_seq)
+			return malformed(p);
+		if (p->owed_len + h.len > p->owed_cap) {
+			size_t cap = p->owed_cap ? p->owed_cap : 65536;
+			while (cap < p->owed_len + h.len)
+				cap *= 2;
+			uint8_t *nb = realloc(p->owed, cap);
+			if (!nb) {
+				fail(p, -ENOMEM);
+				return -ENOMEM;
+			}
+			p->owed = nb;
+			p->owed_cap = cap;
+		}
+		memcpy(p->owed + p->owed_len,
+		       (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) + SV_HDR_SIZE, h.len);
+		p->owed_len += h.len;
+		p->owed_nxt += h.len;
+		r = repost_control(p, buf);
+		p->unreported_data++; /* like consumed data: the ACK policy reports it */
+		break;
+	}
 	case SV_MSG_RESET:
 		fail(p, -ECONNRESET);
 		return -ECONNRESET;
@@ -617,7 +701,7 @@ static uint64_t rx_limit(const struct sv_proto *p)
 
 uint64_t sv_proto_readable(const struct sv_proto *p)
 {
-	if (!p->rx_on_qp || p->error)
+	if (!p->rx_on_qp || p->error || p->back_sent)
 		return 0;
 	uint64_t end = rx_limit(p);
 	if (end > p->rcv_nxt)
@@ -641,8 +725,8 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		if (r < 0 && r != -EAGAIN)
 			return r;
 	}
-	if (!p->rx_on_qp)
-		return -EAGAIN;
+	if (!p->rx_on_qp || p->back_sent)
+		return -EAGAIN; /* detached: the peer writes the rest on TCP */
 
 	bool peek = flags & MSG_PEEK;
 	size_t want = iov_total(iov, iovcnt);
@@ -769,6 +853,111 @@ int sv_proto_send_reset(struct sv_proto *p)
 		r = send_control(p, SV_MSG_RESET, p->snd_nxt, 1);
 	fail(p, -ECONNRESET);
 	return r == -EAGAIN ? 0 : r;
+}
+
+/* ---- Detaching ---------------------------------------------------------- */
+
+int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len,
+		       uint64_t now_us)
+{
+	(void)now_us;
+	if (p->error)
+		return p->error;
+	if (p->back_sent || (p->tx_state != SV_TX_OPEN && p->tx_state != SV_TX_FIN) ||
+	    !p->rx_on_qp || p->peer_to_rdma || p->rx_switch_pending || prefix_len > p->rcv_read)
+		return -EINVAL;
+	int r = flush_pending(p, SV_FLUSH_CLOSE);
+	if (r < 0)
+		return r;
+	if (p->credits < 2 || p->nfree == 0)
+		return -EAGAIN;
+	uint64_t x = p->rcv_read - prefix_len;
+	/* What our application has not read moves out of the receive buffers,
+	 * which go back to the peer at once (their credits ride on the BACK):
+	 * with both windows full, the returns could not go otherwise. */
+	if (prefix_len && ret_append(p, prefix, prefix_len) < 0)
+		return p->error;
+	while (p->rxq_count) {
+		struct sv_rx_slot *rs = &p->rxq[p->rxq_head];
+		const uint8_t *src = (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, rs->buf) +
+				     SV_HDR_SIZE + rs->off;
+		if (ret_append(p, src, rs->len - rs->off) < 0)
+			return p->error;
+		p->rcv_read += rs->len - rs->off;
+		r = repost_control(p, rs->buf);
+		if (r < 0)
+			return r;
+		p->unreported_data++;
+		p->rxq_head = (p->rxq_head + 1) % nrecv(p);
+		p->rxq_count--;
+	}
+	uint32_t slot = 0;
+	take_slot(p, &slot); /* one is free: checked above */
+	sv_put64((uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE, x);
+	uint64_t seq = p->snd_nxt;
+	r = post(p, slot, SV_MSG_BACK, seq, SV_BACK_PAYLOAD, NULL, 0);
+	if (r < 0)
+		return r;
+	p->back_sent = true;
+	p->back_seq = seq;
+	p->back_x = x;
+	p->ret_nxt = x;
+	p->tx_state = SV_TX_BACK;
+	return 0;
+}
+
+bool sv_proto_back_wanted(const struct sv_proto *p)
+{
+	return p->peer_back && !p->back_sent && !p->error;
+}
+
+int sv_proto_send_returns(struct sv_proto *p, uint64_t now_us)
+{
+	if (p->error)
+		return p->error;
+	if (!p->back_sent || !p->peer_back)
+		return -EAGAIN;
+	if (p->back_x + p->ret_len != p->peer_back_seq) {
+		/* Everything the peer sent before its BACK arrived before it. */
+		fail(p, -EPROTO);
+		return -EPROTO;
+	}
+	while (p->ret_nxt < p->peer_back_seq) {
+		if (!can_send_data(p)) {
+			p->st.credit_stalls++;
+			return -EAGAIN;
+		}
+		uint32_t slot = 0;
+		take_slot(p, &slot);
+		uint64_t want = p->peer_back_seq - p->ret_nxt;
+		uint32_t n = want < p->tx_payload_max ? (uint32_t)want : p->tx_payload_max;
+		memcpy((uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE,
+		       p->ret_buf + (p->ret_nxt - p->back_x), n);
+		int r = post(p, slot, SV_MSG_RETURN, p->ret_nxt, n, NULL, 0);
+		if (r < 0)
+			return r;
+		p->ret_nxt += n;
+	}
+	return ack_policy(p, now_us);
+}
+
+void sv_proto_owed(const struct sv_proto *p, const void **buf, size_t *len)
+{
+	*buf = p->owed ? p->owed + p->owed_off : NULL;
+	*len = p->owed_len - p->owed_off;
+}
+
+void sv_proto_owed_consume(struct sv_proto *p, size_t n)
+{
+	p->owed_off += n;
+	if (p->owed_off == p->owed_len)
+		p->owed_off = p->owed_len = 0;
+}
+
+bool sv_proto_back_done(const struct sv_proto *p)
+{
+	return p->back_sent && p->peer_back && p->ret_nxt == p->peer_back_seq &&
+	       p->owed_nxt == p->back_seq && p->nfree + (p->pending_slot >= 0) == sv_proto_nsend(&p->prm);
 }
 
 /* ---- Timers ------------------------------------------------------------ */

@@ -32,7 +32,16 @@ enum sv_msg_type {
 	SV_MSG_TO_TCP = 4,     /* the QP carried [.., seq); TCP carries from seq on */
 	SV_MSG_FIN = 5,        /* no more data after seq (shutdown(SHUT_WR)) */
 	SV_MSG_RESET = 6,      /* abort: the peer gets ECONNRESET */
+	SV_MSG_BACK = 7,       /* detach: the QP carried my bytes up to seq, TCP carries
+				* the rest; payload (8 bytes): X, the bytes of your
+				* stream my application consumed. Your bytes from X on
+				* come back to you in RETURN messages. Answered by a
+				* BACK from the peer. */
+	SV_MSG_RETURN = 8,     /* payload: bytes of the receiver's own stream at seq,
+				* given back unread: it writes them on TCP first */
 };
+
+#define SV_BACK_PAYLOAD 8
 
 /* The header, as it is on the wire: little-endian, packed, 24 bytes. */
 struct sv_hdr {
@@ -131,6 +140,8 @@ enum sv_tx_state {
 	SV_TX_OPEN,  /* sending over the QP */
 	SV_TX_FIN,   /* FIN sent: no more data */
 	SV_TX_RESET, /* broken: p->error says why */
+	SV_TX_BACK,  /* BACK sent: only RETURN and UPDATE follow; the stream goes on
+		      * on TCP for good, after the bytes the peer gives back */
 };
 
 /* One unread DATA message sitting in a receive buffer. */
@@ -183,6 +194,22 @@ struct sv_proto {
 	uint64_t ack_deadline;   /* delayed-ACK timer, 0 when not armed */
 	uint8_t *slot_kind;      /* per send buffer: 0 control, 1 DATA, 2 zero-copy DATA */
 	uint64_t snd_una;        /* stream bytes the peer has acknowledged */
+
+	/* Detaching (BACK/RETURN): each side gives back what its application
+	 * has not read, so that both directions continue on TCP from exactly
+	 * where each application stands. */
+	bool back_sent;          /* our BACK is out */
+	bool peer_back;          /* the peer's BACK arrived */
+	uint64_t back_seq;       /* our stream's end on the QP (our BACK's seq) */
+	uint64_t back_x;         /* the peer's bytes our application consumed */
+	uint64_t peer_back_seq;  /* the peer's stream's end on the QP */
+	uint64_t peer_back_x;    /* our bytes the peer consumed: [x, back_seq) come back */
+	uint8_t *ret_buf;        /* the peer's bytes to give back: [back_x, back_x+ret_len) */
+	size_t ret_len, ret_cap;
+	uint64_t ret_nxt;        /* next of the peer's bytes to give back */
+	uint8_t *owed;           /* our bytes given back, to write on TCP first */
+	size_t owed_len, owed_off, owed_cap;
+	uint64_t owed_nxt;       /* stream offset of the next returned byte expected */
 
 	int error; /* -errno once the connection is broken, else 0 */
 	struct sv_proto_stats st;
@@ -247,6 +274,32 @@ int sv_proto_send_to_rdma(struct sv_proto *p, uint64_t tcp_end_seq, uint64_t now
 int sv_proto_send_to_tcp(struct sv_proto *p, uint64_t now_us);
 int sv_proto_send_fin(struct sv_proto *p, uint64_t now_us);
 int sv_proto_send_reset(struct sv_proto *p);
+
+/* Detaching (docs/protocol.md, "The way back"): after it, the connection is
+ * plain TCP on both ends, nothing held by libsovia.
+ *
+ * sv_proto_send_back starts it (or answers the peer's BACK): our sending
+ * ends on the QP at snd_nxt (coalesced bytes are flushed first), and the
+ * peer gets back, in RETURN messages, every byte of its stream our
+ * application has not read: `prefix` (bytes read from TCP before the switch
+ * point and not consumed) then what the QP delivered. Allowed while our
+ * sending is on the QP (open or after FIN) and the peer's bytes come over
+ * it; -EAGAIN without the credits (retry), -EINVAL in any other state.
+ * From then on sv_proto_recv returns nothing: the peer writes the rest on
+ * TCP. */
+int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len,
+		       uint64_t now_us);
+/* The peer sent BACK and we have not: answer with sv_proto_send_back. */
+bool sv_proto_back_wanted(const struct sv_proto *p);
+/* Send what is still to be given back (once both BACKs are out). 0 when
+ * nothing is left, -EAGAIN while credits lack, or p->error. */
+int sv_proto_send_returns(struct sv_proto *p, uint64_t now_us);
+/* Our bytes the peer gave back, not yet written on TCP: *len bytes at *buf. */
+void sv_proto_owed(const struct sv_proto *p, const void **buf, size_t *len);
+void sv_proto_owed_consume(struct sv_proto *p, size_t n);
+/* Everything is exchanged: our returns are sent and completed, the peer's
+ * are all here. (The owed bytes may still wait to be written on TCP.) */
+bool sv_proto_back_done(const struct sv_proto *p);
 
 /* Credit rules (docs/protocol.md has the reasoning):
  *  - every message costs one credit and carries `unreported` (our reposted

@@ -1682,7 +1682,7 @@ Test(proto, large_write_takes_what_the_credits_allow)
 
 enum bad_kind {
 	BAD_TYPE_0,
-	BAD_TYPE_7,
+	BAD_TYPE_9,
 	BAD_TYPE_255,
 	BAD_FLAGS,
 	BAD_LEN_OVER_MAX,
@@ -1712,7 +1712,7 @@ enum bad_kind {
 };
 
 static const char *const bad_names[] = {
-	"unknown type 0", "unknown type 7", "unknown type 255", "nonzero flags",
+	"unknown type 0", "unknown type 9", "unknown type 255", "nonzero flags",
 	"len > payload max", "len 0xffffffff", "24 + len wraps to byte_len",
 	"DATA seq ahead", "DATA seq behind", "DATA while rx on TCP, no TO_RDMA",
 	"DATA after TO_TCP", "UPDATE with payload", "credits over nrecv",
@@ -1730,7 +1730,7 @@ struct bad_case {
 ParameterizedTestParameters(proto, malformed_resets)
 {
 	static struct bad_case cases[] = {
-		{BAD_TYPE_0},         {BAD_TYPE_7},           {BAD_TYPE_255},
+		{BAD_TYPE_0},         {BAD_TYPE_9},           {BAD_TYPE_255},
 		{BAD_FLAGS},          {BAD_LEN_OVER_MAX},     {BAD_LEN_HUGE},
 		{BAD_LEN_WRAPS},      {BAD_SEQ_AHEAD},        {BAD_SEQ_BEHIND},
 		{BAD_DATA_RX_TCP},    {BAD_DATA_AFTER_TO_TCP}, {BAD_UPDATE_PAYLOAD},
@@ -1789,8 +1789,8 @@ ParameterizedTest(struct bad_case *bc, proto, malformed_resets)
 		h.len = plen = 0;
 		byte_len = SV_HDR_SIZE;
 		break;
-	case BAD_TYPE_7:
-		h.type = 7;
+	case BAD_TYPE_9:
+		h.type = 9;
 		h.len = plen = 0;
 		byte_len = SV_HDR_SIZE;
 		break;
@@ -2399,4 +2399,296 @@ ParameterizedTest(struct soak_param *sp, proto, soak_switching)
 	cr_assert_gt(FP.ep[SA].nsent, 10000, "seed %u: little went over the QP", sp->seed);
 	cr_assert_gt(FP.ep[SB].nsent, 10000, "seed %u: little went over the QP", sp->seed);
 	check_quiescent();
+}
+
+/* ---- The way back: BACK and RETURN ---------------------------------------------- */
+
+/* Both sides exchange BACKs and give back what their applications have not
+ * read; loop until both are done. Side `first` starts; prefix (of the peer's
+ * stream, read from TCP but not by the application) is given by each side. */
+static void back_exchange(int first, const uint8_t *prefix[2], const size_t plen[2])
+{
+	int r = sv_proto_send_back(&P[first], prefix[first], plen[first], NOW);
+	cr_assert_eq(r, 0, "%c: BACK: %d", side_name(first), r);
+	cr_assert_eq(P[first].tx_state, SV_TX_BACK);
+	for (int round = 0; round < 1000; round++) {
+		pump();
+		int other = 1 - first;
+		if (sv_proto_back_wanted(&P[other])) {
+			r = sv_proto_send_back(&P[other], prefix[other], plen[other], NOW);
+			cr_assert_eq(r, 0, "%c: answering BACK: %d", side_name(other), r);
+			continue;
+		}
+		bool done = true;
+		for (int s = 0; s < 2; s++) {
+			r = sv_proto_send_returns(&P[s], NOW);
+			cr_assert(r == 0 || r == -EAGAIN, "%c: returns: %d", side_name(s), r);
+			done = done && r == 0 && sv_proto_back_done(&P[s]);
+		}
+		if (done) {
+			pump();
+			if (sv_proto_back_done(&P[SA]) && sv_proto_back_done(&P[SB]))
+				return;
+		}
+		/* Credits may wait on the delayed-ACK timer. */
+		NOW += PRM.ack_timeout_us;
+		for (int s = 0; s < 2; s++)
+			sv_proto_timers(&P[s], NOW);
+	}
+	cr_assert_fail("the BACK exchange never finished");
+}
+
+/* Side s's owed bytes must be exactly its own stream from `from` to its end. */
+static void check_owed(int s, uint64_t from)
+{
+	const void *buf;
+	size_t len;
+	sv_proto_owed(&P[s], &buf, &len);
+	cr_assert_eq(len, TXO[s] - from, "%c: %zu bytes given back, expected %llu", side_name(s),
+		     len, (unsigned long long)(TXO[s] - from));
+	if (len)
+		cr_assert_arr_eq(buf, STREAM[s] + from, len, "%c: the bytes given back differ",
+				 side_name(s));
+	cr_assert_eq(P[s].back_seq, TXO[s]);
+}
+
+Test(proto, back_returns_exactly_what_was_not_read)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 1000, 0);
+	put_all(SB, 700, 0);
+	pump();
+	cr_assert_eq(get(SB, 300, 0), 300);
+	const uint8_t *pre[2] = {NULL, NULL};
+	size_t pl[2] = {0, 0};
+	back_exchange(SA, pre, pl);
+	check_owed(SA, 300); /* B read 300 of A's 1000 */
+	check_owed(SB, 0);   /* A read nothing of B's */
+	cr_assert_eq(P[SA].peer_back_x, 300);
+	cr_assert_eq(P[SB].back_x, 300);
+	/* Neither side delivers anything more from the QP. */
+	uint8_t b[16];
+	struct iovec iov = {b, sizeof(b)};
+	cr_assert_eq(sv_proto_recv(&P[SA], &iov, 1, 0, NOW), -EAGAIN);
+	cr_assert_eq(sv_proto_recv(&P[SB], &iov, 1, 0, NOW), -EAGAIN);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 0);
+	/* And sending over the QP is over. */
+	struct iovec w = {b, 1};
+	cr_assert_eq(sv_proto_send(&P[SA], &w, 1, 0, NOW), -EINVAL);
+	check_quiescent();
+	/* Writing the owed bytes on TCP empties the owed buffer. */
+	sv_proto_owed_consume(&P[SA], 700);
+	const void *ob;
+	size_t ol;
+	sv_proto_owed(&P[SA], &ob, &ol);
+	cr_assert_eq(ol, 0);
+}
+
+/* Data the peer sent before it saw our BACK is given back too, and the
+ * coalescing buffer goes out before the BACK. */
+Test(proto, back_returns_data_in_flight_and_flushes_coalesced)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 500, 0); /* on its way to B, not delivered */
+	put_all(SB, 5, 0);   /* idle: goes at once */
+	put_all(SB, 7, 0);   /* held for coalescing behind the first */
+	cr_assert_geq(P[SB].pending_slot, 0);
+	const uint8_t *pre[2] = {NULL, NULL};
+	size_t pl[2] = {0, 0};
+	back_exchange(SB, pre, pl);
+	cr_assert_eq(P[SB].back_seq, 12, "the coalesced bytes went before the BACK");
+	check_owed(SA, 0);
+	check_owed(SB, 0);
+	check_quiescent();
+}
+
+/* Bytes the receiver read from TCP before the switch point but the
+ * application did not consume go back first, then the QP's. */
+Test(proto, back_returns_tcp_prefix_first)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	TXO[SA] = 100; /* TCP carried A's first 100 bytes */
+	open_both();
+	put_all(SA, 50, 0);
+	pump();
+	/* B's application read 40 of the TCP bytes: 60 sit in B's TCP buffer. */
+	RXO[SB] = 40;
+	const uint8_t *pre[2] = {NULL, STREAM[SA] + 40};
+	size_t pl[2] = {0, 60};
+	back_exchange(SB, pre, pl);
+	cr_assert_eq(P[SB].back_x, 40);
+	check_owed(SA, 40);
+	check_quiescent();
+}
+
+/* After the peer's FIN, the bytes before it still come back. */
+Test(proto, back_after_fin)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 200, 0);
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
+	pump();
+	cr_assert_eq(get(SB, 50, 0), 50);
+	const uint8_t *pre[2] = {NULL, NULL};
+	size_t pl[2] = {0, 0};
+	back_exchange(SB, pre, pl);
+	check_owed(SA, 50);
+	check_owed(SB, 0);
+	check_quiescent();
+}
+
+/* Two full windows, nothing read on either side: the returns need the
+ * credits the other side's returns free, and the exchange still finishes. */
+ParameterizedTestParameters(proto, back_full_windows)
+{
+	static uint32_t windows[] = {2, 3, 4, 8};
+	return cr_make_param_array(uint32_t, windows, sizeof(windows) / sizeof(windows[0]));
+}
+
+ParameterizedTest(uint32_t *w, proto, back_full_windows)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = *w;
+	prm.ack_delay = *w;
+	conn_up(&prm);
+	open_both();
+	/* Fill both windows: nothing more can go until something is read. */
+	for (int k = 0; k < 3; k++) {
+		for (int s = 0; s < 2; s++)
+			while (put(s, PAYLOAD_MAX(), 0) > 0)
+				;
+		pump();
+	}
+	for (int s = 0; s < 2; s++) {
+		cr_assert_eq(put(s, 1, 0), -EAGAIN, "%c: the window is full", side_name(s));
+		cr_assert_eq(P[1 - s].rxq_count, *w, "%c holds a window of unread data",
+			     side_name(1 - s));
+	}
+	const uint8_t *pre[2] = {NULL, NULL};
+	size_t pl[2] = {0, 0};
+	back_exchange(SA, pre, pl);
+	check_owed(SA, 0);
+	check_owed(SB, 0);
+	check_quiescent();
+}
+
+/* Both sides start at once: each BACK answers the other. */
+Test(proto, back_simultaneous)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 300, 0);
+	put_all(SB, 400, 0);
+	pump();
+	cr_assert_eq(get(SA, 100, 0), 100);
+	cr_assert_eq(sv_proto_send_back(&P[SA], NULL, 0, NOW), 0);
+	cr_assert_eq(sv_proto_send_back(&P[SB], NULL, 0, NOW), 0);
+	pump();
+	cr_assert_not(sv_proto_back_wanted(&P[SA]));
+	cr_assert_not(sv_proto_back_wanted(&P[SB]));
+	for (int i = 0; i < 100 && !(sv_proto_back_done(&P[SA]) && sv_proto_back_done(&P[SB])); i++) {
+		for (int s = 0; s < 2; s++)
+			cr_assert_geq(sv_proto_send_returns(&P[s], NOW), -EAGAIN);
+		pump();
+	}
+	cr_assert(sv_proto_back_done(&P[SA]) && sv_proto_back_done(&P[SB]));
+	check_owed(SA, 0);
+	check_owed(SB, 100);
+	check_quiescent();
+}
+
+/* BACK is refused where it cannot keep the stream whole. */
+Test(proto, back_refused_off_the_qp)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	cr_assert_eq(sv_proto_send_back(&P[SA], NULL, 0, NOW), -EINVAL, "both on TCP");
+	open_both();
+	cr_assert_eq(sv_proto_send_to_tcp(&P[SA], NOW), 0);
+	cr_assert_eq(sv_proto_send_back(&P[SA], NULL, 0, NOW), -EINVAL, "sending on TCP");
+	uint8_t b[4] = {0};
+	cr_assert_eq(sv_proto_send_back(&P[SB], b, 4, NOW), -EINVAL, "prefix beyond what arrived");
+	check_clean();
+}
+
+/* Malformed BACK/RETURN messages reset the connection. */
+enum bad_back { BB_RETURN_FIRST, BB_BACK_NO_PAYLOAD, BB_BACK_X_AHEAD, BB_DATA_AFTER_BACK,
+		BB_RETURN_SEQ, BB_RETURN_BEYOND, BB_BACK_TWICE };
+
+ParameterizedTestParameters(proto, back_malformed)
+{
+	static int cases[] = {BB_RETURN_FIRST, BB_BACK_NO_PAYLOAD, BB_BACK_X_AHEAD,
+			      BB_DATA_AFTER_BACK, BB_RETURN_SEQ, BB_RETURN_BEYOND, BB_BACK_TWICE};
+	return cr_make_param_array(int, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(int *kind, proto, back_malformed)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, 0);
+	put_all(SB, 20, 0);
+	pump();
+	uint8_t pl[16];
+	memset(pl, 0, sizeof(pl));
+	struct sv_hdr h = {.type = SV_MSG_BACK, .len = 8, .seq = P[SB].rcv_nxt, .ack = P[SB].snd_nxt};
+	uint32_t plen = 8;
+	bool valid_back_first = false;
+	switch (*kind) {
+	case BB_RETURN_FIRST:
+		h.type = SV_MSG_RETURN;
+		h.len = plen = 4;
+		h.seq = 0;
+		break;
+	case BB_BACK_NO_PAYLOAD:
+		h.len = plen = 0;
+		break;
+	case BB_BACK_X_AHEAD:
+		pl[0] = 21; /* B only sent 20 */
+		break;
+	case BB_DATA_AFTER_BACK:
+	case BB_BACK_TWICE:
+		valid_back_first = true;
+		break;
+	case BB_RETURN_SEQ:
+	case BB_RETURN_BEYOND:
+		/* B sends its BACK, then A's (valid) BACK arrives, then a bad RETURN. */
+		cr_assert_eq(sv_proto_send_back(&P[SB], NULL, 0, NOW), 0);
+		valid_back_first = true;
+		break;
+	}
+	if (valid_back_first) {
+		struct sv_hdr b = h;
+		cr_assert_eq(fake_inject_msg(&FP.ep[SB], &b, pl, 8, SV_HDR_SIZE + 8), 0);
+		int r0 = fake_poll(&FP.ep[SB], &P[SB], NOW);
+		cr_assert_geq(r0, 0, "a valid BACK was refused: %d", r0);
+		cr_assert(P[SB].peer_back);
+		h = (struct sv_hdr){.type = SV_MSG_DATA, .len = 4, .seq = P[SB].rcv_nxt,
+				    .ack = P[SB].snd_nxt};
+		plen = 4;
+		if (*kind == BB_BACK_TWICE) {
+			h.type = SV_MSG_BACK;
+			h.len = plen = 8;
+		} else if (*kind == BB_RETURN_SEQ) {
+			h.type = SV_MSG_RETURN;
+			h.seq = 1; /* A consumed 0: returns start at 0 */
+		} else if (*kind == BB_RETURN_BEYOND) {
+			h.type = SV_MSG_RETURN;
+			h.seq = 0;
+			h.len = plen = 21; /* B sent 20 */
+		}
+	}
+	cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h, pl, plen, SV_HDR_SIZE + plen), 0);
+	int r = fake_poll(&FP.ep[SB], &P[SB], NOW);
+	cr_assert_eq(r, -ECONNRESET, "case %d: got %d", *kind, r);
+	cr_assert_eq(P[SB].error, -ECONNRESET);
 }
