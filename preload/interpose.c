@@ -33,6 +33,7 @@ static void init_once_fn(void)
 	if (sv_cfg.disable)
 		sv_info("SOVIA_DISABLE is set: all sockets stay on the kernel");
 	sv_ops_init();
+	pthread_atfork(NULL, NULL, sv_ops_atfork_child);
 	atomic_store_explicit(&sv_initialised, true, memory_order_release);
 }
 

@@ -6,8 +6,12 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
 #include <stdio.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -37,7 +41,32 @@
 	X(getsockopt, int, (int, int, int, void *, socklen_t *))                            \
 	X(fdopen, FILE *, (int, const char *))                                              \
 	X(poll, int, (struct pollfd *, nfds_t, int))                                        \
-	X(ppoll, int, (struct pollfd *, nfds_t, const struct timespec *, const sigset_t *))
+	X(ppoll, int, (struct pollfd *, nfds_t, const struct timespec *, const sigset_t *))  \
+	X(select, int, (int, fd_set *, fd_set *, fd_set *, struct timeval *))               \
+	X(pselect, int, (int, fd_set *, fd_set *, fd_set *, const struct timespec *,        \
+			 const sigset_t *))                                                  \
+	X(fork, pid_t, (void))                                                              \
+	X(execve, int, (const char *, char *const[], char *const[]))                        \
+	X(execv, int, (const char *, char *const[]))                                        \
+	X(execvp, int, (const char *, char *const[]))                                       \
+	X(execvpe, int, (const char *, char *const[], char *const[]))                       \
+	X(fexecve, int, (int, char *const[], char *const[]))                                \
+	X(posix_spawn, int, (pid_t *, const char *, const posix_spawn_file_actions_t *,     \
+			     const posix_spawnattr_t *, char *const[], char *const[]))       \
+	X(posix_spawnp, int, (pid_t *, const char *, const posix_spawn_file_actions_t *,    \
+			      const posix_spawnattr_t *, char *const[], char *const[]))      \
+	X(dup, int, (int))                                                                  \
+	X(dup2, int, (int, int))                                                            \
+	X(dup3, int, (int, int, int))                                                       \
+	X(fcntl, int, (int, int, ...))                                                      \
+	X(fcntl64, int, (int, int, ...))                                                    \
+	X(epoll_ctl, int, (int, int, int, struct epoll_event *))                            \
+	X(sendfile, ssize_t, (int, int, off_t *, size_t))                                   \
+	X(sendfile64, ssize_t, (int, int, off_t *, size_t))                                 \
+	X(splice, ssize_t, (int, loff_t *, int, loff_t *, size_t, unsigned int))            \
+	X(ioctl, int, (int, unsigned long, ...))                                            \
+	X(recvmmsg, int, (int, struct mmsghdr *, unsigned int, int, struct timespec *))     \
+	X(sendmmsg, int, (int, struct mmsghdr *, unsigned int, int))
 
 struct sv_real {
 #define SV_REAL_FIELD(name, ret, args) ret(*name) args;

@@ -193,3 +193,33 @@ void sv_on_exit(void)
 	sv_helper_exit_flush();
 	sv_leave();
 }
+
+void sv_fd_make_plain(int fd)
+{
+	(void)replace_entry(fd, &sv_kernel_ops, NULL);
+}
+
+void sv_ops_atfork_child(void)
+{
+	int n = sv_fdtable_size();
+	for (int fd = 0; fd < n; fd++) {
+		struct sv_fd *f = sv_fd_get(fd);
+		if (!f)
+			continue;
+		bool ours = f->ops != &sv_kernel_ops;
+		if (ours) {
+			/* The parent's objects stay the parent's: never released here. */
+			struct sv_fd *nf = sv_fd_new(fd, &sv_kernel_ops, NULL);
+			if (nf) {
+				struct sv_fd *old = sv_fd_remove(fd);
+				(void)old; /* leaked on purpose: its release would touch the parent's QP */
+				sv_fd_install(nf);
+				sv_fd_put(nf);
+			}
+		}
+		sv_fd_put(f);
+	}
+	sv_helper_atfork_child();
+	sv_upgrade_atfork_child();
+	sv_stream_atfork_child();
+}

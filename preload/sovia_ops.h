@@ -17,6 +17,11 @@ void sv_on_accepted(int lfd, int fd);
 void sv_on_connected(int fd);
 /* A non-blocking connect() on fd is in progress. */
 void sv_on_connecting(int fd);
+/* fd's connection is plain TCP now: its entry becomes the kernel's. */
+void sv_fd_make_plain(int fd);
+/* In a fork's child: every entry of ours becomes the kernel's (the child
+ * has none of the parent's threads, RDMA listeners or queue pairs). */
+void sv_ops_atfork_child(void);
 /* The process is exiting. */
 void sv_on_exit(void);
 

@@ -33,14 +33,15 @@ int sv_stream_close(struct sv_stream *s)
 {
 	pthread_mutex_lock(&s->lock);
 	s->app_closed = true;
-	if (!s->proto_ready || s->state == SV_CONN_FALLBACK) {
+	if (!s->proto_ready || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED) {
 		/* Nothing of ours to finish: the kernel closes as usual. */
 		int fd = s->fd;
 		if (sv_cfg.stats)
 			sv_stream_print_stats(s, "close");
 		s->fd = -1;
 		pthread_mutex_unlock(&s->lock);
-		if (s->id || s->state == SV_CONN_RESOLVING || s->state == SV_CONN_REQUESTED)
+		if (s->id || s->state == SV_CONN_RESOLVING || s->state == SV_CONN_REQUESTED ||
+		    s->state == SV_CONN_DETACHED)
 			sv_helper_watch(s); /* let the helper drop its part */
 		return close(fd) < 0 ? -errno : 0;
 	}
@@ -66,7 +67,11 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 {
 	struct sv_proto *p = &s->proto;
 	bool finished = true;
-	if (s->proto_ready && s->state != SV_CONN_FALLBACK && !s->error) {
+	if (s->state == SV_CONN_DETACHING) {
+		sv_stream_progress(s);
+		finished = s->state != SV_CONN_DETACHING;
+	} else if (s->proto_ready && s->state != SV_CONN_FALLBACK && s->state != SV_CONN_DETACHED &&
+		   !s->error) {
 		sv_stream_progress(s);
 		if (p->tx_state == SV_TX_OPEN && !s->tx_held)
 			sv_proto_send_fin(p, now); /* -EAGAIN: try again after credits */
@@ -80,6 +85,7 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 	}
 	if (!finished)
 		sv_info("fd %d: closing with data undelivered after the linger time", s->fd);
+	sv_stream_kernel_shut(s);
 	if (sv_cfg.stats)
 		sv_stream_print_stats(s, "close");
 	if (s->id && s->proto_ready)
@@ -115,6 +121,12 @@ void sv_stream_exit_flush(struct sv_stream *s)
 			sv_stream_wait(s, 0, end);
 		}
 		sv_stream_drain(s);
+	}
+	uint64_t end = sv_now_us() + 5000000u;
+	while (s->state == SV_CONN_DETACHING && !s->error && sv_now_us() < end) {
+		sv_stream_progress(s);
+		if (s->state == SV_CONN_DETACHING)
+			sv_stream_wait(s, POLLOUT, sv_now_us() + 10000);
 	}
 	if (sv_cfg.stats && !s->stats_printed)
 		sv_stream_print_stats(s, "exit");

@@ -41,6 +41,7 @@ static struct {
 	struct rdma_event_channel *ch;
 	int epfd, wakefd;
 	struct watch *watches;
+	bool started; /* epfd and wakefd exist */
 } h = {.once = PTHREAD_ONCE_INIT, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void wake_helper(void)
@@ -222,6 +223,7 @@ static void start_once(void)
 		h.err = -errno;
 		goto out;
 	}
+	h.started = true;
 	struct epoll_event e = {.events = EPOLLIN, .data.fd = h.wakefd};
 	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.wakefd, &e);
 
@@ -252,4 +254,27 @@ void sv_helper_exit_flush(void)
 {
 	atomic_store(&sv_exiting, true);
 	sv_stream_exit_flush_all();
+}
+
+void sv_helper_atfork_child(void)
+{
+	/* The parent's thread, lists and rdma_cm channel are not ours: the
+	 * lists are left (their streams belong to the parent), the channel's
+	 * fd is closed (a shared channel would hand our events to the
+	 * parent), and everything starts afresh on first use. */
+	if (h.ch)
+		close(h.ch->fd);
+	if (h.started) {
+		close(h.epfd);
+		close(h.wakefd);
+	}
+	h.started = false;
+	pthread_mutex_init(&h.lock, NULL);
+	h.once = (pthread_once_t)PTHREAD_ONCE_INIT;
+	h.err = 0;
+	atomic_store(&h.rdma, 0);
+	h.jobs = NULL;
+	h.ch = NULL;
+	h.epfd = h.wakefd = -1;
+	h.watches = NULL;
 }

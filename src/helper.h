@@ -35,6 +35,11 @@ void sv_helper_watch(struct sv_stream *s);
 /* The stream is being freed: destroy its QP and rdma_cm id (upgrade.c). */
 void sv_upgrade_forget(struct sv_stream *s);
 
+/* In a fork's child: no helper thread runs there; forget the parent's
+ * state so that the child's first connection starts its own. */
+void sv_helper_atfork_child(void);
+void sv_upgrade_atfork_child(void);
+
 /* Process exit: flush every stream. */
 void sv_helper_exit_flush(void);
 

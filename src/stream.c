@@ -44,6 +44,10 @@ const char *sv_conn_state_name(enum sv_conn_state s)
 		return "fallback";
 	case SV_CONN_BROKEN:
 		return "broken";
+	case SV_CONN_DETACHING:
+		return "detaching";
+	case SV_CONN_DETACHED:
+		return "detached";
 	}
 	return "?";
 }
@@ -103,6 +107,12 @@ static void all_remove(struct sv_stream *s)
 		}
 	}
 	pthread_mutex_unlock(&all_lock);
+}
+
+void sv_stream_atfork_child(void)
+{
+	pthread_mutex_init(&all_lock, NULL);
+	all_streams = NULL; /* never flushed nor freed here */
 }
 
 void sv_stream_exit_flush_all(void)
@@ -254,6 +264,11 @@ int sv_stream_progress(struct sv_stream *s)
 		return s->error;
 	}
 	sv_proto_timers(&s->proto, now);
+	if (s->state == SV_CONN_DETACHING || sv_proto_back_wanted(&s->proto)) {
+		sv_stream_back_progress(s);
+		if (s->error)
+			return s->error;
+	}
 	if (s->echo_owed) {
 		r = sv_stream_write_echo(s);
 		if (r < 0 && r != -EAGAIN) {
@@ -268,9 +283,18 @@ int sv_stream_progress(struct sv_stream *s)
 
 void sv_stream_break(struct sv_stream *s, int err)
 {
-	if (s->state == SV_CONN_BROKEN || s->state == SV_CONN_FALLBACK || s->qp_lost)
+	if (s->state == SV_CONN_BROKEN || s->state == SV_CONN_FALLBACK || s->qp_lost ||
+	    s->state == SV_CONN_DETACHED)
 		return;
 	struct sv_proto *p = &s->proto;
+	if (s->state == SV_CONN_DETACHING) {
+		/* Bytes on their way back may be lost with the QP. */
+		sv_warn("fd %d: the QP broke while going back to TCP", s->fd);
+		s->state = SV_CONN_BROKEN;
+		s->error = err < 0 ? err : -ECONNRESET;
+		sv_stream_wake(s);
+		return;
+	}
 	sv_dbg("fd %d: the QP is down (%s)", s->fd, strerror(err < 0 ? -err : ECONNRESET));
 	/* Before the QP was established nothing can have gone over it. */
 	bool established = s->state == SV_CONN_SWITCHING || s->state == SV_CONN_RDMA;
@@ -345,12 +369,19 @@ void sv_stream_break(struct sv_stream *s, int err)
 			s->error = err < 0 ? err : -ECONNRESET;
 		}
 	}
+	/* The peer reads TCP from here on: a FIN we sent over the QP must
+	 * reach it there too. */
+	sv_stream_kernel_shut(s);
 	sv_stream_wake(s);
 }
 
 void sv_stream_qp_down(struct sv_stream *s, int err)
 {
 	pthread_mutex_lock(&s->lock);
+	if (s->state == SV_CONN_DETACHED) {
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
 	if (s->verbs && !s->error)
 		sv_verbs_poll(s->verbs, &s->proto, sv_now_us()); /* keep what arrived */
 	struct sv_proto *p = &s->proto;
@@ -370,7 +401,8 @@ void sv_stream_qp_down(struct sv_stream *s, int err)
 void sv_stream_fallback(struct sv_stream *s, enum sv_fallback why)
 {
 	pthread_mutex_lock(&s->lock);
-	if (s->state != SV_CONN_RDMA && s->state != SV_CONN_BROKEN) {
+	if (s->state != SV_CONN_RDMA && s->state != SV_CONN_BROKEN &&
+	    s->state != SV_CONN_DETACHING && s->state != SV_CONN_DETACHED) {
 		sv_info("fd %d stays on TCP: %s", s->fd, sv_fallback_name(why));
 		s->state = SV_CONN_FALLBACK;
 		s->fallback = why;
@@ -578,6 +610,25 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
 		else
 			*done = true;
 		break;
+	case SV_CONN_DETACHING:
+		/* The peer asked, or our application did and went on: finish
+		 * giving back (the bytes may wait for TCP's buffer space). */
+		sv_stream_progress(s);
+		if (s->state == SV_CONN_DETACHING) {
+			next = now + 1000;
+			break;
+		}
+		if (s->state != SV_CONN_DETACHED) {
+			*done = !s->app_closed;
+			if (s->app_closed)
+				next = sv_stream_linger(s, now, done);
+			break;
+		}
+		next = sv_stream_detached_service(s, now, done);
+		break;
+	case SV_CONN_DETACHED:
+		next = sv_stream_detached_service(s, now, done);
+		break;
 	}
 	pthread_mutex_unlock(&s->lock);
 	return next;
@@ -629,7 +680,7 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"rdma_tx_msgs=%llu rdma_rx_msgs=%llu zcopy_tx_bytes=%llu credit_stalls=%llu "
 		"acks_sent=%llu acks_piggybacked=%llu coalesced_writes=%llu "
 		"flushes=timer:%llu,full:%llu,large:%llu,recv:%llu,close:%llu,idle:%llu,nodelay:%llu "
-		"switches=to_rdma:%llu,to_tcp:%llu\n",
+		"switches=to_rdma:%llu,to_tcp:%llu gave_back_bytes=%llu got_back_bytes=%llu\n",
 		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
 		sv_fallback_name(s->fallback), (unsigned long long)p->tx_bytes,
 		(unsigned long long)p->rx_bytes, (unsigned long long)s->st.tcp_tx_bytes,
@@ -641,7 +692,9 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		(unsigned long long)p->flushes_large, (unsigned long long)p->flushes_recv,
 		(unsigned long long)p->flushes_close, (unsigned long long)p->flushes_idle,
 		(unsigned long long)p->flushes_nodelay, (unsigned long long)s->st.switches_to_rdma,
-		(unsigned long long)s->st.switches_to_tcp);
+		(unsigned long long)s->st.switches_to_tcp,
+		(unsigned long long)(s->proto.back_sent ? s->proto.ret_nxt - s->proto.back_x : 0),
+		(unsigned long long)(s->proto.back_sent ? s->proto.owed_nxt - s->proto.peer_back_x : 0));
 	if (n > 0) {
 		ssize_t w = write(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
 		(void)w;

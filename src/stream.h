@@ -32,6 +32,8 @@ enum sv_conn_state {
 	SV_CONN_RDMA,       /* both directions moved to the QP at least once */
 	SV_CONN_FALLBACK,   /* stays on TCP for good (see fallback reason) */
 	SV_CONN_BROKEN,     /* the QP failed after data moved to it: see error */
+	SV_CONN_DETACHING,  /* BACK/RETURN under way: going back to plain TCP */
+	SV_CONN_DETACHED,   /* plain TCP again, nothing held: the fd is the kernel's */
 };
 
 /* Why a connection stayed on TCP. */
@@ -158,6 +160,23 @@ void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n);
 
 /* Non-blocking connect: the helper starts the upgrade once it completes. */
 void sv_stream_connecting(struct sv_stream *s);
+
+/* The way back (stream_back.c): make the kernel's socket carry the whole
+ * connection again, with nothing held by libsovia, for a call libsovia
+ * cannot serve (fork, exec, epoll, dup, sendfile, ...). Blocks, bounded by
+ * SOVIA_UPGRADE_TIMEOUT_MS, while an upgrade in progress settles and the
+ * peer gives back what we sent and it did not read. Returns 0 when the fd
+ * is plain TCP now (also when it always was); -EBUSY when bytes libsovia
+ * holds cannot be given back (the QP is gone), -ETIMEDOUT, or the
+ * connection's error: then the stream stays libsovia's. */
+int sv_stream_detach(struct sv_stream *s);
+/* FIONREAD: the bytes readable now (ours, and the kernel's when TCP carries
+ * the receive side). */
+long sv_stream_inq(struct sv_stream *s);
+/* In a fork's child: the parent's streams are not the child's. */
+void sv_stream_atfork_child(void);
+/* Is this stream plain TCP with nothing of ours in it? */
+bool sv_stream_is_plain(struct sv_stream *s);
 
 /* Exit: push out everything held back and wait (bounded) for delivery. */
 void sv_stream_exit_flush(struct sv_stream *s);

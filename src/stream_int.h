@@ -65,9 +65,28 @@ static inline bool sv_stream_may_switch(const struct sv_stream *s)
 		return true;
 	case SV_CONN_FALLBACK:
 	case SV_CONN_BROKEN:
+	case SV_CONN_DETACHING:
+	case SV_CONN_DETACHED:
 		return false;
 	}
 	return true;
 }
+
+/* TCP carries both directions for good: our part is only a pass-through. */
+static inline bool sv_stream_tcp_only(const struct sv_stream *s)
+{
+	return s->state == SV_CONN_DETACHED ||
+	       (s->state == SV_CONN_FALLBACK && !s->proto_ready);
+}
+
+/* Detaching: answer the peer's BACK, give back, write what came back. */
+void sv_stream_back_progress(struct sv_stream *s);
+
+/* Kernel shutdown(SHUT_WR) held back while our sending was on the QP (so
+ * that bytes given back can still go on TCP): do it if it may go now. */
+void sv_stream_kernel_shut(struct sv_stream *s);
+
+/* The helper's part of a detached stream: end the QP after a grace period. */
+uint64_t sv_stream_detached_service(struct sv_stream *s, uint64_t now, bool *done);
 
 #endif

@@ -17,8 +17,8 @@ static bool rx_ours(const struct sv_stream *s)
 {
 	if (s->tcpbuf_len > s->tcpbuf_off)
 		return true;
-	if (!s->proto_ready || s->state == SV_CONN_FALLBACK)
-		return false;
+	if (!s->proto_ready || !sv_stream_may_switch(s))
+		return false; /* TCP for good, or after the way back */
 	/* During a switch the TCP socket may hold only the echo: our read
 	 * decides what is data. */
 	return s->proto.rx_on_qp || s->proto.peer_to_rdma || s->chal_len;
@@ -26,7 +26,9 @@ static bool rx_ours(const struct sv_stream *s)
 
 static bool tx_ours(const struct sv_stream *s)
 {
-	return s->proto_ready && s->state != SV_CONN_FALLBACK && s->proto.tx_state != SV_TX_TCP;
+	if (s->state == SV_CONN_DETACHING)
+		return true; /* writable once the bytes given back are out */
+	return s->proto_ready && sv_stream_may_switch(s) && s->proto.tx_state != SV_TX_TCP;
 }
 
 void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel)

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/ioctl.h>
 
 /* The RDMA peer is not the TCP peer (or announced something the TCP
  * stream contradicts): drop the QP. The TCP stream is untouched: what we
@@ -82,7 +83,7 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 {
 	struct sv_proto *p = &s->proto;
 	bool watch = s->proto_ready && sv_stream_may_switch(s);
-	if (s->state == SV_CONN_FALLBACK) {
+	if (!sv_stream_may_switch(s)) {
 		/* No switch can come any more. */
 		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
 		ssize_t r = recvmsg(s->fd, &m, flags | MSG_DONTWAIT);
@@ -207,7 +208,9 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 		return -EINVAL;
 
 	pthread_mutex_lock(&s->lock);
-	if (s->state == SV_CONN_FALLBACK && s->tcpbuf_len == s->tcpbuf_off) {
+	bool tcp_for_good = s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHING ||
+			    s->state == SV_CONN_DETACHED;
+	if (tcp_for_good && s->tcpbuf_len == s->tcpbuf_off) {
 		/* TCP for good: the kernel's own call, blocking as it likes. */
 		pthread_mutex_unlock(&s->lock);
 		ssize_t n = recvmsg(s->fd, msg, flags);
@@ -224,12 +227,12 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 		struct sv_proto *p = &s->proto;
 		if (s->proto_ready && !s->error)
 			sv_stream_progress(s);
-		if (s->proto_ready && p->rx_on_qp) {
+		if (s->proto_ready && p->rx_on_qp && !p->back_sent) {
 			r = sv_proto_recv(p, iov, iovcnt, flags, sv_now_us());
 			if (r >= 0 || (r != -EAGAIN))
 				break;
-			if (!p->rx_on_qp) {
-				s->st.switches_to_tcp++;
+			if (!p->rx_on_qp || p->back_sent) {
+				s->st.switches_to_tcp += !p->back_sent;
 				continue; /* the rest comes from TCP */
 			}
 		} else {
@@ -243,7 +246,7 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 			r = sv_stream_tcp_read(s, iov, iovcnt, flags);
 			if (r >= 0 || r != -EAGAIN)
 				break;
-			if (s->proto_ready && p->rx_on_qp)
+			if (s->proto_ready && p->rx_on_qp && !p->back_sent)
 				continue; /* the challenge just moved us to the QP */
 		}
 		if (s->error && !(s->proto_ready && sv_proto_readable(p))) {
@@ -254,7 +257,7 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 			r = -EAGAIN;
 			break;
 		}
-		bool on_tcp = !(s->proto_ready && p->rx_on_qp);
+		bool on_tcp = !(s->proto_ready && p->rx_on_qp && !p->back_sent);
 		int w = sv_stream_wait(s, on_tcp ? POLLIN : 0, 0);
 		if (w < 0) {
 			r = w;
@@ -263,4 +266,27 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
+}
+
+long sv_stream_inq(struct sv_stream *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->proto_ready && !s->error)
+		sv_stream_progress(s);
+	long n = (long)(s->tcpbuf_len - s->tcpbuf_off);
+	bool rx_qp = s->proto_ready && s->proto.rx_on_qp && !s->proto.back_sent && !s->error;
+	if (rx_qp) {
+		n += (long)sv_proto_readable(&s->proto);
+	} else if (!s->proto_ready || !s->proto.peer_to_rdma) {
+		/* TCP carries it: the kernel's count (during a switch it may
+		 * hold the echo, which is not data). */
+		int k = 0;
+		if (ioctl(s->fd, FIONREAD, &k) < 0) {
+			n = -errno;
+		} else {
+			n += k;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	return n;
 }

@@ -41,10 +41,7 @@ int sv_stream_write_echo(struct sv_stream *s)
 		s->echo_sent += (uint32_t)r;
 	}
 	s->echo_owed = false;
-	if (s->shut_deferred) {
-		s->shut_deferred = false;
-		shutdown(s->fd, SHUT_WR); /* TCP's FIN after the echo */
-	}
+	sv_stream_kernel_shut(s); /* TCP's FIN after the echo, if it is due */
 	sv_stream_maybe_rdma(s);
 	return 1;
 }
@@ -68,6 +65,10 @@ enum tx_medium { TX_TCP, TX_HELD, TX_QP };
 
 static enum tx_medium tx_medium(const struct sv_stream *s)
 {
+	if (s->state == SV_CONN_DETACHED)
+		return TX_TCP;
+	if (s->state == SV_CONN_DETACHING)
+		return TX_HELD; /* the bytes given back go first */
 	if (!s->proto_ready || s->proto.tx_state == SV_TX_TCP)
 		return TX_TCP;
 	return s->tx_held ? TX_HELD : TX_QP;
@@ -101,7 +102,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		return -EOPNOTSUPP;
 
 	pthread_mutex_lock(&s->lock);
-	if (s->state == SV_CONN_FALLBACK && !s->proto_ready) {
+	if (sv_stream_tcp_only(s) && !s->tx_shut) {
 		/* TCP for good: the kernel's own call. */
 		pthread_mutex_unlock(&s->lock);
 		ssize_t n = sendmsg(s->fd, msg, flags);
@@ -182,7 +183,9 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		 * write that goes through at once costs no fcntl. */
 		if (!sv_stream_blocking(s, flags))
 			break;
-		int w = sv_stream_wait(s, m == TX_TCP ? POLLOUT : 0, 0);
+		bool detaching = s->state == SV_CONN_DETACHING;
+		int w = sv_stream_wait(s, m == TX_TCP || detaching ? POLLOUT : 0,
+				       detaching ? sv_now_us() + 10000 : 0);
 		if (w < 0) {
 			r = w;
 			break;
@@ -215,10 +218,14 @@ int sv_stream_shutdown(struct sv_stream *s, int how)
 		}
 		s->tx_shut = true;
 	}
-	/* The kernel's socket follows, unless a switch still needs TCP: the
-	 * echo must get out before TCP's FIN. */
-	if (s->echo_owed && (how == SHUT_WR || how == SHUT_RDWR)) {
+	/* The kernel's socket follows, unless TCP may still have to carry
+	 * bytes of ours: the echo of a switch, or bytes the peer gives back
+	 * when the connection goes back to TCP. Its FIN then comes when they
+	 * are out, or at close. */
+	bool wr = how == SHUT_WR || how == SHUT_RDWR;
+	if (wr && s->state != SV_CONN_DETACHED) {
 		s->shut_deferred = true;
+		sv_stream_kernel_shut(s); /* at once unless held back */
 		if (how == SHUT_RDWR && shutdown(s->fd, SHUT_RD) < 0 && r == 0)
 			r = -errno;
 	} else if (shutdown(s->fd, how) < 0 && r == 0) {

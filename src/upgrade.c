@@ -423,6 +423,9 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 {
 	pthread_mutex_lock(&s->lock);
 	if (s->state != SV_CONN_TCP || s->id || s->app_closed) {
+		sv_dbg("fd %d: upgrade request refused: state %s%s%s", s->fd,
+		       sv_conn_state_name(s->state), s->id ? ", has an id" : "",
+		       s->app_closed ? ", closed" : "");
 		pthread_mutex_unlock(&s->lock);
 		return false; /* already upgrading (a duplicate), or gone */
 	}
@@ -685,4 +688,13 @@ void sv_upgrade_forget(struct sv_stream *s)
 		s->id = NULL;
 	}
 	pthread_mutex_unlock(&up_lock);
+}
+
+void sv_upgrade_atfork_child(void)
+{
+	/* The parent's requests and connections are the parent's. */
+	pthread_mutex_init(&up_lock, NULL);
+	pending = NULL;
+	unmatched = NULL;
+	release_later = NULL;
 }

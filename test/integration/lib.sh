@@ -17,7 +17,7 @@ fail() {
 	for f in "$WORK"/*.err; do
 		[ -s "$f" ] || continue
 		echo "--- ${f##*/}:" >&2
-		tail -15 "$f" | cut -c1-400 >&2
+		tail -${SOVIA_FAIL_LINES:-15} "$f" | cut -c1-400 >&2
 	done
 	exit 1
 }
