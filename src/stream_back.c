@@ -47,6 +47,7 @@ static int send_back(struct sv_stream *s)
 	s->tcpbuf_off = s->tcpbuf_len = 0;
 	s->state = SV_CONN_DETACHING;
 	s->st.switches_to_tcp++;
+	sv_helper_watch(s); /* it finishes the exchange if nobody calls in */
 	sv_dbg("fd %d: BACK sent (our stream ends on the QP at %llu, we read %llu)", s->fd,
 	       (unsigned long long)s->proto.back_seq, (unsigned long long)s->proto.back_x);
 	return 0;
