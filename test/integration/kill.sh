@@ -19,7 +19,16 @@ survive() { # $1: port, $2: which end is killed (client|server)
 		LD_PRELOAD=$LIB timeout 120 nc "$IP" "$port" </dev/null >/dev/null 2>"$WORK/survivor.err" &
 		local survivor=$!
 	fi
-	sleep 4 # the transfer runs over RDMA by now
+	# Kill once the transfer runs over RDMA: the rxe device has sent a few
+	# thousand packets (the upgrade's start-up takes seconds under emulation,
+	# more on a loaded machine).
+	local p0 i
+	p0=$(rxe_pkts)
+	for i in $(seq 600); do
+		[ $(($(rxe_pkts) - p0)) -ge 2000 ] && break
+		sleep 0.1
+	done
+	sleep 1
 	kill -9 "$v"
 	local t0=$(date +%s) rc=0
 	wait "$survivor" || rc=$?
