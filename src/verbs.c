@@ -492,7 +492,12 @@ static void break_core(struct sv_proto *p, int err)
 {
 	if (!p->error)
 		p->error = err;
-	p->tx_state = SV_TX_RESET;
+	/* A sending direction still on TCP (no TO_RDMA yet, or back after a
+	 * TO_TCP) is not the QP's: it stays on TCP. Resetting it made a
+	 * rejected connect, whose flushed receives come here, fail the
+	 * application's TCP writes with ECONNRESET (the bed.mixed flake). */
+	if (p->tx_state != SV_TX_TCP)
+		p->tx_state = SV_TX_RESET;
 }
 
 /* Both directions are done with the QP: the peer's FIN has arrived over
