@@ -140,8 +140,11 @@ SV_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 	return SV_REAL(fexecve)(fd, argv, envp);
 }
 
-/* execl, execlp, execle: gather the list into an argv. */
-static char **gather_args(const char *arg0, va_list ap, char *const **envp_out)
+/* execl, execlp, execle: the list becomes an argv for execv, execvp or
+ * execve (which detach). */
+enum exec_kind { EXEC_PATH, EXEC_SEARCH, EXEC_ENV };
+
+static int exec_list(enum exec_kind kind, const char *file, const char *arg0, va_list ap)
 {
 	va_list cp;
 	va_copy(cp, ap);
@@ -150,66 +153,53 @@ static char **gather_args(const char *arg0, va_list ap, char *const **envp_out)
 		n++;
 	va_end(cp);
 	char **argv = malloc((n + 1) * sizeof(*argv));
-	if (!argv)
-		return NULL;
-	argv[0] = (char *)arg0;
-	for (size_t i = 1; i <= n; i++)
-		argv[i] = va_arg(ap, char *); /* argv[n] is the terminating NULL */
-	if (envp_out)
-		*envp_out = va_arg(ap, char *const *);
-	return argv;
-}
-
-SV_EXPORT int execl(const char *path, const char *arg, ...)
-{
-	va_list ap;
-	va_start(ap, arg);
-	char **argv = gather_args(arg, ap, NULL);
-	va_end(ap);
 	if (!argv) {
 		errno = ENOMEM;
 		return -1;
 	}
-	int r = execv(path, argv);
+	argv[0] = (char *)arg0;
+	for (size_t i = 1; i <= n; i++)
+		argv[i] = va_arg(ap, char *); /* argv[n] is the terminating NULL */
+	int r;
+	switch (kind) {
+	case EXEC_PATH:
+		r = execv(file, argv);
+		break;
+	case EXEC_SEARCH:
+		r = execvp(file, argv);
+		break;
+	case EXEC_ENV:
+		r = execve(file, argv, va_arg(ap, char *const *));
+		break;
+	}
 	int e = errno;
 	free(argv);
 	errno = e;
 	return r;
+}
+
+#define EXEC_LIST(kind, file, arg)                                                          \
+	do {                                                                                \
+		va_list ap;                                                                 \
+		va_start(ap, arg);                                                          \
+		int r_ = exec_list(kind, file, arg, ap);                                    \
+		va_end(ap);                                                                 \
+		return r_;                                                                  \
+	} while (0)
+
+SV_EXPORT int execl(const char *path, const char *arg, ...)
+{
+	EXEC_LIST(EXEC_PATH, path, arg);
 }
 
 SV_EXPORT int execlp(const char *file, const char *arg, ...)
 {
-	va_list ap;
-	va_start(ap, arg);
-	char **argv = gather_args(arg, ap, NULL);
-	va_end(ap);
-	if (!argv) {
-		errno = ENOMEM;
-		return -1;
-	}
-	int r = execvp(file, argv);
-	int e = errno;
-	free(argv);
-	errno = e;
-	return r;
+	EXEC_LIST(EXEC_SEARCH, file, arg);
 }
 
 SV_EXPORT int execle(const char *path, const char *arg, ...)
 {
-	va_list ap;
-	va_start(ap, arg);
-	char *const *envp = NULL;
-	char **argv = gather_args(arg, ap, &envp);
-	va_end(ap);
-	if (!argv) {
-		errno = ENOMEM;
-		return -1;
-	}
-	int r = execve(path, argv, envp);
-	int e = errno;
-	free(argv);
-	errno = e;
-	return r;
+	EXEC_LIST(EXEC_ENV, path, arg);
 }
 
 SV_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,

@@ -2,6 +2,7 @@
  * docs/protocol.md for the wire format and the ACK/coalescing policy. */
 #include "proto.h"
 
+#include "bytebuf.h"
 #include "le.h"
 
 #include <errno.h>
@@ -500,21 +501,10 @@ static int repost_control(struct sv_proto *p, uint32_t buf)
 /* Keep bytes of the peer's stream to give back. */
 static int ret_append(struct sv_proto *p, const void *data, size_t len)
 {
-	if (p->ret_len + len > p->ret_cap) {
-		size_t cap = p->ret_cap ? p->ret_cap : 65536;
-		while (cap < p->ret_len + len)
-			cap *= 2;
-		uint8_t *nb = realloc(p->ret_buf, cap);
-		if (!nb) {
-			fail(p, -ENOMEM);
-			return -ENOMEM;
-		}
-		p->ret_buf = nb;
-		p->ret_cap = cap;
-	}
-	memcpy(p->ret_buf + p->ret_len, data, len);
-	p->ret_len += len;
-	return 0;
+	int r = sv_bytes_append(&p->ret_buf, &p->ret_len, &p->ret_cap, data, len);
+	if (r < 0)
+		fail(p, r);
+	return r;
 }
 
 int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64_t now_us)
@@ -629,21 +619,12 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		if (!p->back_sent || !p->peer_back || h.len == 0 || h.seq != p->owed_nxt ||
 		    h.seq + h.len > p->back_seq)
 			return malformed(p);
-		if (p->owed_len + h.len > p->owed_cap) {
-			size_t cap = p->owed_cap ? p->owed_cap : 65536;
-			while (cap < p->owed_len + h.len)
-				cap *= 2;
-			uint8_t *nb = realloc(p->owed, cap);
-			if (!nb) {
-				fail(p, -ENOMEM);
-				return -ENOMEM;
-			}
-			p->owed = nb;
-			p->owed_cap = cap;
+		if (sv_bytes_append(&p->owed, &p->owed_len, &p->owed_cap,
+				    (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) + SV_HDR_SIZE,
+				    h.len) < 0) {
+			fail(p, -ENOMEM);
+			return -ENOMEM;
 		}
-		memcpy(p->owed + p->owed_len,
-		       (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) + SV_HDR_SIZE, h.len);
-		p->owed_len += h.len;
 		p->owed_nxt += h.len;
 		r = repost_control(p, buf);
 		p->unreported_data++; /* like consumed data: the ACK policy reports it */

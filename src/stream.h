@@ -175,8 +175,6 @@ int sv_stream_detach(struct sv_stream *s);
 long sv_stream_inq(struct sv_stream *s);
 /* In a fork's child: the parent's streams are not the child's. */
 void sv_stream_atfork_child(void);
-/* Is this stream plain TCP with nothing of ours in it? */
-bool sv_stream_is_plain(struct sv_stream *s);
 
 /* Exit: push out everything held back and wait (bounded) for delivery. */
 void sv_stream_exit_flush(struct sv_stream *s);

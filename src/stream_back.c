@@ -118,14 +118,6 @@ void sv_stream_back_progress(struct sv_stream *s)
 	sv_helper_watch(s); /* it ends the QP after a grace period */
 }
 
-bool sv_stream_is_plain(struct sv_stream *s)
-{
-	pthread_mutex_lock(&s->lock);
-	bool plain = sv_stream_tcp_only(s) && s->tcpbuf_len == s->tcpbuf_off;
-	pthread_mutex_unlock(&s->lock);
-	return plain;
-}
-
 int sv_stream_detach(struct sv_stream *s)
 {
 	pthread_mutex_lock(&s->lock);

@@ -1,6 +1,7 @@
 /* The stream's send path: TCP until our TO_RDMA, the QP after it. */
 #include "stream_int.h"
 
+#include "bytebuf.h"
 #include "helper.h"
 #include "log.h"
 #include "verbs.h"
@@ -14,19 +15,7 @@
 
 int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len)
 {
-	if (s->tcpbuf_len + len > s->tcpbuf_cap) {
-		size_t cap = s->tcpbuf_cap ? s->tcpbuf_cap : 65536;
-		while (cap < s->tcpbuf_len + len)
-			cap *= 2;
-		uint8_t *nb = realloc(s->tcpbuf, cap);
-		if (!nb)
-			return -ENOMEM;
-		s->tcpbuf = nb;
-		s->tcpbuf_cap = cap;
-	}
-	memcpy(s->tcpbuf + s->tcpbuf_len, data, len);
-	s->tcpbuf_len += len;
-	return 0;
+	return sv_bytes_append(&s->tcpbuf, &s->tcpbuf_len, &s->tcpbuf_cap, data, len);
 }
 
 int sv_stream_write_echo(struct sv_stream *s)

@@ -1,0 +1,31 @@
+/* A growable byte buffer append, shared by the core (bytes given back) and
+ * the stream (TCP bytes read ahead). No locks, no I/O. */
+#ifndef SV_BYTEBUF_H
+#define SV_BYTEBUF_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Append n bytes to (*buf, *len, *cap), doubling the capacity from 64 KiB
+ * as needed. 0, or -ENOMEM with the buffer unchanged. */
+static inline int sv_bytes_append(uint8_t **buf, size_t *len, size_t *cap, const void *data,
+				  size_t n)
+{
+	if (*len + n > *cap) {
+		size_t c = *cap ? *cap : 65536;
+		while (c < *len + n)
+			c *= 2;
+		uint8_t *nb = realloc(*buf, c);
+		if (!nb)
+			return -ENOMEM;
+		*buf = nb;
+		*cap = c;
+	}
+	memcpy(*buf + *len, data, n);
+	*len += n;
+	return 0;
+}
+
+#endif
