@@ -17,11 +17,19 @@
 
 atomic_bool sv_exiting;
 
-/* A watched stream, or an id waiting to be destroyed. */
+/* A watched stream. */
 struct watch {
 	struct sv_stream *s;
 	struct watch *next;
+	uint64_t due;          /* idle watches: the next look (0 = none) */
+	bool idle;             /* looked at only when due, fired or kicked */
+	struct sv_watch_io io; /* io.chan: our copy of its completion channel */
+	bool chan_in_epoll;
 };
+
+/* epoll data of the helper's own fds; any other value is a struct watch. */
+#define EV_WAKE 1u
+#define EV_CM 2u
 
 
 /* Work that needs rdma_cm, queued until the helper has it ready. */
@@ -56,22 +64,59 @@ void sv_helper_watch(struct sv_stream *s)
 	if (sv_helper_start() < 0)
 		return;
 	pthread_mutex_lock(&h.lock);
-	for (struct watch *w = h.watches; w; w = w->next) {
-		if (w->s == s) {
-			pthread_mutex_unlock(&h.lock);
-			wake_helper();
-			return;
-		}
+	if (s->helper_watched) {
+		/* Watched already (its watch may be out of the list while the
+		 * helper services it): have it looked at now. */
+		atomic_store(&s->helper_kick, true);
+		pthread_mutex_unlock(&h.lock);
+		wake_helper();
+		return;
 	}
-	struct watch *w = malloc(sizeof(*w));
+	struct watch *w = calloc(1, sizeof(*w));
 	if (w) {
 		sv_stream_get(s);
+		s->helper_watched = true;
 		w->s = s;
+		w->io.chan = w->io.chan_of = -1;
 		w->next = h.watches;
 		h.watches = w;
 	}
 	pthread_mutex_unlock(&h.lock);
 	wake_helper();
+}
+
+/* Sleep on (or stop sleeping on) a watch's completion channel copy. */
+static void chan_update(struct watch *w, int old_chan)
+{
+	if (old_chan >= 0 && old_chan != w->io.chan) {
+		if (w->chan_in_epoll)
+			epoll_ctl(h.epfd, EPOLL_CTL_DEL, old_chan, NULL);
+		close(old_chan);
+		w->chan_in_epoll = false;
+	}
+	if (!w->io.armed || w->io.chan < 0)
+		return;
+	/* One-shot: the application's own traffic wakes the helper at most
+	 * once per arming; it arms again only when the stream is idle. */
+	struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = w};
+	if (epoll_ctl(h.epfd, w->chan_in_epoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, w->io.chan, &e) == 0)
+		w->chan_in_epoll = true;
+	else
+		sv_dbg("helper: epoll_ctl on a completion channel: %s", strerror(errno));
+}
+
+static void watch_free(struct watch *w)
+{
+	if (w->io.chan >= 0) {
+		if (w->chan_in_epoll)
+			epoll_ctl(h.epfd, EPOLL_CTL_DEL, w->io.chan, NULL);
+		close(w->io.chan);
+	}
+	pthread_mutex_lock(&h.lock);
+	w->s->helper_watched = false;
+	pthread_mutex_unlock(&h.lock);
+	sv_stream_put(w->s);
+	free(w);
 }
 
 struct rdma_event_channel *sv_helper_channel(void)
@@ -92,12 +137,28 @@ static uint64_t service_all(uint64_t now)
 	while (list) {
 		struct watch *w = list;
 		list = list->next;
-		bool done;
-		uint64_t d = sv_stream_service(w->s, now, &done);
-		if (done) {
-			sv_stream_put(w->s);
-			free(w);
-			continue;
+		bool kicked = atomic_exchange(&w->s->helper_kick, false);
+		uint64_t d = w->due;
+		if (!w->idle || kicked || w->io.fired || (w->due && w->due <= now)) {
+			bool done;
+			int old_chan = w->io.chan;
+			d = sv_stream_service(w->s, now, &done, &w->io);
+			w->io.fired = false;
+			w->idle = w->io.idle;
+			w->due = d;
+			/* A stream that asked to be watched again while it was
+			 * being serviced (it started its upgrade) stays. */
+			if (done && atomic_exchange(&w->s->helper_kick, false)) {
+				done = false;
+				w->idle = false;
+			}
+			if (done) {
+				w->io.armed = false;
+				chan_update(w, old_chan);
+				watch_free(w);
+				continue;
+			}
+			chan_update(w, old_chan);
 		}
 		if (d && (!next || d < next))
 			next = d;
@@ -144,7 +205,7 @@ static void init_rdma(void)
 	int fl = fcntl(h.ch->fd, F_GETFL);
 	fcntl(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
 	fcntl(h.ch->fd, F_SETFD, FD_CLOEXEC);
-	struct epoll_event e = {.events = EPOLLIN, .data.fd = h.ch->fd};
+	struct epoll_event e = {.events = EPOLLIN, .data.u64 = EV_CM};
 	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.ch->fd, &e);
 	atomic_store(&h.rdma, 1);
 }
@@ -198,16 +259,22 @@ static void *helper_main(void *arg)
 			now = sv_now_us();
 			timeout = next > now ? (int)((next - now + 999) / 1000) : 0;
 		}
-		struct epoll_event evs[4];
-		int n = epoll_wait(h.epfd, evs, 4, timeout);
+		struct epoll_event evs[16];
+		int n = epoll_wait(h.epfd, evs, 16, timeout);
 		run_jobs();
 		for (int i = 0; i < n; i++) {
-			if (evs[i].data.fd == h.wakefd) {
+			if (evs[i].data.u64 == EV_WAKE) {
 				uint64_t v;
 				ssize_t r = read(h.wakefd, &v, sizeof(v));
 				(void)r;
-			} else if (h.ch && evs[i].data.fd == h.ch->fd) {
-				sv_upgrade_events(h.ch);
+			} else if (evs[i].data.u64 == EV_CM) {
+				if (h.ch)
+					sv_upgrade_events(h.ch);
+			} else {
+				/* A watch's channel: it is serviced next round (the
+				 * watch is freed only there, after leaving epoll). */
+				struct watch *w = evs[i].data.ptr;
+				w->io.fired = true;
 			}
 		}
 	}
@@ -224,7 +291,7 @@ static void start_once(void)
 		goto out;
 	}
 	h.started = true;
-	struct epoll_event e = {.events = EPOLLIN, .data.fd = h.wakefd};
+	struct epoll_event e = {.events = EPOLLIN, .data.u64 = EV_WAKE};
 	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.wakefd, &e);
 
 	/* The helper must not take signals meant for the application. */
@@ -264,6 +331,9 @@ void sv_helper_atfork_child(void)
 	 * parent), and everything starts afresh on first use. */
 	if (h.ch)
 		close(h.ch->fd);
+	for (struct watch *w = h.watches; w; w = w->next)
+		if (w->io.chan >= 0)
+			close(w->io.chan); /* the parent's copies */
 	if (h.started) {
 		close(h.epfd);
 		close(h.wakefd);

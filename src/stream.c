@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -209,8 +210,13 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 	if (s->verbs && !s->error) {
 		/* Arm, then look once more: a completion that came before the
 		 * arming would not wake us. */
-		if (sv_verbs_arm(s->verbs) == 0 && sv_verbs_poll(s->verbs, &s->proto, sv_now_us()) > 0)
-			return 0;
+		if (sv_verbs_arm(s->verbs) == 0) {
+			int r = sv_verbs_poll(s->verbs, &s->proto, sv_now_us());
+			if (r < 0)
+				sv_stream_break(s, r); /* the caller sees the new state */
+			if (r != 0)
+				return 0;
+		}
 		chan = n;
 		pfd[n++] = (struct pollfd){.fd = sv_verbs_fd(s->verbs), .events = POLLIN};
 	}
@@ -506,26 +512,80 @@ void sv_stream_rx_switched(struct sv_stream *s)
 void sv_stream_maybe_rdma(struct sv_stream *s)
 {
 	if ((s->state == SV_CONN_SWITCHING || s->state == SV_CONN_REQUESTED) && s->proto_ready &&
-	    s->proto.rx_on_qp && !s->tx_held && !s->echo_owed)
+	    s->proto.rx_on_qp && !s->tx_held && !s->echo_owed) {
 		s->state = SV_CONN_RDMA;
+		sv_info("fd %d: on RDMA", s->fd);
+	}
 }
 
-uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
+/* How long the helper leaves a stream on RDMA alone while its application
+ * calls in (its calls poll the CQ and run the timers), before it looks
+ * whether the application went idle. */
+#define SV_HELPER_LOOK_US 1000u
+
+/* A stream on RDMA that the application drives: while it calls in, the
+ * helper only looks every SV_HELPER_LOOK_US; once a look finds no call
+ * since the last one (and nobody waiting in libsovia), the helper arms the
+ * CQ and sleeps on the completion channel and the core's deadline, so an
+ * idle application's connection still answers BACK, sends its delayed ACKs
+ * and flushes its coalesced bytes. */
+static uint64_t idle_watch(struct sv_stream *s, uint64_t now, struct sv_watch_io *io)
+{
+	io->idle = true;
+	uint64_t look = now + SV_HELPER_LOOK_US;
+	if (s->waiters || s->app_calls != s->helper_seen) {
+		s->helper_seen = s->app_calls;
+		return look;
+	}
+	int fd = sv_verbs_fd(s->verbs);
+	if (io->chan < 0 || io->chan_of != fd) {
+		int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		if (copy < 0) {
+			sv_dbg("fd %d: helper: no copy of the completion channel: %s", s->fd,
+			       strerror(errno));
+			return look; /* keep looking by the clock */
+		}
+		io->chan = copy;
+		io->chan_of = fd;
+	}
+	if (sv_verbs_arm(s->verbs) < 0)
+		return look;
+	int r = sv_verbs_poll(s->verbs, &s->proto, now);
+	if (r < 0) {
+		sv_stream_break(s, r);
+		return now; /* the next service sees the new state */
+	}
+	if (r > 0) {
+		/* Completions came before the arming: handle them, look again. */
+		sv_stream_progress(s);
+		return now;
+	}
+	io->armed = true;
+	return sv_proto_next_deadline(&s->proto);
+}
+
+uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct sv_watch_io *io)
 {
 	*done = false;
+	io->idle = io->armed = false;
 	pthread_mutex_lock(&s->lock);
 	uint64_t next = 0;
 	if (s->connecting) {
-		/* A non-blocking connect in progress: upgrade once it is done. */
-		struct pollfd pfd = {.fd = s->fd, .events = POLLOUT};
-		if (poll(&pfd, 1, 0) == 1) {
-			int err = 0;
-			socklen_t l = sizeof(err);
-			getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &l);
+		/* A non-blocking connect in progress: upgrade once it is done.
+		 * Not told by POLLOUT: the application may have filled the
+		 * send buffer already (a peer that does not read yet), and
+		 * not by SO_ERROR either: reading it would take the outcome
+		 * away from the application. The TCP state tells. */
+		struct tcp_info ti;
+		socklen_t tl = sizeof(ti);
+		if (getsockopt(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) < 0 ||
+		    ti.tcpi_state != TCP_SYN_SENT) {
 			s->connecting = false;
 			socklen_t ll = sizeof(s->tuple.local), pl = sizeof(s->tuple.peer);
-			bool ok = !err && getsockname(s->fd, (struct sockaddr *)&s->tuple.local, &ll) == 0 &&
-				  getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) == 0;
+			bool ok = getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) == 0 &&
+				  getsockname(s->fd, (struct sockaddr *)&s->tuple.local, &ll) == 0;
+			if (!ok)
+				sv_dbg("fd %d: the non-blocking connect failed", s->fd);
 			pthread_mutex_unlock(&s->lock);
 			if (ok)
 				sv_upgrade_connect(s);
@@ -551,7 +611,11 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
 		break;
 	case SV_CONN_SWITCHING:
 	case SV_CONN_RDMA:
+		if (io->fired && s->verbs)
+			sv_verbs_drain_events(s->verbs);
 		sv_stream_progress(s);
+		if (io->fired)
+			sv_stream_wake(s); /* a waiter's poll may have lost the event to us */
 		/* Pump the peer's TCP bytes up to its switch point, so the
 		 * upgrade completes even if the application is not reading. */
 		if (s->proto_ready && s->proto.peer_to_rdma && !s->error) {
@@ -592,8 +656,13 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done)
 			next = sv_stream_linger(s, now, done);
 			break;
 		}
-		if (s->state == SV_CONN_RDMA && !s->echo_owed && !s->proto.peer_to_rdma)
-			*done = true; /* the application's calls drive it now */
+		if (s->state == SV_CONN_RDMA && !s->echo_owed && !s->proto.peer_to_rdma &&
+		    s->verbs && !s->error) {
+			/* The application's calls drive it now; the helper
+			 * stands in while it is idle. */
+			next = idle_watch(s, now, io);
+			break;
+		}
 		next = s->proto_ready ? sv_proto_next_deadline(&s->proto) : 0;
 		if (s->state == SV_CONN_SWITCHING) {
 			/* A switch takes a few round trips whose completions do

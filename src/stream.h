@@ -103,6 +103,11 @@ struct sv_stream {
 	/* Waiting. */
 	int wake_fd;         /* eventfd: state changes other waiters must see */
 	unsigned waiters;
+	uint64_t app_calls;  /* the application's calls that may poll the CQ */
+	uint64_t helper_seen; /* app_calls when the helper last looked */
+	/* The helper's watch (under the helper's lock, helper.c). */
+	bool helper_watched;
+	atomic_bool helper_kick;
 
 	/* Socket options that shape the protocol. */
 	bool nodelay, cork;
@@ -141,10 +146,23 @@ int sv_stream_close(struct sv_stream *s);
 void sv_stream_fallback(struct sv_stream *s, enum sv_fallback why);
 /* The QP is connected: start moving our sending to it. */
 void sv_stream_established(struct sv_stream *s);
+/* How the helper watches a stream on RDMA whose application drives it
+ * (sv_stream_service fills it in; see docs/design.md, "the helper"). */
+struct sv_watch_io {
+	bool fired;  /* in: the helper's copy of the completion channel woke it */
+	bool idle;   /* out: on RDMA: look again only at the deadline, on a channel
+		      * event or when kicked (sv_helper_watch) */
+	bool armed;  /* out: the CQ is armed: sleep on the channel copy */
+	int chan;    /* in/out: the helper's copy (dup) of the stream's completion
+		      * channel fd, -1 none; replaced here (under the stream's lock,
+		      * so it is a copy of the live channel) when it is stale */
+	int chan_of; /* in/out: the stream's fd that chan copies */
+};
+
 /* Make progress on whatever the stream waits for (completions, the
  * challenge, the echo, timers, lingering close). Returns the next deadline
  * (0 = none) and sets *done when the stream needs the helper no more. */
-uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done);
+uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct sv_watch_io *io);
 /* The QP or rdma_cm reported the connection gone. */
 void sv_stream_qp_down(struct sv_stream *s, int err);
 

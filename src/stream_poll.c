@@ -34,6 +34,7 @@ static bool tx_ours(const struct sv_stream *s)
 void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel)
 {
 	pthread_mutex_lock(&s->lock);
+	s->app_calls++;
 	if (s->proto_ready && !s->error)
 		sv_stream_progress(s);
 	short rx = events & (POLLIN | POLLRDNORM | POLLRDHUP | POLLPRI);
@@ -77,11 +78,15 @@ int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again)
 {
 	int n = 0;
 	pthread_mutex_lock(&s->lock);
+	s->app_calls++;
 	if (s->verbs && !s->error) {
 		/* Arm, then look once more: a completion before the arming
 		 * would not wake the sleep. */
 		sv_verbs_arm(s->verbs);
-		if (sv_verbs_poll(s->verbs, &s->proto, sv_now_us()) > 0)
+		int r = sv_verbs_poll(s->verbs, &s->proto, sv_now_us());
+		if (r < 0)
+			sv_stream_break(s, r);
+		if (r != 0)
 			*again = true;
 		out[n++] = (struct pollfd){.fd = sv_verbs_fd(s->verbs), .events = POLLIN};
 	}

@@ -208,6 +208,7 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 		return -EINVAL;
 
 	pthread_mutex_lock(&s->lock);
+	s->app_calls++;
 	bool tcp_for_good = s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHING ||
 			    s->state == SV_CONN_DETACHED;
 	if (tcp_for_good && s->tcpbuf_len == s->tcpbuf_off) {

@@ -91,6 +91,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		return -EOPNOTSUPP;
 
 	pthread_mutex_lock(&s->lock);
+	s->app_calls++;
 	if (sv_stream_tcp_only(s) && !s->tx_shut) {
 		/* TCP for good: the kernel's own call. */
 		pthread_mutex_unlock(&s->lock);

@@ -209,6 +209,7 @@ static void start_connect(struct sv_stream *s)
 	pthread_mutex_lock(&up_lock);
 	struct rdma_cm_id *id;
 	if (rdma_create_id(sv_helper_channel(), &id, s, RDMA_PS_TCP) < 0) {
+		sv_dbg("fd %d: rdma_create_id: %s", s->fd, strerror(errno));
 		pthread_mutex_unlock(&up_lock);
 		sv_stream_fallback(s, SV_FB_NO_ROUTE);
 		return;
