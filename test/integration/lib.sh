@@ -32,6 +32,16 @@ wait_port() {
 	fail "nothing listens on port $1"
 }
 
+# Wait (at most $3 s) until file $1 has a line matching $2.
+wait_line() {
+	local i
+	for i in $(seq $(($3 * 10))); do
+		grep -q "$2" "$1" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	return 1
+}
+
 rxe_pkts() { cat "/sys/class/infiniband/$DEV/ports/1/hw_counters/sent_pkts"; }
 lo_bytes() { cat /sys/class/net/lo/statistics/tx_bytes; }
 
