@@ -44,7 +44,7 @@ static const struct setting settings[] = {
 	 "coalescing buffer size in bytes"},
 	{"SOVIA_COALESCE_TIMEOUT_US", SETTING_U32, U32(coalesce_timeout_us), 200, 1, 1000000,
 	 "coalescing timer in microseconds"},
-	{"SOVIA_REG_THRESHOLD", SETTING_BYTES, U32(reg_threshold), 65536, 1024, 1u << 30,
+	{"SOVIA_REG_THRESHOLD", SETTING_BYTES, U32(reg_threshold), 524288, 1024, 1u << 30,
 	 "write size from which data is sent zero-copy"},
 	{"SOVIA_UPGRADE_TIMEOUT_MS", SETTING_U32, U32(upgrade_timeout_ms), 10000, 10, 600000,
 	 "bound on the RDMA upgrade of one connection in milliseconds"},

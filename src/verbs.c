@@ -12,6 +12,7 @@
 #include "verbs.h"
 
 #include "log.h"
+#include "regcache.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -38,13 +39,14 @@ static const uint32_t inline_sizes[] = {256, 64, 0};
 
 /* The zero-copy registrations of one send slot, held until its completion. */
 struct sv_zc {
-	struct ibv_mr *mr[SV_XPORT_MAX_SGE];
+	struct sv_regcache_ent *ent[SV_XPORT_MAX_SGE];
 	uint32_t n;
 };
 
 struct sv_verbs {
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd; /* shared: see pd_get */
+	struct sv_regcache *rc; /* the PD's, shared too */
 	struct ibv_comp_channel *chan;
 	struct ibv_cq *cq;
 	struct ibv_qp *qp;
@@ -77,13 +79,16 @@ struct sv_pd_ent {
 	struct sv_pd_ent *next;
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
+	struct sv_regcache *rc; /* zero-copy registrations in this PD */
 	unsigned int refs;
 };
 
 static pthread_mutex_t pd_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sv_pd_ent *pd_list;
 
-static int pd_get(struct ibv_context *ctx, struct ibv_pd **out)
+static const struct sv_regcache_ops regcache_ops;
+
+static int pd_get(struct ibv_context *ctx, struct ibv_pd **out, struct sv_regcache **rc_out)
 {
 	int r = 0;
 	pthread_mutex_lock(&pd_lock);
@@ -104,12 +109,27 @@ static int pd_get(struct ibv_context *ctx, struct ibv_pd **out)
 			       strerror(-r));
 			goto free_entry;
 		}
+		struct sv_regcache_params prm;
+		sv_regcache_default_params(&prm);
+		r = sv_regcache_create(&e->rc, &regcache_ops, e->pd, &prm);
+		if (r) {
+			sv_err("verbs: registration cache: %s", strerror(-r));
+			ibv_dealloc_pd(e->pd);
+			goto free_entry;
+		}
+		/* With libibverbs' fork support on (RDMAV_FORK_SAFE on a kernel
+		 * that needs it) every registered range is MADV_DONTFORK: a
+		 * cached one would be missing from children for as long as it
+		 * stays cached. Register per send then. */
+		if (ibv_is_fork_initialized() == IBV_FORK_ENABLED)
+			sv_regcache_disable(e->rc);
 		e->ctx = ctx;
 		e->next = pd_list;
 		pd_list = e;
 	}
 	e->refs++;
 	*out = e->pd;
+	*rc_out = e->rc;
 	goto unlock;
 
 free_entry:
@@ -128,6 +148,8 @@ static void pd_put(struct ibv_pd *pd)
 			continue;
 		if (--e->refs == 0) {
 			*pe = e->next;
+			/* Every connection of the PD is gone: nothing is held. */
+			sv_regcache_destroy(e->rc);
 			int r = ibv_dealloc_pd(e->pd);
 			if (r)
 				sv_warn("verbs: ibv_dealloc_pd: %s", strerror(-neg_err(r)));
@@ -140,33 +162,50 @@ static void pd_put(struct ibv_pd *pd)
 
 /* ---- Zero-copy registrations ------------------------------------------ */
 
-/* User memory is registered for one message and deregistered on its
- * completion. There is deliberately no registration cache: glibc's free()
- * returns large blocks to the kernel (munmap, or madvise/brk trimming)
- * through internal calls that an interposer never sees, so a cached MR
- * could keep pinning pages that no longer back the user's addresses, and a
- * later send from a reused address would go out from the stale pages.
+/* User memory is registered through the PD's registration cache
+ * (regcache.c): a registration made for one send is kept and reused by
+ * later sends from the same pages, but only after checking that the
+ * addresses still map the pages it pinned (the application may have freed
+ * and unmapped them, and glibc does that through calls no interposer
+ * sees). Where that check is impossible the cache registers per send.
  *
  * Sending only needs local read access, which every MR has: access 0 also
  * registers read-only memory (string constants, PROT_READ file mappings).
  * Should a provider refuse it, retry with LOCAL_WRITE. */
-static struct ibv_mr *reg_user(struct sv_verbs *v, void *addr, size_t len)
+static int rc_reg(void *ctx, void *addr, size_t len, void **mr, uint32_t *lkey)
 {
-	struct ibv_mr *mr = ibv_reg_mr(v->pd, addr, len, 0);
-	if (!mr)
-		mr = ibv_reg_mr(v->pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
-	return mr;
+	struct ibv_pd *pd = ctx;
+	struct ibv_mr *m = ibv_reg_mr(pd, addr, len, 0);
+	if (!m)
+		m = ibv_reg_mr(pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
+	if (!m) {
+		int r = last_err();
+		sv_dbg("verbs: ibv_reg_mr of %zu user bytes at %p: %s", len, addr, strerror(-r));
+		return r;
+	}
+	*mr = m;
+	*lkey = m->lkey;
+	return 0;
 }
+
+static void rc_dereg(void *ctx, void *mr)
+{
+	int r = ibv_dereg_mr(mr);
+	if (r)
+		sv_warn("verbs: ibv_dereg_mr (user memory): %s", strerror(-neg_err(r)));
+}
+
+static const struct sv_regcache_ops regcache_ops = {
+	.reg = rc_reg,
+	.dereg = rc_dereg,
+};
 
 static void zc_release(struct sv_verbs *v, uint32_t slot)
 {
 	struct sv_zc *zc = &v->zc[slot];
 	for (uint32_t i = 0; i < zc->n; i++) {
-		int r = ibv_dereg_mr(zc->mr[i]);
-		if (r)
-			sv_warn("verbs: ibv_dereg_mr (send slot %u): %s", slot,
-				strerror(-neg_err(r)));
-		zc->mr[i] = NULL;
+		sv_regcache_put(v->rc, zc->ent[i]);
+		zc->ent[i] = NULL;
 	}
 	zc->n = 0;
 }
@@ -240,18 +279,15 @@ static int xp_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iov
 			r = -EMSGSIZE; /* the peer's receive buffer could not hold it */
 			goto release_zc;
 		}
-		struct ibv_mr *mr = reg_user(v, iov[i].iov_base, l);
-		if (!mr) {
-			r = last_err();
-			sv_dbg("verbs: ibv_reg_mr of %zu user bytes at %p: %s", l, iov[i].iov_base,
-			       strerror(-r));
+		struct sv_regcache_ent *ent;
+		r = sv_regcache_get(v->rc, iov[i].iov_base, l, &ent);
+		if (r < 0)
 			goto release_zc;
-		}
-		zc->mr[zc->n++] = mr;
+		zc->ent[zc->n++] = ent;
 		sge[nsge++] = (struct ibv_sge){
 			.addr = (uintptr_t)iov[i].iov_base,
 			.length = (uint32_t)l,
-			.lkey = mr->lkey,
+			.lkey = sv_regcache_lkey(ent),
 		};
 	}
 
@@ -285,6 +321,11 @@ static const struct sv_xport_ops verbs_ops = {
 	.post_recv = xp_post_recv,
 	.post_send = xp_post_send,
 };
+
+void sv_verbs_regcache_stats(struct sv_verbs *v, struct sv_regcache_stats *st)
+{
+	sv_regcache_get_stats(v->rc, st);
+}
 
 struct sv_xport sv_verbs_xport(struct sv_verbs *v)
 {
@@ -326,7 +367,7 @@ static int set_fd_flags(int fd)
 	return 0;
 }
 
-static int alloc_pool(uint8_t **pool, struct ibv_mr **mr, struct ibv_pd *pd, uint32_t n,
+static int alloc_pool(uint8_t **pool, struct ibv_mr **mr, struct sv_verbs *v, uint32_t n,
 		      uint32_t size, int access)
 {
 	size_t bytes = (size_t)n * size;
@@ -337,7 +378,10 @@ static int alloc_pool(uint8_t **pool, struct ibv_mr **mr, struct ibv_pd *pd, uin
 		return -r;
 	memset(mem, 0, bytes);
 	*pool = mem;
-	*mr = ibv_reg_mr(pd, mem, bytes, access);
+	*mr = ibv_reg_mr(v->pd, mem, bytes, access);
+	/* Out of lockable memory: the cache may give some back. */
+	if (!*mr && (errno == ENOMEM || errno == EAGAIN) && sv_regcache_flush(v->rc) > 0)
+		*mr = ibv_reg_mr(v->pd, mem, bytes, access);
 	if (!*mr) {
 		r = last_err();
 		sv_err("verbs: ibv_reg_mr of a %zu-byte buffer pool: %s%s", bytes, strerror(-r),
@@ -407,7 +451,7 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 		r = -ENOMEM;
 		goto destroy_partial;
 	}
-	r = pd_get(ctx, &v->pd);
+	r = pd_get(ctx, &v->pd, &v->rc);
 	if (r)
 		goto destroy_partial;
 	v->chan = ibv_create_comp_channel(ctx);
@@ -429,10 +473,10 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 		sv_err("verbs: ibv_create_cq (%u entries): %s", nr + ns, strerror(-r));
 		goto destroy_partial;
 	}
-	r = alloc_pool(&v->rpool, &v->rmr, v->pd, nr, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
+	r = alloc_pool(&v->rpool, &v->rmr, v, nr, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
 	if (r)
 		goto destroy_partial;
-	r = alloc_pool(&v->spool, &v->smr, v->pd, ns, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
+	r = alloc_pool(&v->spool, &v->smr, v, ns, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
 	if (r)
 		goto destroy_partial;
 	r = create_qp(v);
@@ -457,7 +501,8 @@ void sv_verbs_destroy(struct sv_verbs *v)
 	}
 	if (v->zc) {
 		for (uint32_t i = 0; i < v->nsend; i++)
-			zc_release(v, i);
+			if (v->zc[i].n)
+				zc_release(v, i);
 		free(v->zc);
 	}
 	int r;

@@ -3,9 +3,10 @@
  * own completion channel, and the registered buffer pools the core numbers.
  *
  * It implements struct sv_xport_ops (proto.h). Like the core it has no
- * locks of its own (only the process-wide PD list is shared), never blocks
- * and keeps no clocks: the caller serialises calls, polls, arms and sleeps
- * on sv_verbs_fd(). */
+ * locks of its own (only the process-wide PD list and each PD's
+ * registration cache of zero-copy memory, regcache.h, are shared, each with
+ * its lock), never blocks and keeps no clocks: the caller serialises calls,
+ * polls, arms and sleeps on sv_verbs_fd(). */
 #ifndef SV_VERBS_H
 #define SV_VERBS_H
 
@@ -70,5 +71,10 @@ int sv_verbs_fd(const struct sv_verbs *v);
 /* Take every pending channel event (never blocks) and acknowledge them, in
  * batches; sv_verbs_destroy acknowledges what is left. */
 void sv_verbs_drain_events(struct sv_verbs *v);
+
+/* The counters of the registration cache this connection's zero-copy sends
+ * use (one per device, shared by its connections). */
+struct sv_regcache_stats;
+void sv_verbs_regcache_stats(struct sv_verbs *v, struct sv_regcache_stats *st);
 
 #endif
