@@ -5,6 +5,7 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "regcache.h"
 #include "verbs.h"
 
 #include <rdma/rdma_cma.h>
@@ -737,11 +738,15 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 {
 	if (s->stats_printed)
 		return;
-	char local[64], peer[64], line[1024];
+	char local[64], peer[64], line[1536];
 	addr_str(&s->tuple.local, local, sizeof(local));
 	addr_str(&s->tuple.peer, peer, sizeof(peer));
 	s->stats_printed = true;
 	const struct sv_proto_stats *p = &s->proto.st;
+	/* The device's registration cache, shared by its connections. */
+	struct sv_regcache_stats rc = {0};
+	if (s->verbs)
+		sv_verbs_regcache_stats(s->verbs, &rc);
 	int n = snprintf(
 		line, sizeof(line),
 		"libsovia stats [%s] %s -> %s %s state=%s fallback=%s "
@@ -749,7 +754,8 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"rdma_tx_msgs=%llu rdma_rx_msgs=%llu zcopy_tx_bytes=%llu credit_stalls=%llu "
 		"acks_sent=%llu acks_piggybacked=%llu coalesced_writes=%llu "
 		"flushes=timer:%llu,full:%llu,large:%llu,recv:%llu,close:%llu,idle:%llu,nodelay:%llu "
-		"switches=to_rdma:%llu,to_tcp:%llu gave_back_bytes=%llu got_back_bytes=%llu\n",
+		"switches=to_rdma:%llu,to_tcp:%llu gave_back_bytes=%llu got_back_bytes=%llu "
+		"regcache=hits:%llu,misses:%llu,stale:%llu,uncached:%llu\n",
 		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
 		sv_fallback_name(s->fallback), (unsigned long long)p->tx_bytes,
 		(unsigned long long)p->rx_bytes, (unsigned long long)s->st.tcp_tx_bytes,
@@ -763,7 +769,9 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		(unsigned long long)p->flushes_nodelay, (unsigned long long)s->st.switches_to_rdma,
 		(unsigned long long)s->st.switches_to_tcp,
 		(unsigned long long)(s->proto.back_sent ? s->proto.ret_nxt - s->proto.back_x : 0),
-		(unsigned long long)(s->proto.back_sent ? s->proto.owed_nxt - s->proto.peer_back_x : 0));
+		(unsigned long long)(s->proto.back_sent ? s->proto.owed_nxt - s->proto.peer_back_x : 0),
+		(unsigned long long)rc.hits, (unsigned long long)rc.misses,
+		(unsigned long long)rc.stale, (unsigned long long)rc.uncached);
 	if (n > 0) {
 		ssize_t w = write(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
 		(void)w;
