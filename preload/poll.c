@@ -48,9 +48,10 @@ static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 	struct sv_fd **ents = calloc(n, sizeof(*ents));
 	short *own = calloc(n, sizeof(*own));
+	uint64_t *gen = calloc(n ? n : 1, sizeof(*gen));
 	struct pollfd *k = calloc(n * 4 + 1, sizeof(*k));
 	int result = -ENOMEM;
-	if (!ents || !own || !k)
+	if (!ents || !own || !gen || !k)
 		goto free_all;
 	for (nfds_t i = 0; i < n; i++) {
 		struct sv_fd *f = sv_fd_get(fds[i].fd);
@@ -68,7 +69,7 @@ static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
 			if (!ents[i])
 				continue;
 			short kernel;
-			sv_stream_poll_split(ents[i]->priv, fds[i].events, &own[i], &kernel);
+			sv_stream_poll_split(ents[i]->priv, fds[i].events, &own[i], &kernel, &gen[i]);
 			k[i].events = kernel;
 			if (own[i])
 				ready++;
@@ -82,7 +83,7 @@ static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
 			if (!ents[i] || ready)
 				continue;
 			start[i] = (int)nk;
-			cnt[i] = sv_stream_poll_sources(ents[i]->priv, &k[nk], &again);
+			cnt[i] = sv_stream_poll_sources(ents[i]->priv, &k[nk], &again, gen[i]);
 			nk += (nfds_t)cnt[i];
 		}
 		int t = -1;
@@ -135,6 +136,7 @@ free_all:
 			sv_fd_put(ents[i]);
 	free(ents);
 	free(own);
+	free(gen);
 	free(k);
 	return result;
 }

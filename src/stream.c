@@ -189,6 +189,7 @@ void sv_stream_put(struct sv_stream *s)
 
 void sv_stream_wake(struct sv_stream *s)
 {
+	s->wake_gen++; /* a poll between its judgement and its sleep sees it */
 	if (s->waiters) {
 		uint64_t one = 1;
 		ssize_t r = write(s->wake_fd, &one, sizeof(one));

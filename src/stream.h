@@ -103,6 +103,7 @@ struct sv_stream {
 	/* Waiting. */
 	int wake_fd;         /* eventfd: state changes other waiters must see */
 	unsigned waiters;
+	uint64_t wake_gen;   /* counts sv_stream_wake: changes a poll must not miss */
 	uint64_t app_calls;  /* the application's calls that may poll the CQ */
 	uint64_t helper_seen; /* app_calls when the helper last looked */
 	/* The helper's watch (under the helper's lock, helper.c). */
@@ -168,12 +169,13 @@ void sv_stream_qp_down(struct sv_stream *s, int err);
 
 /* poll(): which of `events` libsovia answers for this stream (*own gets
  * those that are ready) and which the kernel's socket answers (*kernel). */
-void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel);
+void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel,
+			  uint64_t *gen);
 /* Before sleeping in poll(): arm, and add the fds whose readiness means the
  * stream may have changed (at most 3). Sets *again when it changed already.
  * Every call is paired with sv_stream_poll_done after the sleep. */
 struct pollfd;
-int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again);
+int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, uint64_t gen);
 void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n);
 
 /* Non-blocking connect: the helper starts the upgrade once it completes. */

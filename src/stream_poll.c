@@ -31,7 +31,8 @@ static bool tx_ours(const struct sv_stream *s)
 	return s->proto_ready && sv_stream_may_switch(s) && s->proto.tx_state != SV_TX_TCP;
 }
 
-void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel)
+void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel,
+			  uint64_t *gen)
 {
 	pthread_mutex_lock(&s->lock);
 	s->app_calls++;
@@ -71,14 +72,19 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
 	}
 	*own = rev;
 	*kernel = (short)(events & ~mine);
+	*gen = s->wake_gen;
 	pthread_mutex_unlock(&s->lock);
 }
 
-int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again)
+int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, uint64_t gen)
 {
 	int n = 0;
 	pthread_mutex_lock(&s->lock);
 	s->app_calls++;
+	/* Changed since sv_stream_poll_split judged it (another thread, the
+	 * helper): its wake-up came before we were a waiter. Judge again. */
+	if (s->wake_gen != gen)
+		*again = true;
 	if (s->verbs && !s->error) {
 		/* Arm, then look once more: a completion before the arming
 		 * would not wake the sleep. */

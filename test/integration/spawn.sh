@@ -57,10 +57,10 @@ fork_server() { # $1: port, $2: bytes the server reads itself before the fork
 	LD_PRELOAD=$LIB timeout 300 nc -N "$IP" "$port" <"$WORK/in" >"$WORK/out" 2>"$WORK/client.err" &
 	local cli=$!
 	# Fork once the client's bytes went over the QP: it fills the sleeping
-	# server's window (at least 32 messages of 16 KiB: over 500 packets at
-	# rxe's 1024-byte MTU; the upgrade itself sends a few dozen).
+	# server's window (32 messages of 16 KiB: at least 128 packets even at
+	# rxe's largest MTU, 4096; the upgrade itself sends about a dozen).
 	wait_line "$WORK/server.err" ": on RDMA" 120 || fail "own=$own: the connection never went on RDMA"
-	wait_rxe 200 "$p0" || fail "own=$own: no RDMA traffic after the upgrade"
+	wait_rxe 100 "$p0" || fail "own=$own: no RDMA traffic after the upgrade"
 	kill -USR1 "$srv"
 	wait "$cli" || fail "own=$own: client failed"
 	wait "$srv" || fail "own=$own: server failed"
