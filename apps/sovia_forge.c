@@ -91,13 +91,9 @@ int main(int argc, char **argv)
 		return 1;
 	rdma_ack_cm_event(ev);
 
-	struct sv_proto_params prm = {
-		.window = sv_cfg.window, .reserve = SV_RESERVE, .buf_size = sv_cfg.buf_size,
-		.ack_delay = sv_cfg.ack_delay, .ack_timeout_us = sv_cfg.ack_timeout_us,
-		.coalesce = false, .coalesce_size = sv_cfg.coalesce_size,
-		.coalesce_timeout_us = sv_cfg.coalesce_timeout_us,
-		.zcopy_threshold = sv_cfg.reg_threshold,
-	};
+	struct sv_proto_params prm;
+	sv_config_proto_params(&sv_cfg, &prm);
+	prm.coalesce = false;
 	struct sv_verbs *v;
 	struct sv_proto p;
 	if (sv_verbs_create(&v, id, &prm) < 0)

@@ -1094,19 +1094,8 @@ int main(int argc, char **argv)
 		.port = "7480",
 		.bytes = 64ull << 20,
 		.stall_s = 60,
-		.prm =
-			{
-				.window = cfg.window,
-				.reserve = 4,
-				.buf_size = cfg.buf_size,
-				.ack_delay = cfg.ack_delay,
-				.ack_timeout_us = cfg.ack_timeout_us,
-				.coalesce = cfg.coalesce,
-				.coalesce_size = cfg.coalesce_size,
-				.coalesce_timeout_us = cfg.coalesce_timeout_us,
-				.zcopy_threshold = cfg.reg_threshold,
-			},
 	};
+	sv_config_proto_params(&cfg, &o.prm);
 	int connect_s = -1, opt;
 	while ((opt = getopt(argc, argv, "sa:p:b:w:r:B:z:n:Dt:T:vh")) != -1) {
 		switch (opt) {

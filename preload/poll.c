@@ -48,10 +48,9 @@ static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 	struct sv_fd **ents = calloc(n, sizeof(*ents));
 	short *own = calloc(n, sizeof(*own));
-	uint64_t *gen = calloc(n ? n : 1, sizeof(*gen));
 	struct pollfd *k = calloc(n * 4 + 1, sizeof(*k));
 	int result = -ENOMEM;
-	if (!ents || !own || !gen || !k)
+	if (!ents || !own || !k)
 		goto free_all;
 	for (nfds_t i = 0; i < n; i++) {
 		struct sv_fd *f = sv_fd_get(fds[i].fd);
@@ -63,6 +62,7 @@ static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
 	}
 	for (;;) {
 		int ready = 0;
+		uint64_t gen[n ? n : 1]; /* each stream's state as judged here */
 		for (nfds_t i = 0; i < n; i++) {
 			k[i] = fds[i];
 			own[i] = 0;
@@ -136,7 +136,6 @@ free_all:
 			sv_fd_put(ents[i]);
 	free(ents);
 	free(own);
-	free(gen);
 	free(k);
 	return result;
 }

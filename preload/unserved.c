@@ -77,23 +77,18 @@ static void detach_all(bool surviving_exec)
 	}
 }
 
-#define ENTER_DETACH_ALL(surviving_exec)                                                    \
+/* Run `detach` before passing the call through, keeping errno, unless the
+ * call comes from libsovia itself (or before initialisation). */
+#define ENTER_DETACHING(detach)                                                             \
 	do {                                                                                \
 		if (!sv_passthrough()) {                                                    \
 			int saved_ = errno;                                                 \
-			detach_all(surviving_exec);                                         \
+			detach;                                                             \
 			errno = saved_;                                                     \
 		}                                                                           \
 	} while (0)
-
-#define ENTER_DETACH(fd)                                                                    \
-	do {                                                                                \
-		if (!sv_passthrough()) {                                                    \
-			int saved_ = errno;                                                 \
-			detach_fd(fd);                                                      \
-			errno = saved_;                                                     \
-		}                                                                           \
-	} while (0)
+#define ENTER_DETACH_ALL(surviving_exec) ENTER_DETACHING(detach_all(surviving_exec))
+#define ENTER_DETACH(fd) ENTER_DETACHING(detach_fd(fd))
 
 /* ---- Processes ------------------------------------------------------------ */
 

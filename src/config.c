@@ -1,6 +1,7 @@
 #include "config.h"
 
 #include "log.h"
+#include "proto.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -183,4 +184,21 @@ int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
 		bad++;
 	}
 	return bad;
+}
+
+void sv_config_proto_params(const struct sv_config *cfg, struct sv_proto_params *prm)
+{
+	*prm = (struct sv_proto_params){
+		.window = cfg->window,
+		.reserve = SV_RESERVE,
+		.buf_size = cfg->buf_size,
+		.ack_delay = cfg->ack_delay,
+		.ack_timeout_us = cfg->ack_timeout_us,
+		.coalesce = cfg->coalesce,
+		.coalesce_size = cfg->coalesce_size,
+		.coalesce_timeout_us = cfg->coalesce_timeout_us,
+		.zcopy_threshold = cfg->reg_threshold,
+	};
+	if (prm->coalesce_size > prm->buf_size - SV_HDR_SIZE)
+		prm->coalesce_size = prm->buf_size - SV_HDR_SIZE;
 }

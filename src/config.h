@@ -33,6 +33,11 @@ int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn);
 /* The defaults, as sv_config_load gives with an empty environment. */
 void sv_config_defaults(struct sv_config *cfg);
 
+/* The protocol core's parameters these settings give (the control reserve
+ * is SV_RESERVE; the coalescing buffer never exceeds a message). */
+struct sv_proto_params;
+void sv_config_proto_params(const struct sv_config *cfg, struct sv_proto_params *prm);
+
 /* The process-wide settings, loaded by the preload's initialiser. */
 extern struct sv_config sv_cfg;
 

@@ -525,20 +525,33 @@ void sv_stream_maybe_rdma(struct sv_stream *s)
  * whether the application went idle. */
 #define SV_HELPER_LOOK_US 1000u
 
-/* A stream on RDMA that the application drives: while it calls in, the
- * helper only looks every SV_HELPER_LOOK_US; once a look finds no call
- * since the last one (and nobody waiting in libsovia), the helper arms the
- * CQ and sleeps on the completion channel and the core's deadline, so an
- * idle application's connection still answers BACK, sends its delayed ACKs
- * and flushes its coalesced bytes. */
+/* On RDMA with nothing in between (switch, echo, close) for the helper: the
+ * application's own calls drive the stream. */
+static bool app_drives(const struct sv_stream *s)
+{
+	return s->state == SV_CONN_RDMA && !s->echo_owed && !s->proto.peer_to_rdma && s->verbs &&
+	       !s->error && !s->app_closed;
+}
+
+/* Did the application call in since the helper's last look, or does it
+ * wait inside libsovia now? Records this look. */
+static bool app_active(struct sv_stream *s)
+{
+	bool active = s->waiters || s->app_calls != s->helper_seen;
+	s->helper_seen = s->app_calls;
+	return active;
+}
+
+/* A stream the application drives, found idle (no call since the last
+ * look, nobody waiting in libsovia): arm the CQ and sleep on the completion
+ * channel and the core's deadline, so an idle application's connection
+ * still answers BACK, sends its delayed ACKs and flushes its coalesced
+ * bytes. While the application is active the helper only looks every
+ * SV_HELPER_LOOK_US (sv_stream_service). */
 static uint64_t idle_watch(struct sv_stream *s, uint64_t now, struct sv_watch_io *io)
 {
 	io->idle = true;
 	uint64_t look = now + SV_HELPER_LOOK_US;
-	if (s->waiters || s->app_calls != s->helper_seen) {
-		s->helper_seen = s->app_calls;
-		return look;
-	}
 	int fd = sv_verbs_fd(s->verbs);
 	if (io->chan < 0 || io->chan_of != fd) {
 		int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -612,7 +625,15 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 		next = s->deadline_us;
 		break;
 	case SV_CONN_SWITCHING:
-	case SV_CONN_RDMA:
+	case SV_CONN_RDMA: {
+		bool active = app_active(s);
+		if (active && !io->fired && app_drives(s)) {
+			/* Its calls poll the CQ and run the timers: only look
+			 * again later, without taking its completions. */
+			io->idle = true;
+			next = now + SV_HELPER_LOOK_US;
+			break;
+		}
 		if (io->fired && s->verbs)
 			sv_verbs_drain_events(s->verbs);
 		sv_stream_progress(s);
@@ -658,11 +679,11 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 			next = sv_stream_linger(s, now, done);
 			break;
 		}
-		if (s->state == SV_CONN_RDMA && !s->echo_owed && !s->proto.peer_to_rdma &&
-		    s->verbs && !s->error) {
-			/* The application's calls drive it now; the helper
-			 * stands in while it is idle. */
-			next = idle_watch(s, now, io);
+		if (app_drives(s)) {
+			/* The helper stands in only while the application is
+			 * idle; a wake-up that found it active does not re-arm. */
+			io->idle = true;
+			next = active ? now + SV_HELPER_LOOK_US : idle_watch(s, now, io);
 			break;
 		}
 		next = s->proto_ready ? sv_proto_next_deadline(&s->proto) : 0;
@@ -674,6 +695,7 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 				next = now + 1000;
 		}
 		break;
+	}
 	case SV_CONN_FALLBACK:
 	case SV_CONN_BROKEN:
 		if (s->app_closed)

@@ -97,23 +97,6 @@ static void run_releases(void)
 /* Tag the context pointers so an event tells a listener from a stream. */
 #define LISTENER_TAG ((uintptr_t)1)
 
-static struct sv_proto_params proto_params(void)
-{
-	struct sv_proto_params prm = {
-		.window = sv_cfg.window,
-		.reserve = SV_RESERVE,
-		.buf_size = sv_cfg.buf_size,
-		.ack_delay = sv_cfg.ack_delay,
-		.ack_timeout_us = sv_cfg.ack_timeout_us,
-		.coalesce = sv_cfg.coalesce,
-		.coalesce_size = sv_cfg.coalesce_size,
-		.coalesce_timeout_us = sv_cfg.coalesce_timeout_us,
-		.zcopy_threshold = sv_cfg.reg_threshold,
-	};
-	if (prm.coalesce_size > prm.buf_size - SV_HDR_SIZE)
-		prm.coalesce_size = prm.buf_size - SV_HDR_SIZE;
-	return prm;
-}
 
 static void random_bytes(uint8_t *b, size_t n)
 {
@@ -130,7 +113,8 @@ static void random_bytes(uint8_t *b, size_t n)
  * before the connection is established. Called with s->lock held. */
 static int attach_qp(struct sv_stream *s)
 {
-	struct sv_proto_params prm = proto_params();
+	struct sv_proto_params prm;
+	sv_config_proto_params(&sv_cfg, &prm);
 	prm.coalesce = !s->nodelay;
 	int r = sv_verbs_create(&s->verbs, s->id, &prm);
 	if (r < 0) {

@@ -22,12 +22,9 @@ survive() { # $1: port, $2: which end is killed (client|server)
 	# Kill once the transfer runs over RDMA: the rxe device has sent a few
 	# thousand packets (the upgrade's start-up takes seconds under emulation,
 	# more on a loaded machine).
-	local p0 i
+	local p0
 	p0=$(rxe_pkts)
-	for i in $(seq 600); do
-		[ $(($(rxe_pkts) - p0)) -ge 2000 ] && break
-		sleep 0.1
-	done
+	wait_rxe 2000 "$p0" || true # the check after the kill says whether RDMA carried data
 	sleep 1
 	kill -9 "$v"
 	local t0=$(date +%s) rc=0

@@ -43,6 +43,17 @@ wait_line() {
 }
 
 rxe_pkts() { cat "/sys/class/infiniband/$DEV/ports/1/hw_counters/sent_pkts"; }
+
+# Wait until the rxe device sent $1 more packets than $2 (a count of
+# rxe_pkts taken earlier); at most $3 s (default 60).
+wait_rxe() {
+	local i
+	for i in $(seq $((${3:-60} * 10))); do
+		[ $(($(rxe_pkts) - $2)) -ge "$1" ] && return 0
+		sleep 0.1
+	done
+	return 1
+}
 lo_bytes() { cat /sys/class/net/lo/statistics/tx_bytes; }
 
 # The value of field $2 in the libsovia stats line(s) of file $1 for role $3

@@ -24,16 +24,6 @@ want=$(md5sum <"$WORK/in" | cut -d' ' -f1)
 SPAWN=$BUILD/apps/sovia-spawn
 export SOVIA_LOG=${SOVIA_LOG:-info}
 
-# Wait until the rxe device sent $1 more packets than $2 (at most 60 s).
-wait_rxe() {
-	local p0=$2 i
-	for i in $(seq 600); do
-		[ $(($(rxe_pkts) - p0)) -ge "$1" ] && return 0
-		sleep 0.1
-	done
-	return 1
-}
-
 check_back() { # $1: what, $2: role that sent over RDMA, $3: role that gave back
 	cat "$WORK/server.err" "$WORK/client.err" >"$WORK/stats"
 	local rdma back gotback
