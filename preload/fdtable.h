@@ -37,6 +37,9 @@ struct sv_fd {
 	int fd;
 	const struct sv_fd_ops *ops;
 	void *priv; /* the ops' own state (e.g. the SOVIA stream) */
+	/* The kernel's epoll watches this fd (added while it was a plain
+	 * socket): it must stay the kernel's (it is never made a stream). */
+	atomic_bool in_epoll;
 };
 
 /* Size the table from RLIMIT_NOFILE. Returns 0 or -errno. Idempotent. */

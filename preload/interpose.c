@@ -7,6 +7,7 @@
 #include "preload.h"
 #include "real.h"
 #include "sovia_ops.h"
+#include "wait.h"
 
 #include <netinet/in.h>
 #include <pthread.h>
@@ -315,6 +316,8 @@ SV_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int
 
 SV_EXPORT int close(int fd)
 {
+	if (!sv_passthrough())
+		sv_epoll_on_close(fd);
 	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_remove(fd);
 	if (!f)
 		return SV_REAL(close)(fd);

@@ -9,6 +9,7 @@
 #include "real.h"
 #include "sovia_ops.h"
 #include "stream.h"
+#include "wait.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -42,8 +43,8 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* timeout_ms < 0: forever. Returns the count, or -errno. */
-static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask,
+		  bool return_on_wake)
 {
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 	struct sv_fd **ents = calloc(n, sizeof(*ents));
@@ -124,7 +125,7 @@ static int poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset
 			fds[i].revents = rev;
 			count += rev != 0;
 		}
-		if (count || (deadline >= 0 && now_ms() >= deadline)) {
+		if (count || return_on_wake || (deadline >= 0 && now_ms() >= deadline)) {
 			result = count;
 			break;
 		}
@@ -146,7 +147,7 @@ SV_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 		return SV_REAL(poll)(fds, n, timeout);
 	int saved = errno;
 	sv_enter();
-	int r = poll_mixed(fds, n, timeout, NULL);
+	int r = sv_poll_mixed(fds, n, timeout, NULL, false);
 	sv_leave();
 	return (int)sv_ret(r, saved);
 }
@@ -165,7 +166,7 @@ SV_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, con
 	}
 	int saved = errno;
 	sv_enter();
-	int r = poll_mixed(fds, n, timeout, mask);
+	int r = sv_poll_mixed(fds, n, timeout, mask, false);
 	sv_leave();
 	return (int)sv_ret(r, saved);
 }

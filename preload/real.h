@@ -61,6 +61,10 @@
 	X(fcntl, int, (int, int, ...))                                                      \
 	X(fcntl64, int, (int, int, ...))                                                    \
 	X(epoll_ctl, int, (int, int, int, struct epoll_event *))                            \
+	X(epoll_wait, int, (int, struct epoll_event *, int, int))                           \
+	X(epoll_pwait, int, (int, struct epoll_event *, int, int, const sigset_t *))        \
+	X(epoll_pwait2, int, (int, struct epoll_event *, int, const struct timespec *,      \
+			      const sigset_t *))                                             \
 	X(sendfile, ssize_t, (int, int, off_t *, size_t))                                   \
 	X(sendfile64, ssize_t, (int, int, off_t *, size_t))                                 \
 	X(splice, ssize_t, (int, loff_t *, int, loff_t *, size_t, unsigned int))            \

@@ -8,6 +8,7 @@
 #include "log.h"
 #include "real.h"
 #include "stream.h"
+#include "wait.h"
 
 #include <errno.h>
 
@@ -18,6 +19,9 @@ static ssize_t st_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
 	sv_enter();
 	long r = sv_stream_recvmsg(f->priv, msg, flags);
 	sv_leave();
+	if (r == -EAGAIN)
+		atomic_fetch_add_explicit(&((struct sv_stream *)f->priv)->rx_eagain, 1,
+					  memory_order_relaxed);
 	return r;
 }
 
@@ -26,6 +30,9 @@ static ssize_t st_sendmsg(struct sv_fd *f, const struct msghdr *msg, int flags)
 	sv_enter();
 	long r = sv_stream_sendmsg(f->priv, msg, flags);
 	sv_leave();
+	if (r == -EAGAIN)
+		atomic_fetch_add_explicit(&((struct sv_stream *)f->priv)->tx_eagain, 1,
+					  memory_order_relaxed);
 	return r;
 }
 
@@ -163,9 +170,16 @@ static void client_stream(int fd, void (*start)(struct sv_stream *s))
 	if (!f)
 		return;
 	bool plain = f->ops == &sv_kernel_ops;
+	bool watched = atomic_load(&f->in_epoll);
 	sv_fd_put(f);
 	if (!plain)
 		return; /* a stream already (connect() called again to poll it) */
+	if (watched) {
+		/* The kernel's epoll watches the fd already and would not see
+		 * data that moved to the QP. */
+		sv_info("fd %d: in an epoll set before its connect(): stays on TCP", fd);
+		return;
+	}
 	sv_enter();
 	struct sv_stream *s = sv_stream_new(fd, true);
 	if (s) {
@@ -197,6 +211,7 @@ void sv_on_exit(void)
 void sv_fd_make_plain(int fd)
 {
 	(void)replace_entry(fd, &sv_kernel_ops, NULL);
+	sv_epoll_fd_plain(fd);
 }
 
 void sv_ops_atfork_child(void)
@@ -219,6 +234,7 @@ void sv_ops_atfork_child(void)
 		}
 		sv_fd_put(f);
 	}
+	sv_epoll_atfork_child();
 	sv_helper_atfork_child();
 	sv_upgrade_atfork_child();
 	sv_stream_atfork_child();

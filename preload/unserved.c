@@ -7,12 +7,11 @@
  *   fork, vfork            every accelerated connection, before the fork
  *   exec*, fexecve         those that survive the exec (no FD_CLOEXEC)
  *   posix_spawn[p]         every one (file actions may hand any fd over)
- *   epoll_ctl ADD/MOD      the fd added
  *   dup, dup2, dup3,
  *   fcntl F_DUPFD*         the fd duplicated
  *   sendfile, splice       the socket(s) involved
  *
- * select/pselect are served (through poll), and so are ioctl FIONREAD/
+ * select/pselect are served (through poll), epoll in epoll.c, and ioctl FIONREAD/
  * SIOCINQ and recvmmsg/sendmmsg; other ioctls go to the kernel unchanged. */
 #include "guard.h"
 #include "log.h"
@@ -20,6 +19,7 @@
 #include "real.h"
 #include "sovia_ops.h"
 #include "stream.h"
+#include "wait.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -236,16 +236,22 @@ SV_EXPORT int dup(int fd)
 SV_EXPORT int dup2(int fd, int fd2)
 {
 	ENTER_DETACH(fd);
-	if (fcntl(fd, F_GETFD) >= 0) /* an invalid fd leaves fd2 alone */
+	if (fcntl(fd, F_GETFD) >= 0) { /* an invalid fd leaves fd2 alone */
 		close_target(fd, fd2);
+		if (fd != fd2 && !sv_passthrough())
+			sv_epoll_on_close(fd2);
+	}
 	return SV_REAL(dup2)(fd, fd2);
 }
 
 SV_EXPORT int dup3(int fd, int fd2, int flags)
 {
 	ENTER_DETACH(fd);
-	if (fd != fd2 && fcntl(fd, F_GETFD) >= 0)
+	if (fd != fd2 && fcntl(fd, F_GETFD) >= 0) {
 		close_target(fd, fd2);
+		if (!sv_passthrough())
+			sv_epoll_on_close(fd2);
+	}
 	return SV_REAL(dup3)(fd, fd2, flags);
 }
 
@@ -272,13 +278,6 @@ SV_EXPORT int fcntl64(int fd, int cmd, ...)
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
 	return fcntl_common(SV_REAL(fcntl64), fd, cmd, arg);
-}
-
-SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
-{
-	if (op == EPOLL_CTL_ADD || op == EPOLL_CTL_MOD)
-		ENTER_DETACH(fd);
-	return SV_REAL(epoll_ctl)(epfd, op, fd, ev);
 }
 
 SV_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)

@@ -105,6 +105,9 @@ struct sv_stream {
 	unsigned waiters;
 	uint64_t wake_gen;   /* counts sv_stream_wake: changes a poll must not miss */
 	uint64_t app_calls;  /* the application's calls that may poll the CQ */
+	/* Receive and send calls that returned EAGAIN (epoll's edge rules,
+	 * src/readiness.h). */
+	atomic_uint_least64_t rx_eagain, tx_eagain;
 	uint64_t helper_seen; /* app_calls when the helper last looked */
 	/* The helper's watch (under the helper's lock, helper.c). */
 	bool helper_watched;
@@ -177,6 +180,14 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
 struct pollfd;
 int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, uint64_t gen);
 void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n);
+
+/* epoll: the stream's marks for the edge-triggered rules (readiness.h). */
+struct sv_marks;
+void sv_stream_marks(struct sv_stream *s, struct sv_marks *m);
+/* Does the kernel's socket alone answer for the stream from now on (TCP for
+ * good and nothing held by libsovia)? Then an epoll set may watch the fd
+ * itself. */
+bool sv_stream_kernel_only(struct sv_stream *s);
 
 /* Non-blocking connect: the helper starts the upgrade once it completes. */
 void sv_stream_connecting(struct sv_stream *s);

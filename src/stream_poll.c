@@ -3,6 +3,7 @@
  * nothing about it, so libsovia answers; otherwise the kernel does. */
 #include "stream_int.h"
 
+#include "readiness.h"
 #include "verbs.h"
 
 #include <poll.h>
@@ -124,4 +125,37 @@ void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n)
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
+}
+
+void sv_stream_marks(struct sv_stream *s, struct sv_marks *m)
+{
+	pthread_mutex_lock(&s->lock);
+	/* Any message, TCP bytes read, wake-up or state change moves it. */
+	m->activity = s->wake_gen + s->tcp_rx + (s->error != 0) +
+		      (uint64_t)s->state + (s->proto_ready ? s->proto.st.rx_msgs : 0);
+	pthread_mutex_unlock(&s->lock);
+	m->rx_eagain = atomic_load_explicit(&s->rx_eagain, memory_order_relaxed);
+	m->tx_eagain = atomic_load_explicit(&s->tx_eagain, memory_order_relaxed);
+}
+
+bool sv_stream_kernel_only(struct sv_stream *s)
+{
+	pthread_mutex_lock(&s->lock);
+	bool r = false;
+	switch (s->state) {
+	case SV_CONN_FALLBACK:
+	case SV_CONN_DETACHED:
+		r = s->tcpbuf_len == s->tcpbuf_off;
+		break;
+	case SV_CONN_TCP:
+	case SV_CONN_RESOLVING:
+	case SV_CONN_REQUESTED:
+	case SV_CONN_SWITCHING:
+	case SV_CONN_RDMA:
+	case SV_CONN_BROKEN:
+	case SV_CONN_DETACHING:
+		break;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
 }
