@@ -58,7 +58,7 @@ static int st_setsockopt(struct sv_fd *f, int level, int name, const void *val, 
 static int st_close(struct sv_fd *f)
 {
 	sv_enter();
-	int r = sv_stream_close(f->priv);
+	int r = sv_stream_close(f->priv, f->fd);
 	sv_leave();
 	return r;
 }
@@ -206,6 +206,29 @@ void sv_on_exit(void)
 	sv_enter();
 	sv_helper_exit_flush();
 	sv_leave();
+}
+
+bool sv_ops_add_copy(int nfd, struct sv_stream *s)
+{
+	sv_stream_get(s); /* the new entry's; released by replace_entry on failure */
+	if (!replace_entry(nfd, &sv_stream_ops, s))
+		return false;
+	sv_stream_opened(s);
+	return true;
+}
+
+void sv_fd_make_plain_all(struct sv_stream *s)
+{
+	int n = sv_fdtable_size();
+	for (int fd = 0; fd < n; fd++) {
+		struct sv_fd *f = sv_fd_get(fd);
+		if (!f)
+			continue;
+		bool copy = f->ops == &sv_stream_ops && f->priv == s;
+		sv_fd_put(f);
+		if (copy)
+			sv_fd_make_plain(fd);
+	}
 }
 
 void sv_fd_make_plain(int fd)

@@ -7,10 +7,10 @@
  *   fork, vfork            every accelerated connection, before the fork
  *   exec*, fexecve         those that survive the exec (no FD_CLOEXEC)
  *   posix_spawn[p]         every one (file actions may hand any fd over)
- *   dup, dup2, dup3,
- *   fcntl F_DUPFD*         the fd duplicated
  *   sendfile, splice       the socket(s) involved
  *
+ * dup, dup2, dup3 and fcntl(F_DUPFD*) are served: every copy is the same
+ * stream, which lives until the last copy is closed (src/close.c).
  * select/pselect are served (through poll), epoll in epoll.c, and ioctl FIONREAD/
  * SIOCINQ and recvmmsg/sendmmsg; other ioctls go to the kernel unchanged. */
 #include "guard.h"
@@ -50,7 +50,7 @@ static void detach_fd(int fd)
 		int r = sv_stream_detach(f->priv);
 		sv_leave();
 		if (r == 0)
-			sv_fd_make_plain(fd);
+			sv_fd_make_plain_all(f->priv);
 	}
 	sv_fd_put(f);
 }
@@ -213,12 +213,59 @@ SV_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_
 
 /* ---- Descriptors ------------------------------------------------------------ */
 
-/* dup2/dup3 onto a managed fd close it first, the way the kernel would. */
-static void close_target(int oldfd, int newfd)
+/* dup of an accelerated stream: the copy is the same stream. Returns fd's
+ * entry, held, when the copy must become the stream's; NULL when the
+ * kernel's dup is all (not a stream, plain TCP for good, or it could not be
+ * shared and went back to TCP). */
+static struct sv_fd *share_begin(int fd)
 {
-	if (oldfd == newfd || sv_passthrough())
-		return;
-	struct sv_fd *f = sv_fd_remove(newfd);
+	if (sv_passthrough())
+		return NULL;
+	struct sv_fd *f = sv_fd_get(fd);
+	if (f && f->ops == &sv_stream_ops) {
+		int saved = errno;
+		sv_enter();
+		int r = sv_stream_kernel_only(f->priv) ? 1 : sv_stream_share(f->priv);
+		sv_leave();
+		errno = saved;
+		if (r == 0)
+			return f;
+		if (r < 0) {
+			sv_fd_put(f);
+			ENTER_DETACH(fd);
+			return NULL;
+		}
+	}
+	if (f)
+		sv_fd_put(f);
+	return NULL;
+}
+
+/* The kernel's dup of fd gave nfd (or failed). */
+static int share_end(struct sv_fd *f, int fd, int nfd)
+{
+	if (!f)
+		return nfd;
+	if (nfd >= 0 && nfd != fd) {
+		int saved = errno;
+		sv_enter();
+		bool ok = sv_ops_add_copy(nfd, f->priv);
+		sv_leave();
+		if (!ok)
+			detach_fd(fd); /* nfd is the kernel's: the stream must be too */
+		errno = saved;
+	}
+	sv_fd_put(f);
+	return nfd;
+}
+
+/* dup2/dup3 onto another fd close it first, the way the kernel would. */
+static void dup_target(int fd, int fd2)
+{
+	if (fd == fd2 || sv_passthrough() || fcntl(fd, F_GETFD) < 0)
+		return; /* an invalid fd leaves fd2 alone */
+	sv_epoll_on_close(fd2);
+	struct sv_fd *f = sv_fd_remove(fd2);
 	if (!f)
 		return;
 	int saved = errno;
@@ -229,37 +276,30 @@ static void close_target(int oldfd, int newfd)
 
 SV_EXPORT int dup(int fd)
 {
-	ENTER_DETACH(fd);
-	return SV_REAL(dup)(fd);
+	struct sv_fd *f = share_begin(fd);
+	return share_end(f, fd, SV_REAL(dup)(fd));
 }
 
 SV_EXPORT int dup2(int fd, int fd2)
 {
-	ENTER_DETACH(fd);
-	if (fcntl(fd, F_GETFD) >= 0) { /* an invalid fd leaves fd2 alone */
-		close_target(fd, fd2);
-		if (fd != fd2 && !sv_passthrough())
-			sv_epoll_on_close(fd2);
-	}
-	return SV_REAL(dup2)(fd, fd2);
+	struct sv_fd *f = share_begin(fd);
+	dup_target(fd, fd2);
+	return share_end(f, fd, SV_REAL(dup2)(fd, fd2));
 }
 
 SV_EXPORT int dup3(int fd, int fd2, int flags)
 {
-	ENTER_DETACH(fd);
-	if (fd != fd2 && fcntl(fd, F_GETFD) >= 0) {
-		close_target(fd, fd2);
-		if (!sv_passthrough())
-			sv_epoll_on_close(fd2);
-	}
-	return SV_REAL(dup3)(fd, fd2, flags);
+	struct sv_fd *f = share_begin(fd);
+	dup_target(fd, fd2);
+	return share_end(f, fd, SV_REAL(dup3)(fd, fd2, flags));
 }
 
 static int fcntl_common(int (*real)(int, int, ...), int fd, int cmd, void *arg)
 {
-	if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
-		ENTER_DETACH(fd);
-	return real(fd, cmd, arg);
+	if (cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC)
+		return real(fd, cmd, arg);
+	struct sv_fd *f = share_begin(fd);
+	return share_end(f, fd, real(fd, cmd, arg));
 }
 
 SV_EXPORT int fcntl(int fd, int cmd, ...)

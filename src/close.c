@@ -29,9 +29,44 @@ static int high_fd_base(void)
 	return base;
 }
 
-int sv_stream_close(struct sv_stream *s)
+int sv_stream_share(struct sv_stream *s)
+{
+	int r = 0;
+	pthread_mutex_lock(&s->lock);
+	if (!s->fd_private) {
+		/* The application may close any copy, this one first: the
+		 * stream keeps a copy of its own. */
+		int keep = fcntl(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
+		if (keep < 0) {
+			r = -errno;
+		} else {
+			s->fd = keep;
+			s->fd_private = true;
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+void sv_stream_opened(struct sv_stream *s)
 {
 	pthread_mutex_lock(&s->lock);
+	s->opens++;
+	pthread_mutex_unlock(&s->lock);
+}
+
+int sv_stream_close(struct sv_stream *s, int appfd)
+{
+	pthread_mutex_lock(&s->lock);
+	int r = 0;
+	if (s->fd != appfd && close(appfd) < 0)
+		r = -errno; /* a copy: the stream has its own */
+	if (s->opens > 1) {
+		s->opens--; /* other copies keep the connection */
+		pthread_mutex_unlock(&s->lock);
+		return r;
+	}
+	s->opens = 0;
 	s->app_closed = true;
 	if (!s->proto_ready || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED) {
 		/* Nothing of ours to finish: the kernel closes as usual. */
@@ -43,19 +78,24 @@ int sv_stream_close(struct sv_stream *s)
 		if (s->id || s->state == SV_CONN_RESOLVING || s->state == SV_CONN_REQUESTED ||
 		    s->state == SV_CONN_DETACHED)
 			sv_helper_watch(s); /* let the helper drop its part */
-		return close(fd) < 0 ? -errno : 0;
-	}
-	/* The application's fd number is free again at once; the connection
-	 * lives on a private copy until it is finished. */
-	int keep = fcntl(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
-	int r = 0;
-	if (keep < 0) {
-		r = -errno;
-		sv_warn("fd %d: cannot keep the connection for a lingering close (%d)", s->fd, r);
-	} else {
-		if (close(s->fd) < 0)
+		if (close(fd) < 0 && r == 0)
 			r = -errno;
-		s->fd = keep;
+		return r;
+	}
+	if (s->fd == appfd) {
+		/* The application's fd number is free again at once; the
+		 * connection lives on a private copy until it is finished. */
+		int keep = fcntl(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
+		if (keep < 0) {
+			r = -errno;
+			sv_warn("fd %d: cannot keep the connection for a lingering close (%d)",
+				s->fd, r);
+		} else {
+			if (close(s->fd) < 0)
+				r = -errno;
+			s->fd = keep;
+			s->fd_private = true;
+		}
 	}
 	s->linger_deadline_us = sv_now_us() + SV_LINGER_US;
 	pthread_mutex_unlock(&s->lock);

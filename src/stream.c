@@ -114,6 +114,11 @@ static void all_remove(struct sv_stream *s)
 void sv_stream_atfork_child(void)
 {
 	pthread_mutex_init(&all_lock, NULL);
+	/* The parent's private copies of its sockets would keep its
+	 * connections open as long as this child lives. */
+	for (struct sv_stream *s = all_streams; s; s = s->next_all)
+		if (s->fd_private && s->fd >= 0)
+			close(s->fd);
 	all_streams = NULL; /* never flushed nor freed here */
 }
 
@@ -154,6 +159,7 @@ struct sv_stream *sv_stream_new(int fd, bool is_client)
 	pthread_mutex_init(&s->lock, NULL);
 	atomic_init(&s->refs, 1);
 	s->fd = fd;
+	s->opens = 1;
 	s->is_client = is_client;
 	s->state = SV_CONN_TCP;
 	socklen_t l = sizeof(s->tuple.local);
@@ -180,6 +186,8 @@ void sv_stream_put(struct sv_stream *s)
 		sv_proto_destroy(&s->proto);
 	if (s->wake_fd >= 0)
 		close(s->wake_fd);
+	if (s->fd_private && s->fd >= 0)
+		close(s->fd); /* e.g. after the way back, the last copy gone */
 	free(s->tcpbuf);
 	pthread_mutex_destroy(&s->lock);
 	free(s);

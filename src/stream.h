@@ -70,6 +70,8 @@ struct sv_stream {
 	pthread_mutex_t lock;
 	atomic_int refs;
 	int fd;              /* the kernel TCP socket */
+	bool fd_private;     /* fd is libsovia's own copy (dup, lingering close) */
+	unsigned opens;      /* the application's fds for this stream (dup) */
 	bool is_client;
 	bool connecting;     /* a non-blocking connect() has not completed yet */
 	enum sv_conn_state state;
@@ -143,8 +145,14 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 int sv_stream_shutdown(struct sv_stream *s, int how);
 int sv_stream_setsockopt(struct sv_stream *s, int level, int name, const void *val,
 			 socklen_t len);
-/* The application closed its fd: the helper finishes the connection. */
-int sv_stream_close(struct sv_stream *s);
+/* The application closed `appfd`, one of its fds for the stream. The last
+ * one closed: the helper finishes the connection. */
+int sv_stream_close(struct sv_stream *s, int appfd);
+/* dup: the application is about to have several fds for the stream; the
+ * stream moves to a private copy of the socket, so any of them may be
+ * closed first. Then sv_stream_opened for each new fd. */
+int sv_stream_share(struct sv_stream *s);
+void sv_stream_opened(struct sv_stream *s);
 
 /* Upgrade steps, run by the helper thread (each takes the lock). */
 void sv_stream_fallback(struct sv_stream *s, enum sv_fallback why);
