@@ -265,6 +265,26 @@ void sv_proto_destroy(struct sv_proto *p)
 
 /* ---- Sending ----------------------------------------------------------- */
 
+/* Nagle's idle: every DATA we sent has completed and the peer acknowledged
+ * every byte of it. (Local completions alone come back almost at once on
+ * soft-RoCE and fast NICs, so they would send nearly every small write on
+ * its own; the peer's acknowledgment takes a round trip, as TCP's does.) */
+static bool tx_idle(const struct sv_proto *p)
+{
+	return p->inflight == 0 && p->snd_una == p->snd_nxt;
+}
+
+static int flush_pending(struct sv_proto *p, enum sv_flush_reason why);
+
+/* The last unacknowledged data is done with: push what waited for it. */
+static int flush_if_idle(struct sv_proto *p)
+{
+	if (!tx_idle(p) || p->pending_slot < 0 || p->cork || p->pending_hold)
+		return 0;
+	int r = flush_pending(p, SV_FLUSH_IDLE);
+	return r == -EAGAIN ? 0 : r;
+}
+
 static int flush_pending(struct sv_proto *p, enum sv_flush_reason why)
 {
 	if (p->pending_slot < 0)
@@ -438,7 +458,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 
 	if (p->pending_len >= climit)
 		r = flush_pending(p, SV_FLUSH_FULL);
-	else if (p->inflight == 0 && !p->cork && !(flags & MSG_MORE))
+	else if (tx_idle(p) && !p->cork && !(flags & MSG_MORE))
 		r = flush_pending(p, SV_FLUSH_IDLE);
 	/* The data is taken either way; a flush short of credit stays pending. */
 	if (r < 0 && r != -EAGAIN)
@@ -469,11 +489,9 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us)
 	if (p->error)
 		return 0;
 	/* Nagle: the last in-flight data completed, push what waited for it. */
-	if (p->inflight == 0 && p->pending_slot >= 0 && !p->cork && !p->pending_hold) {
-		int r = flush_pending(p, SV_FLUSH_IDLE);
-		if (r < 0 && r != -EAGAIN)
-			return r;
-	}
+	int fr = flush_if_idle(p);
+	if (fr < 0)
+		return fr;
 	/* A report that found no free send buffer may go now. */
 	return ack_policy(p, now_us);
 }
@@ -526,9 +544,15 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 	if (h.ack > p->snd_nxt)
 		return malformed(p); /* acknowledges bytes we never sent */
 	p->credits += h.credits;
-	if (h.ack > p->snd_una)
+	bool acked = h.ack > p->snd_una;
+	if (acked)
 		p->snd_una = h.ack;
 	p->st.rx_msgs++;
+	if (acked) {
+		int fr = flush_if_idle(p); /* Nagle: everything acknowledged */
+		if (fr < 0)
+			return fr;
+	}
 
 	/* The peer's bytes flow to the QP while it is the medium or a TO_RDMA
 	 * has announced it, until a TO_TCP or FIN ends them. */

@@ -839,6 +839,14 @@ Test(proto, ack_piggybacked_on_data)
 
 /* ---- Coalescing ------------------------------------------------------------------ */
 
+/* Side `rx`'s delayed ACK goes out (its timer fires) and arrives. */
+static void deliver_ack(int rx)
+{
+	NOW += P[rx].prm.ack_timeout_us;
+	sv_proto_timers(&P[rx], NOW);
+	pump();
+}
+
 Test(proto, coalesce_first_write_on_idle_is_sent)
 {
 	struct sv_proto_params prm = prm_coalesce();
@@ -850,16 +858,40 @@ Test(proto, coalesce_first_write_on_idle_is_sent)
 	cr_assert_eq(P[SA].st.flushes_idle, 1);
 	cr_assert_eq(P[SA].pending_slot, -1);
 	cr_assert_eq(P[SA].inflight, 1);
-	/* Its completion is not in: the next small write waits... */
+	/* Neither completed nor acknowledged: the next small write waits... */
 	put_all(SA, 7, 0);
 	cr_assert_eq(ndata(SA), 1);
 	cr_assert_eq(P[SA].pending_len, 7);
-	/* ... until the completion drains in-flight to 0. */
+	/* ... past the completion, which is not the peer's acknowledgment ... */
 	pump();
+	cr_assert_eq(ndata(SA), 1, "completed but not acknowledged: still held");
+	/* ... until the peer acknowledges every byte (Nagle). */
+	cr_assert_eq(drain(SB), 10);
+	deliver_ack(SB);
 	cr_assert_eq(ndata(SA), 2);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 7);
 	cr_assert_eq(P[SA].st.flushes_idle, 2);
+	cr_assert_eq(drain(SB), 7);
+	check_quiescent();
+}
+
+Test(proto, coalesce_flushed_by_a_piggybacked_ack)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 10, 0);
+	put_all(SA, 7, 0);
+	pump();
+	cr_assert_eq(ndata(SA), 1);
+	/* The peer's own data carries its acknowledgment of our 10 bytes. */
+	put_all(SB, 5, 0);
+	pump();
+	cr_assert_eq(ndata(SA), 2, "everything acknowledged: the held bytes go");
+	cr_assert_eq(data_msg(SA, 1)->h.len, 7);
+	cr_assert_eq(P[SA].st.flushes_idle, 2);
 	cr_assert_eq(drain(SB), 17);
+	cr_assert_eq(drain(SA), 5);
 	check_quiescent();
 }
 
@@ -884,6 +916,8 @@ Test(proto, coalesce_holds_while_in_flight_then_idle)
 
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	pump();
+	cr_assert_eq(ndata(SA), 1, "completed, not yet acknowledged");
+	deliver_ack(SB);
 	cr_assert_eq(ndata(SA), 2);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 35, "both writes in one message");
 	cr_assert_eq(P[SA].st.flushes_idle, 2);
@@ -910,9 +944,11 @@ Test(proto, coalesce_flush_full_when_next_write_does_not_fit)
 	cr_assert_eq(P[SA].pending_len, 30);
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	pump();
+	cr_assert_eq(drain(SB), 50);
+	deliver_ack(SB);
 	cr_assert_eq(ndata(SA), 3);
 	cr_assert_eq(data_msg(SA, 2)->h.len, 30);
-	cr_assert_eq(drain(SB), 80);
+	cr_assert_eq(drain(SB), 30);
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	check_quiescent();
 }
@@ -1129,11 +1165,13 @@ Test(proto, cork_holds_small_writes)
 	cr_assert_eq(data_msg(SA, 0)->h.len, 20);
 	cr_assert_eq(P[SA].st.flushes_timer, 1);
 	pump();
+	cr_assert_eq(drain(SB), 20);
+	deliver_ack(SB);
 	P[SA].cork = false;
 	put_all(SA, 3, 0);
 	cr_assert_eq(ndata(SA), 2, "uncorked and idle: sent at once");
 	pump();
-	cr_assert_eq(drain(SB), 23);
+	cr_assert_eq(drain(SB), 3);
 	check_quiescent();
 }
 
