@@ -4,6 +4,7 @@
  * so its readiness comes from libsovia's state; everything else is the
  * kernel's. To sleep, the kernel poll also watches each stream's completion
  * channel and wake eventfd; after a wake the streams are judged again. */
+#include "config.h"
 #include "guard.h"
 #include "preload.h"
 #include "real.h"
@@ -13,6 +14,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <time.h>
@@ -61,8 +63,12 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 		}
 		ents[i] = f; /* a reference for the whole call */
 	}
+	/* Poll without sleeping for SOVIA_SPIN_US first (judging the streams
+	 * polls their completion queues). */
+	uint64_t spin_until = sv_cfg.spin_us ? sv_now_us() + sv_cfg.spin_us : 0;
 	for (;;) {
 		int ready = 0;
+		bool spinning = spin_until && sv_now_us() < spin_until;
 		uint64_t gen[n ? n : 1]; /* each stream's state as judged here */
 		for (nfds_t i = 0; i < n; i++) {
 			k[i] = fds[i];
@@ -81,14 +87,14 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 		int start[n ? n : 1], cnt[n ? n : 1];
 		for (nfds_t i = 0; i < n; i++) {
 			cnt[i] = 0;
-			if (!ents[i] || ready)
+			if (!ents[i] || ready || spinning)
 				continue;
 			start[i] = (int)nk;
 			cnt[i] = sv_stream_poll_sources(ents[i]->priv, &k[nk], &again, gen[i]);
 			nk += (nfds_t)cnt[i];
 		}
 		int t = -1;
-		if (ready || again) {
+		if (ready || again || spinning) {
 			t = 0;
 		} else if (deadline >= 0) {
 			int64_t left = deadline - now_ms();
@@ -125,10 +131,13 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 			fds[i].revents = rev;
 			count += rev != 0;
 		}
-		if (count || return_on_wake || (deadline >= 0 && now_ms() >= deadline)) {
+		if (count || (return_on_wake && !spinning) ||
+		    (deadline >= 0 && now_ms() >= deadline)) {
 			result = count;
 			break;
 		}
+		if (spinning)
+			sched_yield();
 		/* A stream woke us (or changed while arming): judge again. */
 	}
 free_all:

@@ -816,6 +816,10 @@ int sv_proto_send_to_rdma(struct sv_proto *p, uint64_t tcp_end_seq, uint64_t now
 	if (r < 0)
 		return r;
 	p->snd_nxt = tcp_end_seq;
+	/* What TCP carried is TCP's to acknowledge: Nagle waits only for the
+	 * peer's acknowledgment of bytes sent over the QP. */
+	if (p->snd_una < tcp_end_seq)
+		p->snd_una = tcp_end_seq;
 	p->tx_state = SV_TX_OPEN;
 	return 0;
 }

@@ -14,6 +14,8 @@
 #include <errno.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +162,7 @@ struct sv_stream *sv_stream_new(int fd, bool is_client)
 	atomic_init(&s->refs, 1);
 	s->fd = fd;
 	s->opens = 1;
+	sv_stream_load_timeouts(s); /* set before the connect, or the listener's */
 	s->is_client = is_client;
 	s->state = SV_CONN_TCP;
 	socklen_t l = sizeof(s->tuple.local);
@@ -205,6 +208,59 @@ void sv_stream_wake(struct sv_stream *s)
 	}
 }
 
+/* The part of an iovec after `skip` bytes (at most 64 entries). */
+int sv_iov_advance(const struct iovec *iov, int iovcnt, size_t skip, struct iovec *out)
+{
+	int k = 0;
+	for (int i = 0; i < iovcnt && k < 64; i++) {
+		if (skip >= iov[i].iov_len) {
+			skip -= iov[i].iov_len;
+			continue;
+		}
+		out[k].iov_base = (uint8_t *)iov[i].iov_base + skip;
+		out[k].iov_len = iov[i].iov_len - skip;
+		skip = 0;
+		k++;
+	}
+	return k;
+}
+
+static uint64_t timeo_of(int fd, int name)
+{
+	struct timeval tv;
+	socklen_t l = sizeof(tv);
+	if (getsockopt(fd, SOL_SOCKET, name, &tv, &l) < 0)
+		return 0;
+	return (uint64_t)tv.tv_sec * 1000000 + (uint64_t)tv.tv_usec;
+}
+
+void sv_stream_load_timeouts(struct sv_stream *s)
+{
+	s->rcvtimeo_us = timeo_of(s->fd, SO_RCVTIMEO);
+	s->sndtimeo_us = timeo_of(s->fd, SO_SNDTIMEO);
+}
+
+bool sv_stream_timed_out(uint64_t timeo_us, uint64_t *at)
+{
+	if (!timeo_us)
+		return false;
+	uint64_t now = sv_now_us();
+	if (!*at) {
+		*at = now + timeo_us;
+		return false;
+	}
+	return now >= *at;
+}
+
+long sv_stream_app_error(struct sv_stream *s, bool sending)
+{
+	if (!s->error_told) {
+		s->error_told = true;
+		return s->error;
+	}
+	return sending ? -EPIPE : 0;
+}
+
 bool sv_stream_blocking(const struct sv_stream *s, int flags)
 {
 	if (flags & MSG_DONTWAIT)
@@ -213,10 +269,60 @@ bool sv_stream_blocking(const struct sv_stream *s, int flags)
 	return fl >= 0 && !(fl & O_NONBLOCK);
 }
 
+/* A blocking socket call interrupted by a signal: the kernel restarts it
+ * when the handler that ran has SA_RESTART, and fails it with EINTR when
+ * not. Which handler ran is not known here, so restart only when every
+ * handler installed has SA_RESTART (the usual case: signal() sets it). */
+static bool signals_restart(void)
+{
+	for (int sig = 1; sig < NSIG; sig++) {
+		struct sigaction sa;
+		if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &sa) < 0)
+			continue;
+		if (!(sa.sa_flags & SA_SIGINFO) &&
+		    (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN))
+			continue;
+		if (!(sa.sa_flags & SA_RESTART))
+			return false;
+	}
+	return true;
+}
+
+/* Poll the CQ for up to SOVIA_SPIN_US before sleeping: a reply that comes
+ * within it costs no interrupt and no two context switches. The lock is
+ * let go between looks so the application's other threads get in. Returns
+ * true when something came (or changed). */
+static bool spin(struct sv_stream *s, uint64_t deadline)
+{
+	if (!sv_cfg.spin_us || !s->verbs || s->error)
+		return false;
+	uint64_t gen = s->wake_gen, until = sv_now_us() + sv_cfg.spin_us;
+	if (deadline && deadline < until)
+		until = deadline;
+	for (;;) {
+		uint64_t now = sv_now_us();
+		int r = sv_verbs_poll(s->verbs, &s->proto, now);
+		if (r < 0)
+			sv_stream_break(s, r);
+		if (r != 0 || s->wake_gen != gen)
+			return true;
+		if (now >= until || !s->verbs)
+			return false;
+		s->app_calls++; /* busy here: the helper leaves the CQ to us */
+		pthread_mutex_unlock(&s->lock);
+		sched_yield();
+		pthread_mutex_lock(&s->lock);
+		if (!s->verbs || s->error)
+			return true;
+	}
+}
+
 int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 {
 	struct pollfd pfd[3];
 	int n = 0, chan = -1, tcp = -1;
+	if (!tcp_events && spin(s, deadline))
+		return 0;
 	if (s->verbs && !s->error) {
 		/* Arm, then look once more: a completion that came before the
 		 * arming would not wake us. */
@@ -252,8 +358,10 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 	int err = errno;
 	pthread_mutex_lock(&s->lock);
 	s->waiters--;
+	if (r < 0 && err == EINTR && signals_restart())
+		r = 0; /* as if restarted: the caller judges again and waits */
 	if (r < 0)
-		return err == EINTR ? -EINTR : -err;
+		return -err;
 	if ((pfd[wake].revents & POLLIN) && s->waiters == 0) {
 		uint64_t v;
 		ssize_t rr = read(s->wake_fd, &v, sizeof(v));
@@ -581,6 +689,7 @@ static uint64_t idle_watch(struct sv_stream *s, uint64_t now, struct sv_watch_io
 	if (r > 0) {
 		/* Completions came before the arming: handle them, look again. */
 		sv_stream_progress(s);
+		sv_stream_wake(s);
 		return now;
 	}
 	io->armed = true;
@@ -645,8 +754,10 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 		if (io->fired && s->verbs)
 			sv_verbs_drain_events(s->verbs);
 		sv_stream_progress(s);
-		if (io->fired)
-			sv_stream_wake(s); /* a waiter's poll may have lost the event to us */
+		/* What we took from the CQ may be what a waiter (or a spinning
+		 * call between its looks) waits for; its poll may also have
+		 * lost the channel's event to us. */
+		sv_stream_wake(s);
 		/* Pump the peer's TCP bytes up to its switch point, so the
 		 * upgrade completes even if the application is not reading. */
 		if (s->proto_ready && s->proto.peer_to_rdma && !s->error) {

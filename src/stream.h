@@ -117,6 +117,7 @@ struct sv_stream {
 
 	/* Socket options that shape the protocol. */
 	bool nodelay, cork;
+	uint64_t rcvtimeo_us, sndtimeo_us; /* SO_RCVTIMEO, SO_SNDTIMEO (0: none) */
 
 	/* Close. */
 	bool app_closed;     /* the application closed its fd; the helper lingers */
@@ -125,6 +126,7 @@ struct sv_stream {
 	uint64_t linger_deadline_us;
 
 	int error; /* -errno when broken */
+	bool error_told; /* the application was given `error` once */
 	bool stats_printed;
 	struct sv_stream_stats st;
 

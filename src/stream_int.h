@@ -53,6 +53,21 @@ int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len);
  * Returns the next deadline; sets *done when the stream is finished. */
 uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done);
 
+/* The part of an iovec after `skip` bytes (at most 64 entries). */
+struct iovec;
+int sv_iov_advance(const struct iovec *iov, int iovcnt, size_t skip, struct iovec *out);
+
+/* SO_RCVTIMEO/SO_SNDTIMEO as the kernel's socket has them (under the lock). */
+void sv_stream_load_timeouts(struct sv_stream *s);
+/* A blocking call's timeout (`timeo_us`, 0 = none) from its first wait:
+ * *at is set on the first call; true once it has passed. */
+bool sv_stream_timed_out(uint64_t timeo_us, uint64_t *at);
+
+/* The connection's error as the application sees it, like the kernel's
+ * sk_err: reported once (by whichever call comes first); after that a send
+ * gets EPIPE and a receive the end of the stream. Under the lock. */
+long sv_stream_app_error(struct sv_stream *s, bool sending);
+
 /* Is an upgrade still possible, so TCP reads must watch for a TO_RDMA? */
 static inline bool sv_stream_may_switch(const struct sv_stream *s)
 {

@@ -193,7 +193,8 @@ static long from_tcpbuf(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	return (long)done;
 }
 
-long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
+/* One receive: what is there, or (blocking) the first bytes that come. */
+static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 {
 	const struct iovec *iov = msg->msg_iov;
 	int iovcnt = (int)msg->msg_iovlen;
@@ -220,6 +221,7 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 		return n < 0 ? -errno : n;
 	}
 	long r;
+	uint64_t timeout_at = 0; /* SO_RCVTIMEO: from the first wait on */
 	for (;;) {
 		if (s->tcpbuf_len > s->tcpbuf_off && want) {
 			r = from_tcpbuf(s, iov, iovcnt, flags);
@@ -230,6 +232,11 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 			sv_stream_progress(s);
 		if (s->proto_ready && p->rx_on_qp && !p->back_sent) {
 			r = sv_proto_recv(p, iov, iovcnt, flags, sv_now_us());
+			if (r < 0 && r != -EAGAIN && p->error) {
+				if (!s->error)
+					sv_stream_break(s, p->error);
+				r = sv_stream_app_error(s, false);
+			}
 			if (r >= 0 || (r != -EAGAIN))
 				break;
 			if (!p->rx_on_qp || p->back_sent) {
@@ -241,7 +248,7 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 			if (s->proto_ready && p->pending_slot >= 0)
 				sv_proto_flush(p, SV_FLUSH_RECV, sv_now_us());
 			if (s->error) {
-				r = s->error;
+				r = sv_stream_app_error(s, false);
 				break;
 			}
 			r = sv_stream_tcp_read(s, iov, iovcnt, flags);
@@ -251,15 +258,19 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 				continue; /* the challenge just moved us to the QP */
 		}
 		if (s->error && !(s->proto_ready && sv_proto_readable(p))) {
-			r = s->error;
+			r = sv_stream_app_error(s, false);
 			break;
 		}
 		if (!sv_stream_blocking(s, flags)) {
 			r = -EAGAIN;
 			break;
 		}
+		if (sv_stream_timed_out(s->rcvtimeo_us, &timeout_at)) {
+			r = -EAGAIN;
+			break;
+		}
 		bool on_tcp = !(s->proto_ready && p->rx_on_qp && !p->back_sent);
-		int w = sv_stream_wait(s, on_tcp ? POLLIN : 0, 0);
+		int w = sv_stream_wait(s, on_tcp ? POLLIN : 0, timeout_at);
 		if (w < 0) {
 			r = w;
 			break;
@@ -267,6 +278,30 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
+}
+
+long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
+{
+	if (!(flags & MSG_WAITALL) || (flags & MSG_PEEK))
+		return recv_some(s, msg, flags);
+	/* MSG_WAITALL: until the buffer is full, the end, an error, a signal
+	 * or a timeout; what came before one of those is the result. */
+	size_t want = 0, got = 0;
+	for (size_t i = 0; i < msg->msg_iovlen; i++)
+		want += msg->msg_iov[i].iov_len;
+	for (;;) {
+		struct iovec rest[64];
+		struct msghdr m = *msg;
+		m.msg_iov = rest;
+		m.msg_iovlen = (size_t)sv_iov_advance(msg->msg_iov, (int)msg->msg_iovlen, got, rest);
+		long r = recv_some(s, &m, flags & ~MSG_WAITALL);
+		msg->msg_flags = m.msg_flags;
+		if (r <= 0)
+			return got ? (long)got : r;
+		got += (size_t)r;
+		if (got >= want)
+			return (long)got;
+	}
 }
 
 long sv_stream_inq(struct sv_stream *s)

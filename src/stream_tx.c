@@ -63,23 +63,6 @@ static enum tx_medium tx_medium(const struct sv_stream *s)
 	return s->tx_held ? TX_HELD : TX_QP;
 }
 
-/* The part of an iovec after `skip` bytes (at most 64 entries). */
-static int iov_advance(const struct iovec *iov, int iovcnt, size_t skip, struct iovec *out)
-{
-	int k = 0;
-	for (int i = 0; i < iovcnt && k < 64; i++) {
-		if (skip >= iov[i].iov_len) {
-			skip -= iov[i].iov_len;
-			continue;
-		}
-		out[k].iov_base = (uint8_t *)iov[i].iov_base + skip;
-		out[k].iov_len = iov[i].iov_len - skip;
-		skip = 0;
-		k++;
-	}
-	return k;
-}
-
 long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 {
 	const struct iovec *iov = msg->msg_iov;
@@ -103,9 +86,10 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	size_t done = 0;
 	long r = 0;
 	bool own = false; /* an error of ours, not the kernel's (which signals itself) */
+	uint64_t timeout_at = 0; /* SO_SNDTIMEO: from the first wait on */
 	while (done < total || total == 0) {
 		struct iovec rest[64];
-		int restcnt = iov_advance(iov, iovcnt, done, rest);
+		int restcnt = sv_iov_advance(iov, iovcnt, done, rest);
 		if (s->tx_shut) {
 			r = -EPIPE;
 			own = true;
@@ -114,7 +98,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		if (s->proto_ready && !s->error)
 			sv_stream_progress(s);
 		if (s->error) {
-			r = s->error;
+			r = sv_stream_app_error(s, true);
 			own = true;
 			break;
 		}
@@ -163,6 +147,13 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			if (total == 0)
 				break;
 			if (r != -EAGAIN) {
+				if (p->error) {
+					/* The core found the connection broken first:
+					 * one report, then EPIPE, as for the stream's. */
+					if (!s->error)
+						sv_stream_break(s, p->error);
+					r = sv_stream_app_error(s, true);
+				}
 				own = true;
 				break;
 			}
@@ -173,9 +164,15 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		 * write that goes through at once costs no fcntl. */
 		if (!sv_stream_blocking(s, flags))
 			break;
+		if (sv_stream_timed_out(s->sndtimeo_us, &timeout_at)) {
+			r = -EAGAIN;
+			break;
+		}
 		bool detaching = s->state == SV_CONN_DETACHING;
-		int w = sv_stream_wait(s, m == TX_TCP || detaching ? POLLOUT : 0,
-				       detaching ? sv_now_us() + 10000 : 0);
+		uint64_t until = timeout_at;
+		if (detaching && (!until || until > sv_now_us() + 10000))
+			until = sv_now_us() + 10000;
+		int w = sv_stream_wait(s, m == TX_TCP || detaching ? POLLOUT : 0, until);
 		if (w < 0) {
 			r = w;
 			break;
@@ -233,6 +230,11 @@ int sv_stream_setsockopt(struct sv_stream *s, int level, int name, const void *v
 	 * that shape the protocol are mirrored. */
 	if (setsockopt(s->fd, level, name, val, len) < 0)
 		return -errno;
+	if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
+		pthread_mutex_lock(&s->lock);
+		sv_stream_load_timeouts(s);
+		pthread_mutex_unlock(&s->lock);
+	}
 	if (level == IPPROTO_TCP && (name == TCP_NODELAY || name == TCP_CORK) &&
 	    len >= (socklen_t)sizeof(int)) {
 		int on = *(const int *)val != 0;
