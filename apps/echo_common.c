@@ -1,0 +1,260 @@
+/* The echo examples' stream, its check and the poll()-driven client. See
+ * echo_common.h. */
+#include "echo_common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+_Noreturn void echo_die(const char *who, const char *what)
+{
+	fprintf(stderr, "%s: %s: %s\n", who, what, strerror(errno));
+	exit(2);
+}
+
+uint64_t echo_total(const struct echo_stream *s)
+{
+	return ECHO_HDR + s->len;
+}
+
+/* Payload word w (8 bytes) of seed: a splitmix64 step, so neighbouring
+ * words and seeds share nothing visible. */
+static uint64_t word(uint32_t seed, uint64_t w)
+{
+	uint64_t x = (w + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)seed << 32 | seed);
+	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+	x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+	return x ^ (x >> 31);
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int n)
+{
+	uint64_t v = 0;
+	for (int i = n - 1; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static void header(const struct echo_stream *s, uint8_t *h)
+{
+	memcpy(h, "SVE1", 4);
+	put_le(h + 4, s->seed, 4);
+	put_le(h + 8, s->len, 8);
+}
+
+void echo_fill(const struct echo_stream *s, uint64_t off, uint8_t *buf, size_t n)
+{
+	uint8_t h[ECHO_HDR];
+	header(s, h);
+	size_t i = 0;
+	for (; i < n && off + i < ECHO_HDR; i++)
+		buf[i] = h[off + i];
+	while (i < n) {
+		uint64_t p = off + i - ECHO_HDR; /* payload offset */
+		uint64_t w = word(s->seed, p / 8);
+		for (unsigned b = (unsigned)(p % 8); b < 8 && i < n; b++, i++)
+			buf[i] = (uint8_t)(w >> (8 * b));
+	}
+}
+
+size_t echo_diff(const struct echo_stream *s, uint64_t off, const uint8_t *buf, size_t n)
+{
+	uint8_t want[4096];
+	for (size_t done = 0; done < n;) {
+		size_t k = n - done < sizeof(want) ? n - done : sizeof(want);
+		echo_fill(s, off + done, want, k);
+		if (memcmp(want, buf + done, k) != 0) {
+			for (size_t i = 0; i < k; i++)
+				if (want[i] != buf[done + i])
+					return done + i;
+		}
+		done += k;
+	}
+	return n;
+}
+
+void echo_check_init(struct echo_check *c)
+{
+	memset(c, 0, sizeof(*c));
+}
+
+int echo_check_feed(struct echo_check *c, const uint8_t *buf, size_t n, const char *who)
+{
+	if (c->bad)
+		return 0;
+	while (n > 0 && c->got < ECHO_HDR) {
+		c->hdr[c->got++] = *buf++;
+		n--;
+		if (c->got == ECHO_HDR) {
+			if (memcmp(c->hdr, "SVE1", 4) != 0) {
+				fprintf(stderr, "%s: the stream does not start with a header\n", who);
+				c->bad = 1;
+				return -1;
+			}
+			c->s.seed = (uint32_t)get_le(c->hdr + 4, 4);
+			c->s.len = get_le(c->hdr + 8, 8);
+		}
+	}
+	if (n == 0)
+		return 0;
+	if (c->got + n > echo_total(&c->s)) {
+		fprintf(stderr, "%s: seed %u: %zu bytes more than the %llu announced\n", who,
+		        c->s.seed, (size_t)(c->got + n - echo_total(&c->s)),
+		        (unsigned long long)c->s.len);
+		c->bad = 1;
+		return -1;
+	}
+	size_t d = echo_diff(&c->s, c->got, buf, n);
+	if (d < n) {
+		fprintf(stderr, "%s: seed %u: wrong byte at stream offset %llu\n", who, c->s.seed,
+		        (unsigned long long)(c->got + d));
+		c->bad = 1;
+		return -1;
+	}
+	c->got += n;
+	return 0;
+}
+
+int echo_check_end(const struct echo_check *c, const char *who)
+{
+	if (c->bad)
+		return -1;
+	if (c->got < ECHO_HDR || c->got != echo_total(&c->s)) {
+		fprintf(stderr, "%s: seed %u: the stream ended after %llu of %llu bytes\n", who,
+		        c->s.seed, (unsigned long long)c->got,
+		        (unsigned long long)(c->got < ECHO_HDR ? 0 : echo_total(&c->s)));
+		return -1;
+	}
+	return 0;
+}
+
+int echo_listen(const char *who, int port, int backlog)
+{
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	if (ls < 0)
+		echo_die(who, "socket");
+	int one = 1;
+	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	if (bind(ls, (struct sockaddr *)&a, sizeof(a)) < 0)
+		echo_die(who, "bind");
+	if (listen(ls, backlog) < 0)
+		echo_die(who, "listen");
+	return ls;
+}
+
+int echo_poll_client(const char *who, const char *host, const char *port,
+                     const struct echo_stream *s)
+{
+	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
+	int r = getaddrinfo(host, port, &hints, &ai);
+	if (r) {
+		fprintf(stderr, "%s: %s: %s\n", who, host, gai_strerror(r));
+		return -1;
+	}
+	int fd = socket(ai->ai_family, ai->ai_socktype, 0);
+	if (fd < 0)
+		echo_die(who, "socket");
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
+		echo_die(who, "connect");
+	freeaddrinfo(ai);
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		echo_die(who, "fcntl(O_NONBLOCK)");
+
+	uint64_t total = echo_total(s), sent = 0, got = 0;
+	static uint8_t out[65536], in[65536];
+	size_t out_len = 0, out_off = 0; /* out[out_off, out_len) not yet sent */
+	int wr_done = 0;
+	while (got < total || !wr_done) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (!wr_done)
+			p.events |= POLLOUT;
+		if (poll(&p, 1, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			echo_die(who, "poll");
+		}
+		if (p.revents & POLLNVAL) {
+			fprintf(stderr, "%s: poll: POLLNVAL\n", who);
+			return -1;
+		}
+		if (!wr_done && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
+			for (;;) {
+				if (out_off == out_len) {
+					if (sent == total) {
+						if (shutdown(fd, SHUT_WR) < 0)
+							echo_die(who, "shutdown");
+						wr_done = 1;
+						break;
+					}
+					out_len = total - sent < sizeof(out) ? (size_t)(total - sent)
+					                                      : sizeof(out);
+					echo_fill(s, sent, out, out_len);
+					out_off = 0;
+				}
+				ssize_t w = send(fd, out + out_off, out_len - out_off, MSG_NOSIGNAL);
+				if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+					break;
+				if (w < 0)
+					echo_die(who, "send");
+				out_off += (size_t)w;
+				sent += (uint64_t)w;
+			}
+		}
+		if (p.revents & (POLLIN | POLLERR | POLLHUP)) {
+			for (;;) {
+				ssize_t n = recv(fd, in, sizeof(in), 0);
+				if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+					break;
+				if (n < 0)
+					echo_die(who, "recv");
+				if (n == 0) {
+					if (got < total) {
+						fprintf(stderr, "%s: seed %u: EOF after %llu of %llu echoed bytes\n",
+						        who, s->seed, (unsigned long long)got,
+						        (unsigned long long)total);
+						return -1;
+					}
+					break;
+				}
+				if (got + (uint64_t)n > total) {
+					fprintf(stderr, "%s: seed %u: more echoed than sent\n", who, s->seed);
+					return -1;
+				}
+				size_t d = echo_diff(s, got, in, (size_t)n);
+				if (d < (size_t)n) {
+					fprintf(stderr, "%s: seed %u: wrong echo at offset %llu\n", who,
+					        s->seed, (unsigned long long)(got + d));
+					return -1;
+				}
+				got += (uint64_t)n;
+			}
+		}
+	}
+	/* Everything came back: the peer's EOF must follow, with nothing more. */
+	int fl2 = fcntl(fd, F_GETFL);
+	if (fl2 < 0 || fcntl(fd, F_SETFL, fl2 & ~O_NONBLOCK) < 0)
+		echo_die(who, "fcntl");
+	ssize_t n = recv(fd, in, 1, 0);
+	if (n != 0) {
+		fprintf(stderr, "%s: seed %u: %s after the whole echo\n", who, s->seed,
+		        n > 0 ? "more bytes" : strerror(errno));
+		return -1;
+	}
+	close(fd);
+	return 0;
+}

@@ -1,0 +1,135 @@
+/* A forking echo server, the classic process model: the parent accepts and
+ * forks, closes its copy of the connection and goes back to accept; the
+ * child serves. Nothing here knows about libsovia.
+ *
+ *   sovia-echo-fork -s [-S] PORT CONNS
+ *   sovia-echo-fork -c HOST PORT BYTES SEED
+ *
+ * Server: listens on PORT (all IPv4 addresses); for each of CONNS
+ * connections it forks a child that echoes every byte with blocking
+ * read()/write() and checks the stream (echo_common.h). With -S the parent
+ * waits for SIGUSR1 after each accept, before the fork (so a test can let
+ * the connection run for a while in the parent first). After all children
+ * exited it prints "OK CONNS connections" and exits 0, or 1 if any child
+ * saw a wrong byte.
+ *
+ * Client: one connection; sends a stream of BYTES payload bytes with seed
+ * SEED and checks the echo (poll() and a non-blocking socket). Prints "OK"
+ * and exits 0 if the echo was exact. */
+#include "echo_common.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WHO "sovia-echo-fork"
+
+static int write_all(int fd, const uint8_t *buf, size_t n)
+{
+	for (size_t off = 0; off < n;) {
+		ssize_t w = write(fd, buf + off, n - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		off += (size_t)w;
+	}
+	return 0;
+}
+
+/* The child: echo until EOF, checking the stream. */
+static int child(int c)
+{
+	static uint8_t buf[65536];
+	struct echo_check chk;
+	echo_check_init(&chk);
+	for (;;) {
+		ssize_t n = read(c, buf, sizeof(buf));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			echo_die(WHO " child", "read");
+		if (n == 0)
+			break;
+		if (echo_check_feed(&chk, buf, (size_t)n, WHO " child") < 0)
+			return 1;
+		if (write_all(c, buf, (size_t)n) < 0)
+			echo_die(WHO " child", "write");
+	}
+	if (echo_check_end(&chk, WHO " child") < 0)
+		return 1;
+	if (close(c) < 0)
+		echo_die(WHO " child", "close");
+	return 0;
+}
+
+static int server(int port, int conns, int hold)
+{
+	sigset_t usr1;
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	if (hold)
+		sigprocmask(SIG_BLOCK, &usr1, NULL);
+	int ls = echo_listen(WHO, port, 64);
+	for (int i = 0; i < conns; i++) {
+		int c = accept(ls, NULL, NULL);
+		if (c < 0 && errno == EINTR) {
+			i--;
+			continue;
+		}
+		if (c < 0)
+			echo_die(WHO, "accept");
+		if (hold) {
+			int sig;
+			if (sigwait(&usr1, &sig) != 0)
+				echo_die(WHO, "sigwait");
+		}
+		pid_t pid = fork();
+		if (pid < 0)
+			echo_die(WHO, "fork");
+		if (pid == 0) {
+			close(ls);
+			exit(child(c));
+		}
+		if (close(c) < 0)
+			echo_die(WHO, "close");
+	}
+	close(ls);
+	int bad = 0, st;
+	for (int i = 0; i < conns; i++) {
+		if (wait(&st) < 0)
+			echo_die(WHO, "wait");
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			bad = 1;
+	}
+	if (bad) {
+		fprintf(stderr, "%s: a child failed\n", WHO);
+		return 1;
+	}
+	printf("OK %d connections\n", conns);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 4 && strcmp(argv[1], "-s") == 0) {
+		int hold = strcmp(argv[2], "-S") == 0;
+		if (argc == 4 + hold)
+			return server(atoi(argv[2 + hold]), atoi(argv[3 + hold]), hold);
+	}
+	if (argc == 6 && strcmp(argv[1], "-c") == 0) {
+		struct echo_stream s = {.seed = (uint32_t)strtoul(argv[5], NULL, 0),
+		                        .len = strtoull(argv[4], NULL, 0)};
+		if (echo_poll_client(WHO, argv[2], argv[3], &s) < 0)
+			return 1;
+		printf("OK %llu bytes echoed\n", (unsigned long long)echo_total(&s));
+		return 0;
+	}
+	fprintf(stderr, "usage: %s -s [-S] PORT CONNS | -c HOST PORT BYTES SEED\n", WHO);
+	return 2;
+}

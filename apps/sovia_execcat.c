@@ -1,0 +1,100 @@
+/* The inetd way: a server that forks and execs `cat` with the connection
+ * as its stdin and stdout, so cat echoes the stream; and a client that
+ * sends a stream and checks the echo. Nothing here knows about libsovia.
+ *
+ *   sovia-execcat -s [-S] PORT CONNS
+ *   sovia-execcat -c HOST PORT BYTES SEED
+ *
+ * Server: listens on PORT (all IPv4 addresses); for each of CONNS
+ * connections it forks; the child dup2()s the socket onto 0 and 1, closes
+ * everything else of ours and execs cat. With -S the parent waits for
+ * SIGUSR1 after each accept, before the fork. The parent closes its copy
+ * at once, and after all children exited prints "OK CONNS connections"
+ * and exits 0, or 1 if a cat failed.
+ *
+ * Client: one connection; sends a stream of BYTES payload bytes with seed
+ * SEED (echo_common.h) and checks the echo. Prints "OK" and exits 0 if the
+ * echo was exact. */
+#include "echo_common.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WHO "sovia-execcat"
+
+static int server(int port, int conns, int hold)
+{
+	sigset_t usr1;
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	if (hold)
+		sigprocmask(SIG_BLOCK, &usr1, NULL);
+	int ls = echo_listen(WHO, port, 64);
+	for (int i = 0; i < conns; i++) {
+		int c = accept(ls, NULL, NULL);
+		if (c < 0 && errno == EINTR) {
+			i--;
+			continue;
+		}
+		if (c < 0)
+			echo_die(WHO, "accept");
+		if (hold) {
+			int sig;
+			if (sigwait(&usr1, &sig) != 0)
+				echo_die(WHO, "sigwait");
+		}
+		pid_t pid = fork();
+		if (pid < 0)
+			echo_die(WHO, "fork");
+		if (pid == 0) {
+			sigprocmask(SIG_UNBLOCK, &usr1, NULL);
+			if (dup2(c, 0) < 0 || dup2(c, 1) < 0)
+				echo_die(WHO " child", "dup2");
+			close(c);
+			close(ls);
+			execlp("cat", "cat", (char *)NULL);
+			echo_die(WHO " child", "exec cat");
+		}
+		if (close(c) < 0)
+			echo_die(WHO, "close");
+	}
+	close(ls);
+	int bad = 0, st;
+	for (int i = 0; i < conns; i++) {
+		if (wait(&st) < 0)
+			echo_die(WHO, "wait");
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			bad = 1;
+	}
+	if (bad) {
+		fprintf(stderr, "%s: a cat failed\n", WHO);
+		return 1;
+	}
+	printf("OK %d connections\n", conns);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 4 && strcmp(argv[1], "-s") == 0) {
+		int hold = strcmp(argv[2], "-S") == 0;
+		if (argc == 4 + hold)
+			return server(atoi(argv[2 + hold]), atoi(argv[3 + hold]), hold);
+	}
+	if (argc == 6 && strcmp(argv[1], "-c") == 0) {
+		struct echo_stream s = {.seed = (uint32_t)strtoul(argv[5], NULL, 0),
+		                        .len = strtoull(argv[4], NULL, 0)};
+		if (echo_poll_client(WHO, argv[2], argv[3], &s) < 0)
+			return 1;
+		printf("OK %llu bytes echoed\n", (unsigned long long)echo_total(&s));
+		return 0;
+	}
+	fprintf(stderr, "usage: %s -s [-S] PORT CONNS | -c HOST PORT BYTES SEED\n", WHO);
+	return 2;
+}

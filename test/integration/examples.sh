@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Our own example programs (apps/, issue 4), preloaded on both ends. They are
+# plain socket programs; every one checks every byte it gets (a seeded
+# pattern: the servers check the stream, the clients check the echo) and
+# exits non-zero on any difference.
+#
+# 1. epoll: an edge-triggered epoll echo server (non-blocking accepted
+#    sockets, EPOLLET, reads until EAGAIN) and CLIENTS concurrent
+#    non-blocking clients in one epoll loop. Bytes exact; and the
+#    connections stay on RDMA in the epoll sets, carrying most of the echo
+#    (before preload/ served epoll, epoll_ctl took them back to TCP). A
+#    failure of that medium check is reported after the other cases ran, so
+#    they are still checked.
+# 2. fork: a forking echo server (the parent accepts, forks, closes its
+#    copy; the child echoes), several concurrent clients. The parent forks
+#    right after accept, so the upgrade is called off: bytes only.
+# 3. exec: a server that fork+execs cat with the socket as stdin/stdout;
+#    several concurrent clients. Bytes only, as for fork.
+# 4. fork and exec again, one connection each, the parent held (SIGUSR1)
+#    between accept and fork until the connection is on RDMA and the
+#    client's bytes came over the QP: the connection was upgraded before
+#    the fork, and goes back to TCP at it with every unread byte given back.
+#
+# Every wait is for an event ("on RDMA", rxe packets, the programs' exit),
+# bounded only against hangs.
+. "$(dirname "$0")/lib.sh"
+APPS=$BUILD/apps
+CLIENTS=${SOVIA_IT_CLIENTS:-4}
+BYTES=${SOVIA_IT_ECHO_BYTES:-16000000}
+export SOVIA_LOG=${SOVIA_LOG:-info}
+LATER=()
+later() { echo "FAIL (reported at the end): $*" >&2; LATER+=("$*"); }
+
+epoll_case() {
+	local port=5041
+	rm -f "$WORK/"*.err
+	local p0 t0
+	p0=$(rxe_pkts) t0=$(date +%s.%N)
+	LD_PRELOAD=$LIB timeout 600 "$APPS/sovia-echo-epoll" -s $port "$CLIENTS" \
+		>"$WORK/server.out" 2>"$WORK/server.err" &
+	local srv=$!
+	wait_port $port
+	LD_PRELOAD=$LIB run_logged "$WORK/client.out" "$WORK/client.err" \
+		timeout 600 "$APPS/sovia-echo-epoll" -c "$IP" $port "$CLIENTS" "$BYTES"
+	wait "$srv" || fail "epoll: the server failed"
+	cat "$WORK/server.out"
+	grep -q "^OK $CLIENTS connections" "$WORK/server.out" || fail "epoll: the server did not serve everyone"
+	printf 'epoll: %d clients x %d bytes echoed exactly in %.1f s\n' "$CLIENTS" "$BYTES" \
+		"$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {print b - a}')"
+
+	# The medium: epoll_ctl must not take a stream back to TCP (no
+	# connection detached), and RDMA must have carried most of the bytes
+	# both ways. Not every connection: one whose client sent everything on
+	# TCP before its QP was up stays on TCP by design (writes never wait
+	# for the upgrade, and the upgrades of concurrent connections take
+	# seconds under emulation).
+	cat "$WORK/server.err" "$WORK/client.err" >"$WORK/epoll.stats"
+	local role n det rb tb want=$((CLIENTS * BYTES / 2))
+	for role in server client; do
+		n=$(grep -c "libsovia stats.* $role state=rdma " "$WORK/epoll.stats" || true)
+		det=$(grep -c "libsovia stats.* $role state=detached " "$WORK/epoll.stats" || true)
+		rb=$(stat_of "$WORK/epoll.stats" rdma_tx_bytes $role)
+		tb=$(stat_of "$WORK/epoll.stats" tcp_tx_bytes $role)
+		echo "epoll $role: $n of $CLIENTS connections on RDMA at close, $det went back to TCP;" \
+			"rdma_tx_bytes=$rb tcp_tx_bytes=$tb;" \
+			"fallbacks: $(grep -h "libsovia stats.* $role " "$WORK/epoll.stats" |
+				sed -n 's/.* fallback=\([a-z-]*\).*/\1/p' | sort | uniq -c | xargs)"
+		[ "$det" -eq 0 ] || later "epoll: $det $role connections went back to TCP"
+		[ "$rb" -ge "$want" ] ||
+			later "epoll: the ${role}s sent only $rb bytes over RDMA (want >= $want)"
+	done
+	local dp=$(($(rxe_pkts) - p0))
+	echo "epoll: rxe packets +$dp"
+	[ "$dp" -ge $((2 * want / 4096)) ] || later "epoll: rxe sent only $dp packets"
+}
+
+# Concurrent clients of a server that forks at once ($1: program, $2: port).
+concurrent_case() {
+	local prog=$1 port=$2 name=${1#sovia-}
+	rm -f "$WORK/"*.err
+	LD_PRELOAD=$LIB timeout 600 "$APPS/$prog" -s $port "$CLIENTS" \
+		>"$WORK/server.out" 2>"$WORK/server.err" &
+	local srv=$! i pids=()
+	wait_port $port
+	for i in $(seq "$CLIENTS"); do
+		LD_PRELOAD=$LIB timeout 600 "$APPS/$prog" -c "$IP" $port $((BYTES / 2)) "$i" \
+			>"$WORK/client$i.out" 2>"$WORK/client$i.err" &
+		pids+=($!)
+	done
+	for i in $(seq "$CLIENTS"); do
+		wait "${pids[i - 1]}" || fail "$name: client $i failed"
+		grep -q "^OK" "$WORK/client$i.out" || fail "$name: client $i did not finish"
+	done
+	wait "$srv" || fail "$name: the server failed"
+	grep -q "^OK $CLIENTS connections" "$WORK/server.out" || fail "$name: the server did not serve everyone"
+	echo "$name: $CLIENTS concurrent clients x $((BYTES / 2)) bytes echoed exactly"
+}
+
+# One connection, the server held between accept and fork until it is on
+# RDMA and the client's bytes came over the QP ($1: program, $2: port).
+held_case() {
+	local prog=$1 port=$2 name=${1#sovia-}
+	rm -f "$WORK/"*.err
+	LD_PRELOAD=$LIB "$APPS/$prog" -s -S $port 1 >"$WORK/server.out" 2>"$WORK/server.err" &
+	local srv=$!
+	wait_port $port
+	local p0
+	p0=$(rxe_pkts)
+	LD_PRELOAD=$LIB timeout 600 "$APPS/$prog" -c "$IP" $port "$BYTES" 99 \
+		>"$WORK/client.out" 2>"$WORK/client.err" &
+	local cli=$!
+	wait_line "$WORK/server.err" ": on RDMA" 120 || fail "$name held: the connection never went on RDMA"
+	# The client fills the held server's window (32 x 32 KiB: hundreds of
+	# packets; the upgrade itself sends about a dozen).
+	wait_rxe 100 "$p0" || fail "$name held: no RDMA traffic after the upgrade"
+	kill -USR1 "$srv"
+	wait "$cli" || fail "$name held: the client failed"
+	wait "$srv" || fail "$name held: the server failed"
+	grep -q "^OK" "$WORK/client.out" || fail "$name held: the client did not finish"
+	cat "$WORK/server.err" "$WORK/client.err" >"$WORK/stats"
+	# On RDMA first, then back to TCP at the fork, in that order.
+	local on det
+	on=$(grep -n ": on RDMA" "$WORK/server.err" | head -1 | cut -d: -f1)
+	det=$(grep -n "libsovia stats \[detach\].* server " "$WORK/server.err" | head -1 | cut -d: -f1)
+	[ -n "$det" ] || fail "$name held: the server never went back to TCP"
+	[ "$on" -lt "$det" ] || fail "$name held: the server was not on RDMA before the fork"
+	local rdma back gotback
+	rdma=$(stat_of "$WORK/stats" rdma_tx_bytes client)
+	back=$(stat_of "$WORK/stats" gave_back_bytes server)
+	gotback=$(stat_of "$WORK/stats" got_back_bytes client)
+	[ "$rdma" -gt 0 ] || fail "$name held: nothing went over RDMA before the fork"
+	[ "$back" -gt 0 ] && [ "$back" = "$gotback" ] || fail "$name held: gave back $back, got back $gotback"
+	echo "$name held: $BYTES bytes echoed exactly; on RDMA before the fork" \
+		"(client rdma_tx_bytes=$rdma), $back bytes given back at the fork"
+}
+
+epoll_case
+concurrent_case sovia-echo-fork 5042
+concurrent_case sovia-execcat 5043
+held_case sovia-echo-fork 5044
+held_case sovia-execcat 5045
+if [ ${#LATER[@]} -gt 0 ]; then
+	echo "--- the epoll case's statistics:" >&2
+	grep -h "libsovia stats" "$WORK/epoll.stats" | cut -c1-300 >&2 || true
+	fail "$(printf '%s; ' "${LATER[@]}")"
+fi
+echo "examples: OK"

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# FTP as in the SOVIA paper: Debian's ftpd (linux-ftpd, standalone with -D:
+# it forks a child per session) and the ftp client (tnftp), both preloaded,
+# move files of the paper's sizes (19,090,223 and 145,864,380 bytes) with
+# get and put, in passive and active mode, byte-identically. The data
+# connections must go over RDMA: both ends' statistics show the file on the
+# QP, and the rxe device counted the packets.
+#
+# The control connection is accepted by the daemon, which forks at once: the
+# upgrade is called off (or the connection goes back to TCP at the fork),
+# so it stays on TCP, by design. Every data connection is created later, in
+# the session child (passive: it listens and accepts; active: it connects
+# from port 20 to the client's listener), and is upgraded.
+#
+# The login is a throwaway user that exists only for ftpd: ftpd runs in its
+# own mount namespace, where copies of /etc/passwd, shadow and group with the
+# user added are bound over the real ones, and where a file is bound over
+# /dev/null, because ftpd sends its stderr (libsovia's statistics) there.
+# Nothing outside that namespace changes: the test bed's guest shares the
+# host's root file system.
+#
+# Sizes: SOVIA_IT_FTP_SIZES (default "19090223 145864380"); modes and
+# directions: SOVIA_IT_FTP_MODES (default "passive active") and
+# SOVIA_IT_FTP_DIRS (default "get put"); SOVIA_IT_FTP_TIMEOUT bounds one
+# transfer (default 600 s).
+. "$(dirname "$0")/lib.sh"
+SIZES=${SOVIA_IT_FTP_SIZES:-19090223 145864380}
+MODES=${SOVIA_IT_FTP_MODES:-passive active}
+DIRS=${SOVIA_IT_FTP_DIRS:-get put}
+TMO=${SOVIA_IT_FTP_TIMEOUT:-600} # per transfer, against hangs
+FTPD=/usr/sbin/in.ftpd
+command -v ftp >/dev/null && [ -x $FTPD ] || fail "needs ftp and ftpd (test/setup-deps.sh)"
+export SOVIA_LOG=${SOVIA_LOG:-info}
+CTRL=21 # ftpd -D serves the "ftp" service's port
+FTPD_PID=""
+stop_ftpd() { [ -z "$FTPD_PID" ] || kill "$FTPD_PID" 2>/dev/null || true; }
+trap 'stop_ftpd; kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+
+# The throwaway login, in copies of the account files.
+chmod 755 "$WORK"
+mkdir -p "$WORK/etc" "$WORK/home"
+FTPUSER=soviaftp
+getent passwd "$FTPUSER" >/dev/null && fail "user $FTPUSER exists already"
+uid=64990
+while getent passwd $uid >/dev/null || getent group $uid >/dev/null; do uid=$((uid + 1)); done
+PW=$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')
+cp /etc/passwd /etc/shadow /etc/group "$WORK/etc/"
+echo "$FTPUSER:x:$uid:$uid:libsovia ftp test:$WORK/home:/bin/bash" >>"$WORK/etc/passwd"
+echo "$FTPUSER:$(openssl passwd -6 "$PW"):19000:0:99999:7:::" >>"$WORK/etc/shadow"
+echo "$FTPUSER:x:$uid:" >>"$WORK/etc/group"
+chown "$uid:$uid" "$WORK/home"
+: >"$WORK/ftpd.err"
+chmod 666 "$WORK/ftpd.err"
+
+# Run "$@" (preloaded) in a mount namespace of its own that has the user and
+# sees $WORK/ftpd.err as /dev/null.
+in_ftpd_ns() {
+	unshare -m --propagation private -- sh -c '
+		w=$1 lib=$2; shift 2
+		for f in passwd shadow group; do mount --bind "$w/etc/$f" /etc/$f || exit 1; done
+		mount --bind "$w/ftpd.err" /dev/null || exit 1
+		exec env LD_PRELOAD="$lib" "$@"' sh "$WORK" "$LIB" "$@"
+}
+
+# The statistics lines of the data connections (not the control port's).
+data_lines() { { grep -h "libsovia stats" "$@" || true; } | { grep -v ":$CTRL " || true; }; }
+dstat() { # $1: field, $2...: files; summed over the data connections
+	local f=$1
+	shift
+	data_lines "$@" | sed -n "s/.* $f=\([0-9]*\).*/\1/p" | awk '{s += $1} END {print s + 0}'
+}
+
+# One session, one transfer: $1 passive|active, $2 get|put, $3 size.
+transfer() {
+	local mode=$1 dir=$2 size=$3 pas=on
+	[ "$mode" = active ] && pas=off
+	local src=$WORK/home/f$size
+	local cmd
+	if [ "$dir" = get ]; then
+		rm -f "$WORK/got"
+		cmd="get f$size $WORK/got"
+	else
+		rm -f "$WORK/home/up"
+		cmd="put $src up"
+	fi
+	local lines0 p0 t0
+	lines0=$(wc -l <"$WORK/ftpd.err") p0=$(rxe_pkts) t0=$(date +%s.%N)
+	local rc=0
+	LD_PRELOAD=$LIB timeout "$TMO" ftp -n -v "$IP" $CTRL >"$WORK/ftp.out" 2>"$WORK/client.err" <<-EOF || rc=$?
+		user $FTPUSER $PW
+		binary
+		passive $pas
+		$cmd
+		quit
+	EOF
+	if [ "$rc" -ne 0 ]; then
+		echo "--- ftp's output:" >&2
+		cat "$WORK/ftp.out" >&2
+		fail "$mode $dir $size: ftp exited with $rc"
+	fi
+	local t1
+	t1=$(date +%s.%N)
+	grep -q "^226 " "$WORK/ftp.out" || { cat "$WORK/ftp.out" >&2; fail "$mode $dir $size: no 226 reply"; }
+	local out=$WORK/got
+	[ "$dir" = put ] && out=$WORK/home/up
+	[ "$(md5sum <"$out" | cut -d' ' -f1)" = "${MD5[$size]}" ] ||
+		fail "$mode $dir $size: the file differs ($(stat -c %s "$out") bytes)"
+	rm -f "$out"
+	local dp=$(($(rxe_pkts) - p0))
+
+	# The stats: the client's file, and what ftpd wrote during this session.
+	tail -n +$((lines0 + 1)) "$WORK/ftpd.err" >"$WORK/server.session"
+	local snd=$WORK/server.session rcv=$WORK/client.err
+	[ "$dir" = put ] && snd=$WORK/client.err rcv=$WORK/server.session
+	data_lines "$snd" "$rcv" | cut -c1-200
+	local n rb tb rr
+	n=$(data_lines "$snd" | grep -c " state=rdma " || true)
+	rb=$(dstat rdma_tx_bytes "$snd")
+	tb=$(dstat tcp_tx_bytes "$snd")
+	rr=$(dstat rdma_rx_bytes "$rcv")
+	[ "$n" -ge 1 ] || fail "$mode $dir $size: the sender's data connection was not on RDMA"
+	# Writes before the upgrade completes go over TCP (nothing waits for
+	# it): under emulation a few MB. The rest is the QP's.
+	[ "$rb" -ge $((size / 2)) ] && [ "$rr" -ge $((size / 2)) ] ||
+		fail "$mode $dir $size: RDMA carried only $rb bytes (received $rr)"
+	[ $((rb + tb)) -eq "$size" ] || fail "$mode $dir $size: the sender sent $((rb + tb)) bytes"
+	[ "$dp" -ge $((size / 2 / 4096)) ] || fail "$mode $dir $size: rxe sent only $dp packets"
+	printf '%s %s %d: identical in %.1f s; sender rdma_tx_bytes=%d tcp_tx_bytes=%d; receiver rdma_rx_bytes=%d; rxe packets +%d\n' \
+		"$mode" "$dir" "$size" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" \
+		"$rb" "$tb" "$rr" "$dp"
+}
+
+declare -A MD5
+for size in $SIZES; do
+	head -c "$size" /dev/urandom >"$WORK/home/f$size"
+	MD5[$size]=$(md5sum <"$WORK/home/f$size" | cut -d' ' -f1)
+done
+chown -R "$uid:$uid" "$WORK/home"
+
+! ss -ltn "sport = :$CTRL" | grep -q LISTEN || fail "port $CTRL is taken"
+in_ftpd_ns $FTPD -D -4 -n || fail "ftpd -D did not start"
+wait_port $CTRL
+FTPD_PID=$(ss -ltnpH "sport = :$CTRL" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
+[ -n "$FTPD_PID" ] || fail "no pid for ftpd"
+
+for size in $SIZES; do
+	for mode in $MODES; do
+		for dir in $DIRS; do
+			transfer $mode $dir "$size"
+		done
+	done
+done
+stop_ftpd
+echo "ftp: OK"
