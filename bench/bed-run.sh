@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# The measurements, inside the soft-RoCE test bed (test/bed/sovia-bed sets
+# SOVIA_BED_IP and SOVIA_BED_DEV). Everything runs on one rxe device, server
+# and client on its address, in this one run:
+#   raw verbs   perftest ib_send_bw, ib_write_bw, ib_send_lat
+#   tcp         apps/sovia-bench, no preload
+#   rsockets    apps/sovia-bench under Debian's librspreload.so
+#   libsovia    apps/sovia-bench under libsovia.so (SOVIA_STATS=1)
+#   (full run)  iperf3 under the same three, where it works
+# then bench/report.sh turns OUT/results.csv into the tables and plots.
+# A variant that fails is recorded as failed; the run goes on.
+#
+# usage: bed-run.sh [--smoke] [--check] --lib LIBSOVIA_SO --bench SOVIA_BENCH --out DIR
+#   --smoke  small sizes, few iterations (a CI proof that the harness works)
+#   --check  at the end, fail unless the CSV has a row for every
+#            variant/test/size and the report files exist (no timing checks)
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+SMOKE=0 CHECK=0 LIB="" BENCH="" OUT=""
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--smoke) SMOKE=1 ;;
+	--check) CHECK=1 ;;
+	--lib) LIB=$2; shift ;;
+	--bench) BENCH=$2; shift ;;
+	--out) OUT=$2; shift ;;
+	*) echo "bed-run.sh: unknown argument $1" >&2; exit 2 ;;
+	esac
+	shift
+done
+[ -n "$LIB" ] && [ -n "$BENCH" ] && [ -n "$OUT" ] ||
+	{ echo "usage: $0 [--smoke] [--check] --lib LIBSOVIA_SO --bench SOVIA_BENCH --out DIR" >&2; exit 2; }
+IP=${SOVIA_BED_IP:?run me in the test bed: test/bed/sovia-bed -- $0 ...}
+DEV=${SOVIA_BED_DEV:-rxe0}
+RSPRELOAD=${SOVIA_BENCH_RSPRELOAD:-/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so}
+
+if [ "$SMOKE" = 1 ]; then
+	BW_SIZES=(64 65536)
+	LAT_SIZES=(1 64)
+	WARMUP=1 SECS=1 LAT_ITERS=200 PERF_BW_BYTES=4194304 PERF_BW_MAX_ITERS=200 PERF_LAT_ITERS=100 CONN_SECS=1
+	IPERF=0
+else
+	BW_SIZES=(64 256 1024 4096 16384 65536 262144 1048576)
+	LAT_SIZES=(1 64 1024 16384 65536)
+	WARMUP=${SOVIA_BENCH_WARMUP:-5} SECS=${SOVIA_BENCH_SECS:-3} LAT_ITERS=100000
+	PERF_BW_BYTES=${SOVIA_BENCH_PERF_BYTES:-25165824} PERF_BW_MAX_ITERS=${SOVIA_BENCH_PERF_MAX_ITERS:-20000}
+	PERF_LAT_ITERS=${SOVIA_BENCH_PERF_LAT_ITERS:-1000}
+	CONN_SECS=${SOVIA_BENCH_CONN_SECS:-3}
+	IPERF=${SOVIA_BENCH_IPERF:-1}
+fi
+SOCK_VARIANTS=(tcp rsockets libsovia)
+
+RAW=$OUT/raw
+rm -rf "$RAW"
+mkdir -p "$RAW"
+CSV=$OUT/results.csv
+echo "variant,test,size,status,mibps,lat_med_us,lat_p99_us,conn_per_s,cpu_s_per_gb,rdma_tx_share,detail" >"$CSV"
+row() { # variant test size status mibps med p99 conn cpu share detail
+	local IFS=,
+	echo "$*" >>"$CSV"
+}
+note() { echo "== $(date +%T) $*"; }
+PORT=18600
+next_port() { PORT=$((PORT + 1)); }
+
+# Environment for a socket variant's processes.
+variant_env() {
+	case "$1" in
+	tcp) echo "SOVIA_BENCH_VARIANT=tcp" ;;
+	rsockets) echo "LD_PRELOAD=$RSPRELOAD" ;;
+	libsovia) echo "LD_PRELOAD=$LIB SOVIA_STATS=1 SOVIA_UPGRADE_TIMEOUT_MS=30000" ;;
+	esac
+}
+
+# Wait (at most $2 s) until file $1 has a LISTENING line, or process $3 died.
+wait_listening() {
+	local i
+	for i in $(seq $(($2 * 10))); do
+		grep -q "LISTENING port=$PORT$" "$1" 2>/dev/null && return 0
+		kill -0 "$3" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+wait_tcp_port() { # port timeout_s pid
+	local i
+	for i in $(seq $(($2 * 10))); do
+		ss -Hltn "sport = :$1" | grep -q . && return 0
+		kill -0 "$3" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
+# The share of a libsovia connection's sent bytes that went over RDMA: from
+# the n-th (1-based) "libsovia stats" line of role $3 in file $1.
+rdma_share() { # file n role
+	grep -h "libsovia stats" "$1" 2>/dev/null | grep " $3 " | sed -n "$2p" |
+		awk '{r = 0; t = 0
+		      for (i = 1; i <= NF; i++) {
+			      if ($i ~ /^rdma_tx_bytes=/) { sub(/.*=/, "", $i); r = $i }
+			      if ($i ~ /^tcp_tx_bytes=/) { sub(/.*=/, "", $i); t = $i }
+		      }
+		      if (r + t > 0) printf "%.3f", r / (r + t)}'
+}
+
+# The value of key $2 in a "RESULT ..." line $1.
+kv() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+
+# ---- raw verbs: perftest ----
+perftest_one() { # tool size -> sets PT_LINE (the client's result line) or fails
+	local tool=$1 size=$2 log=$RAW/verbs.$1.$2
+	local -a args=(-d "$DEV" -s "$size" -p "$PORT" -F)
+	if [ "$tool" = ib_send_lat ]; then
+		args+=(-n "$PERF_LAT_ITERS")
+	else
+		# Iterations, not perftest's duration mode: with large messages under
+		# emulation a duration run can end before its first completion.
+		# About PERF_BW_BYTES per size, 5 to PERF_BW_MAX_ITERS messages.
+		local n=$((PERF_BW_BYTES / size))
+		[ "$n" -gt "$PERF_BW_MAX_ITERS" ] && n=$PERF_BW_MAX_ITERS
+		[ "$n" -lt 5 ] && n=5
+		args+=(-n "$n" -t $((n < 128 ? n : 128)))
+	fi
+	timeout 120 "$tool" "${args[@]}" >"$log.server" 2>&1 &
+	local srv=$!
+	if ! wait_tcp_port "$PORT" 60 "$srv"; then
+		kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null
+		next_port
+		return 1
+	fi
+	timeout 120 "$tool" "${args[@]}" "$IP" >"$log.client" 2>&1
+	local rc=$?
+	wait "$srv"
+	local src=$?
+	next_port
+	[ "$rc" = 0 ] && [ "$src" = 0 ] || return 1
+	PT_LINE=$(awk -v s="$size" '$1 == s && NF >= 4' "$log.client" | tail -1)
+	[ -n "$PT_LINE" ]
+}
+
+note "raw verbs (perftest) on $DEV at $IP"
+for tool in ib_send_bw ib_write_bw; do
+	variant=verbs-send
+	[ "$tool" = ib_write_bw ] && variant=verbs-write
+	for s in "${BW_SIZES[@]}"; do
+		# #bytes #iterations BW_peak BW_average MsgRate (MB = 2^20 bytes)
+		if perftest_one "$tool" "$s" && bw=$(echo "$PT_LINE" | awk '{print $4}') &&
+			awk -v b="$bw" 'BEGIN {exit !(b > 0)}'; then
+			row "$variant" bw "$s" ok "$bw" "" "" "" "" "" "$tool"
+			echo "$tool $s: $bw MiB/s"
+		else
+			row "$variant" bw "$s" failed "" "" "" "" "" "" "$tool failed (raw/verbs.$tool.$s.*)"
+			echo "$tool $s: FAILED"
+		fi
+	done
+done
+for s in "${LAT_SIZES[@]}"; do
+	if perftest_one ib_send_lat "$s"; then
+		# #bytes #iters t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec)
+		med=$(echo "$PT_LINE" | awk '{print $5}')
+		p99=$(echo "$PT_LINE" | awk '{print $8}')
+		row verbs-send lat "$s" ok "" "$med" "$p99" "" "" "" ib_send_lat
+		echo "ib_send_lat $s: median $med us, p99 $p99 us"
+	else
+		row verbs-send lat "$s" failed "" "" "" "" "" "" "ib_send_lat failed (raw/verbs.ib_send_lat.$s.*)"
+		echo "ib_send_lat $s: FAILED"
+	fi
+done
+
+# ---- the socket variants through sovia-bench ----
+# Test $2 of variant $1 over sizes $3..: one client process per size, each
+# under its own bound, so a hang costs that size only; a row for every size
+# (failed ones included).
+bench_client() { # variant test sizes...
+	local v=$1 t=$2 s
+	shift 2
+	local bound=$(( (${WARMUP%.*} + ${SECS%.*} + 2) * 4 + 60 ))
+	for s in "$@"; do
+		local log=$RAW/$v.client-$t.$s
+		local -a args=(-H "$IP" -p "$PORT" -t "$t" -w "$WARMUP" -d "$SECS" -s "$s")
+		[ "$t" = lat ] && args+=(-n "$LAT_ITERS")
+		[ "$t" = conn ] && args=(-H "$IP" -p "$PORT" -t conn -d "$CONN_SECS")
+		# shellcheck disable=SC2046
+		timeout "$bound" env $(variant_env "$v") "$BENCH" client "${args[@]}" >"$log.out" 2>"$log.err"
+		local rc=$?
+		cat "$log.out"
+		local line why=""
+		line=$(grep "^RESULT test=$t size=$s " "$log.out" | head -1)
+		if [ -z "$line" ] || [ "$(kv "$line" status)" != ok ]; then
+			[ -n "$line" ] && why=$(kv "$line" err)
+			[ "$rc" = 124 ] && why="hung: killed after $bound s"
+			[ -n "$why" ] || why="client exit $rc"
+			echo "$v $t $s: FAILED ($why; raw/${log##*/}.err)"
+			# A hung connection may hold the one-at-a-time server: restart it.
+			[ "$rc" = 124 ] && { stop_server; start_server "$v" || true; }
+			row "$v" "$t" "$s" failed "" "" "" "" "" "" "$why"
+			continue
+		fi
+		local share=""
+		[ "$v" = libsovia ] && [ "$t" != conn ] && share=$(rdma_share "$log.err" 1 client)
+		case "$t" in
+		bw) row "$v" bw "$s" ok "$(kv "$line" mibps)" "" "" "" "$(kv "$line" cpu_s_per_gb)" "$share" "sovia-bench" ;;
+		lat) row "$v" lat "$s" ok "" "$(kv "$line" med_us)" "$(kv "$line" p99_us)" "" "" "$share" "sovia-bench" ;;
+		conn) row "$v" conn 0 ok "" "" "" "$(kv "$line" rate)" "" "" "sovia-bench ($(kv "$line" conns) conns)" ;;
+		esac
+	done
+}
+
+# The variant's server on a new port (logs appended: a restart keeps the
+# earlier output); sets SRV.
+SRV=""
+start_server() { # variant
+	local srvlog=$RAW/$1.server
+	next_port
+	echo "--- server on port $PORT" >>"$srvlog.out"
+	# shellcheck disable=SC2046
+	timeout 3000 env $(variant_env "$1") "$BENCH" server -b "$IP" -p "$PORT" >>"$srvlog.out" 2>>"$srvlog.err" &
+	SRV=$!
+	wait_listening "$srvlog.out" 90 "$SRV" && return 0
+	echo "$1: server did not start (raw/$1.server.err):"
+	tail -5 "$srvlog.err"
+	stop_server
+	return 1
+}
+stop_server() {
+	[ -n "$SRV" ] || return 0
+	for _ in $(seq 100); do kill -0 "$SRV" 2>/dev/null || break; sleep 0.1; done
+	kill "$SRV" 2>/dev/null
+	wait "$SRV" 2>/dev/null
+	SRV=""
+}
+
+fail_rows() { # variant why: a failed row for every test/size
+	local s
+	for s in "${BW_SIZES[@]}"; do row "$1" bw "$s" failed "" "" "" "" "" "" "$2"; done
+	for s in "${LAT_SIZES[@]}"; do row "$1" lat "$s" failed "" "" "" "" "" "" "$2"; done
+	row "$1" conn 0 failed "" "" "" "" "" "" "$2"
+}
+
+for v in "${SOCK_VARIANTS[@]}"; do
+	note "$v (sovia-bench)"
+	if [ "$v" = rsockets ] && [ ! -e "$RSPRELOAD" ]; then
+		fail_rows rsockets "no $RSPRELOAD"
+		continue
+	fi
+	if ! start_server "$v"; then
+		fail_rows "$v" "server did not start"
+		continue
+	fi
+	bench_client "$v" bw "${BW_SIZES[@]}"
+	bench_client "$v" lat "${LAT_SIZES[@]}"
+	bench_client "$v" conn 0
+	# shellcheck disable=SC2046
+	timeout 60 env $(variant_env "$v") "$BENCH" client -H "$IP" -p "$PORT" -t quit >/dev/null 2>&1
+	stop_server
+	if [ "$v" = libsovia ]; then
+		# What carried the bytes: the client's connections, one line each.
+		grep -h "libsovia stats" "$RAW"/libsovia.client-bw.*.err "$RAW"/libsovia.client-lat.*.err 2>/dev/null |
+			grep ' client ' | sed 's/ rdma_rx_bytes=.* tcp_tx_bytes=/ tcp_tx_bytes=/; s/ tcp_rx_bytes=.*//' |
+			sed 's/^/   /'
+		echo "   conn test: $(grep -c 'libsovia stats' "$RAW/libsovia.client-conn.0.err" 2>/dev/null) client stats lines," \
+			"states: $(grep -h 'libsovia stats' "$RAW/libsovia.client-conn.0.err" 2>/dev/null | grep ' client ' |
+				sed -n 's/.* state=\([a-z-]*\).*/\1/p' | sort | uniq -c | tr '\n' ' ')"
+	fi
+done
+
+# ---- iperf3 (full run only; optional): one stream, 128 KiB writes ----
+if [ "$IPERF" = 1 ] && command -v iperf3 >/dev/null; then
+	for v in "${SOCK_VARIANTS[@]}"; do
+		note "$v (iperf3)"
+		log=$RAW/$v.iperf3
+		# shellcheck disable=SC2046
+		timeout 120 env $(variant_env "$v") iperf3 -s -1 -B "$IP" -p "$PORT" >"$log.server" 2>&1 &
+		srv=$!
+		sleep 1
+		for _ in $(seq 300); do
+			grep -q "Server listening" "$log.server" && break
+			kill -0 "$srv" 2>/dev/null || break
+			sleep 0.1
+		done
+		# shellcheck disable=SC2046
+		timeout 90 env $(variant_env "$v") iperf3 -c "$IP" -p "$PORT" -t $((SECS + WARMUP)) -O "$WARMUP" -f M \
+			>"$log.client" 2>&1
+		rc=$?
+		kill "$srv" 2>/dev/null; wait "$srv" 2>/dev/null
+		next_port
+		bw=$(awk '/receiver/ {for (i = 1; i < NF; i++) if ($(i + 1) == "MBytes/sec") print $i}' "$log.client" | tail -1)
+		if [ "$rc" = 0 ] && [ -n "$bw" ]; then
+			row "$v" iperf3 131072 ok "$bw" "" "" "" "" "" "iperf3 -t $((SECS + WARMUP)) -O $WARMUP"
+			echo "iperf3 $v: $bw MiB/s"
+		else
+			why=$(grep -m1 -i error "$log.client" | tr ',' ';' | cut -c1-100)
+			row "$v" iperf3 131072 failed "" "" "" "" "" "" "iperf3 exit $rc ${why:-}"
+			echo "iperf3 $v: FAILED (exit $rc) $(tail -2 "$log.client" | tr '\n' ' ')"
+		fi
+	done
+fi
+
+note "report"
+"$HERE/report.sh" "$OUT"
+rc=$?
+if [ "$CHECK" = 1 ]; then
+	bad=0
+	expect() { grep -q "^$1,$2,$3,\(ok\|failed\)," "$CSV" || { echo "CHECK: no row for $1 $2 $3" >&2; bad=1; }; }
+	for s in "${BW_SIZES[@]}"; do
+		for v in verbs-send verbs-write "${SOCK_VARIANTS[@]}"; do expect "$v" bw "$s"; done
+	done
+	for s in "${LAT_SIZES[@]}"; do
+		for v in verbs-send "${SOCK_VARIANTS[@]}"; do expect "$v" lat "$s"; done
+	done
+	for v in "${SOCK_VARIANTS[@]}"; do expect "$v" conn 0; done
+	for f in results.md ratios.csv; do
+		[ -s "$OUT/$f" ] || { echo "CHECK: $OUT/$f missing" >&2; bad=1; }
+	done
+	if command -v gnuplot >/dev/null; then
+		for f in bandwidth.png latency.png; do
+			[ -s "$OUT/$f" ] || { echo "CHECK: $OUT/$f missing" >&2; bad=1; }
+		done
+	else
+		echo "CHECK: gnuplot not installed (bench/setup-deps.sh): plots not checked"
+	fi
+	[ "$rc" = 0 ] || { echo "CHECK: report.sh failed ($rc)" >&2; bad=1; }
+	[ "$bad" = 0 ] && echo "bench smoke: OK (harness produced complete output in $OUT)"
+	exit "$bad"
+fi
+exit "$rc"

@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# Turns DIR/results.csv (written by bench/bed-run.sh) into
+#   DIR/results.md     the tables, the ratios and the issue-5 targets
+#   DIR/ratios.csv     libsovia / raw verbs, / rsockets, / TCP per size
+#   DIR/bandwidth.png  bandwidth vs write size (log-log)
+#   DIR/latency.png    median one-way latency vs message size (log-log)
+# Plain awk and gnuplot (skipped with a note when gnuplot is missing).
+# usage: report.sh DIR
+set -euo pipefail
+DIR=${1:?usage: $0 DIR}
+CSV=$DIR/results.csv
+[ -s "$CSV" ] || { echo "report.sh: no $CSV" >&2; exit 1; }
+
+# One awk pass: the ratios CSV, the plot data and the markdown.
+awk -F, -v dir="$DIR" -v cmd="${SOVIA_BENCH_CMD:-bench/run.sh}" -v when="$(date -u '+%Y-%m-%d %H:%M UTC')" '
+function cell(v, t, s, f,   k) {
+	k = v SUBSEP t SUBSEP s
+	if (!(k in st)) return "-"
+	if (st[k] != "ok") return "failed"
+	return val[k, f]
+}
+function num(v, t, s, f,   k) {
+	k = v SUBSEP t SUBSEP s
+	if (!(k in st) || st[k] != "ok" || val[k, f] == "") return ""
+	return val[k, f] + 0
+}
+function ratio(a, b) { return (a == "" || b == "" || b == 0) ? "" : sprintf("%.2f", a / b) }
+function show(r) { return r == "" ? "n/a" : r }
+function hsize(s) {
+	if (s >= 1048576 && s % 1048576 == 0) return (s / 1048576) " MiB"
+	if (s >= 1024 && s % 1024 == 0) return (s / 1024) " KiB"
+	return s " B"
+}
+function dat(x) { return x == "" ? "?" : x }
+function maxv(a, b) { return a == "" ? b : (b == "" ? a : (a > b ? a : b)) }
+NR == 1 { next }
+{
+	k = $1 SUBSEP $2 SUBSEP $3
+	st[k] = $4
+	val[k, "bw"] = $5; val[k, "med"] = $6; val[k, "p99"] = $7
+	val[k, "conn"] = $8; val[k, "cpu"] = $9; val[k, "share"] = $10
+	val[k, "detail"] = $11
+	if ($2 == "bw" && !(("bw", $3) in seen)) { seen["bw", $3] = 1; bws[++nbw] = $3 }
+	if ($2 == "lat" && !(("lat", $3) in seen)) { seen["lat", $3] = 1; lats[++nlat] = $3 }
+	if ($2 == "iperf3") niperf++
+}
+END {
+	md = dir "/results.md"; rc = dir "/ratios.csv"
+	bwd = dir "/bandwidth.dat"; latd = dir "/latency.dat"
+	print "metric,size,libsovia_over_verbs,libsovia_over_rsockets,libsovia_over_tcp" > rc
+	print "# size verbs-send verbs-write tcp rsockets libsovia (MiB/s)" > bwd
+	print "# size verbs-send tcp rsockets libsovia (median one-way us)" > latd
+
+	print "# libsovia benchmark results\n" > md
+	print "Made by `" cmd "` on " when ", in one run of the soft-RoCE test bed" > md
+	print "(one guest, one rxe device, server and client on its address). Under" > md
+	print "emulation absolute numbers mean little: compare the ratios. Raw logs:" > md
+	print "`raw/` beside this file (not kept in git).\n" > md
+
+	# Bandwidth
+	print "## Streaming bandwidth (MiB/s, higher is better)\n" > md
+	print "| write size | verbs send | verbs write | TCP | rsockets | libsovia | libsovia/verbs | libsovia/rsockets | libsovia/TCP | libsovia RDMA share |" > md
+	print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" > md
+	for (i = 1; i <= nbw; i++) {
+		s = bws[i]
+		vb = maxv(num("verbs-send", "bw", s, "bw"), num("verbs-write", "bw", s, "bw"))
+		sv = num("libsovia", "bw", s, "bw")
+		r1 = ratio(sv, vb); r2 = ratio(sv, num("rsockets", "bw", s, "bw")); r3 = ratio(sv, num("tcp", "bw", s, "bw"))
+		bwr[s, 1] = r1; bwr[s, 2] = r2
+		printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", hsize(s),
+			cell("verbs-send", "bw", s, "bw"), cell("verbs-write", "bw", s, "bw"),
+			cell("tcp", "bw", s, "bw"), cell("rsockets", "bw", s, "bw"), cell("libsovia", "bw", s, "bw"),
+			show(r1), show(r2), show(r3), show(num("libsovia", "bw", s, "share")) > md
+		print "bw," s "," r1 "," r2 "," r3 > rc
+		print s, dat(num("verbs-send", "bw", s, "bw")), dat(num("verbs-write", "bw", s, "bw")),
+			dat(num("tcp", "bw", s, "bw")), dat(num("rsockets", "bw", s, "bw")), dat(sv) > bwd
+	}
+	print "\nlibsovia/verbs divides by the higher of ib_send_bw and ib_write_bw." > md
+	print "RDMA share: the part of the libsovia client connection'"'"'s bytes (warm-up" > md
+	print "included) that its statistics (`SOVIA_STATS=1`) show on the QP.\n" > md
+
+	# Latency
+	print "## Ping-pong latency (one way = round trip / 2, microseconds, lower is better)\n" > md
+	print "| message size | verbs send median / p99 | TCP median / p99 | rsockets median / p99 | libsovia median / p99 | libsovia/verbs | libsovia/rsockets | libsovia/TCP |" > md
+	print "|---:|---:|---:|---:|---:|---:|---:|---:|" > md
+	for (i = 1; i <= nlat; i++) {
+		s = lats[i]
+		sv = num("libsovia", "lat", s, "med")
+		r1 = ratio(sv, num("verbs-send", "lat", s, "med")); r2 = ratio(sv, num("rsockets", "lat", s, "med"))
+		r3 = ratio(sv, num("tcp", "lat", s, "med"))
+		latr[s, 1] = r1; latr[s, 2] = r2
+		line = "| " hsize(s)
+		n = split("verbs-send tcp rsockets libsovia", vs, " ")
+		for (j = 1; j <= n; j++) {
+			m = cell(vs[j], "lat", s, "med")
+			line = line " | " (m == "failed" || m == "-" ? m : m " / " cell(vs[j], "lat", s, "p99"))
+		}
+		print line " | " show(r1) " | " show(r2) " | " show(r3) " |" > md
+		print "lat_median," s "," r1 "," r2 "," r3 > rc
+		print s, dat(num("verbs-send", "lat", s, "med")), dat(num("tcp", "lat", s, "med")),
+			dat(num("rsockets", "lat", s, "med")), dat(sv) > latd
+	}
+	print "\nRatios are of medians; for latency below 1 is better.\n" > md
+
+	# Set-up rate
+	print "## Connection set-up rate (connect + accept + 1 byte + close, per second)\n" > md
+	print "| TCP | rsockets | libsovia | libsovia/rsockets | libsovia/TCP |" > md
+	print "|---:|---:|---:|---:|---:|" > md
+	sv = num("libsovia", "conn", 0, "conn")
+	connr = ratio(sv, num("rsockets", "conn", 0, "conn"))
+	printf "| %s | %s | %s | %s | %s |\n", cell("tcp", "conn", 0, "conn"), cell("rsockets", "conn", 0, "conn"),
+		cell("libsovia", "conn", 0, "conn"), show(connr), show(ratio(sv, num("tcp", "conn", 0, "conn"))) > md
+	print "conn,0,," connr "," ratio(sv, num("tcp", "conn", 0, "conn")) > rc
+	print "\nlibsovia connections start on kernel TCP and move to RDMA out of band;" > md
+	print "one this short is closed before or while it moves.\n" > md
+
+	# CPU
+	print "## CPU time per GB moved (user + system seconds of both ends, streaming, lower is better)\n" > md
+	print "| write size | TCP | rsockets | libsovia | libsovia/rsockets | libsovia/TCP |" > md
+	print "|---:|---:|---:|---:|---:|---:|" > md
+	for (i = 1; i <= nbw; i++) {
+		s = bws[i]
+		sv = num("libsovia", "bw", s, "cpu")
+		r2 = ratio(sv, num("rsockets", "bw", s, "cpu")); r3 = ratio(sv, num("tcp", "bw", s, "cpu"))
+		cpur[s] = r2
+		printf "| %s | %s | %s | %s | %s | %s |\n", hsize(s), cell("tcp", "bw", s, "cpu"),
+			cell("rsockets", "bw", s, "cpu"), cell("libsovia", "bw", s, "cpu"), show(r2), show(r3) > md
+		print "cpu_per_gb," s ",," r2 "," r3 > rc
+	}
+	print "" > md
+
+	if (niperf > 0) {
+		print "## iperf3 (one stream, 128 KiB writes, MiB/s)\n" > md
+		print "| TCP | rsockets | libsovia |" > md
+		print "|---:|---:|---:|" > md
+		printf "| %s | %s | %s |\n\n", cell("tcp", "iperf3", 131072, "bw"), cell("rsockets", "iperf3", 131072, "bw"),
+			cell("libsovia", "iperf3", 131072, "bw") > md
+	}
+
+	# Targets of issue 5
+	print "## Targets (issue 5)\n" > md
+	print "| target | measured | met |" > md
+	print "|---|---|---|" > md
+	w = ""; ws = ""; have = 0
+	for (i = 1; i <= nbw; i++) if (bws[i] >= 65536) { have = 1; r = bwr[bws[i], 1]; if (r == "") { w = "n/a"; break } if (w == "" || r + 0 < w + 0) { w = r; ws = bws[i] } }
+	target("bulk: libsovia >= 0.95 x verbs at >= 64 KiB", have ? w : "n/a", ws, ">=", 0.95)
+	w = ""; ws = ""
+	for (i = 1; i <= nbw; i++) { r = bwr[bws[i], 2]; if (r == "") { w = "n/a"; break } if (w == "" || r + 0 < w + 0) { w = r; ws = bws[i] } }
+	target("bandwidth >= rsockets at every size", w, ws, ">=", 1)
+	w = ""; ws = ""
+	for (i = 1; i <= nlat; i++) { r = latr[lats[i], 2]; if (r == "") { w = "n/a"; break } if (w == "" || r + 0 > w + 0) { w = r; ws = lats[i] } }
+	target("latency <= rsockets at every size", w, ws, "<=", 1)
+	target("64 B streaming >= 10 x rsockets", ((64, 2) in bwr) && bwr[64, 2] != "" ? bwr[64, 2] : "n/a", 64, ">=", 10)
+	target("64 B latency median <= 1.15 x ib_send_lat", ((64, 1) in latr) && latr[64, 1] != "" ? latr[64, 1] : "n/a", 64, "<=", 1.15)
+	target("set-up rate >= rsockets", connr == "" ? "n/a" : connr, "", ">=", 1)
+	w = ""; ws = ""
+	for (i = 1; i <= nbw; i++) { r = cpur[bws[i]]; if (r == "") { w = "n/a"; break } if (w == "" || r + 0 > w + 0) { w = r; ws = bws[i] } }
+	target("CPU per GB <= rsockets", w, ws, "<=", 1)
+	print "\n\"measured\" is the worst ratio over the sizes (at that size); n/a: a" > md
+	print "variant failed or was not run.\n" > md
+	print "Plots: [bandwidth](bandwidth.png), [latency](latency.png).\n" > md
+}
+function target(name, r, s, op, lim,   ok, at) {
+	at = (s == "" ? "" : " (at " hsize(s) ")")
+	if (r == "n/a" || r == "") { printf "| %s | n/a | unknown |\n", name > md; return }
+	ok = (op == ">=") ? (r + 0 >= lim) : (r + 0 <= lim)
+	printf "| %s | %s%s | %s |\n", name, r, at, ok ? "yes" : "**no**" > md
+}
+' "$CSV"
+
+if command -v gnuplot >/dev/null; then
+	gnuplot <<EOF
+set terminal png size 960,600 noenhanced
+set datafile missing "?"
+set logscale xy
+set grid
+set key top left box opaque
+set xlabel "write size (bytes)"
+set ylabel "MiB/s"
+set title "Streaming bandwidth (soft-RoCE under emulation, one run)"
+set output "$DIR/bandwidth.png"
+plot "$DIR/bandwidth.dat" using 1:2 with linespoints lc rgb "#7b3294" title "verbs send (ib_send_bw)", \
+     "" using 1:3 with linespoints lc rgb "#008837" title "verbs write (ib_write_bw)", \
+     "" using 1:4 with linespoints lc rgb "#2c7bb6" title "kernel TCP", \
+     "" using 1:5 with linespoints lc rgb "#d7191c" title "rsockets", \
+     "" using 1:6 with linespoints lw 2 lc rgb "#000000" title "libsovia"
+set ylabel "microseconds (one way)"
+set xlabel "message size (bytes)"
+set title "Ping-pong latency, median (soft-RoCE under emulation, one run)"
+set output "$DIR/latency.png"
+plot "$DIR/latency.dat" using 1:2 with linespoints lc rgb "#7b3294" title "verbs send (ib_send_lat)", \
+     "" using 1:3 with linespoints lc rgb "#2c7bb6" title "kernel TCP", \
+     "" using 1:4 with linespoints lc rgb "#d7191c" title "rsockets", \
+     "" using 1:5 with linespoints lw 2 lc rgb "#000000" title "libsovia"
+EOF
+else
+	echo "report.sh: gnuplot not installed (bench/setup-deps.sh): no plots" >&2
+fi
+echo "report: $DIR/results.md, $DIR/ratios.csv$(command -v gnuplot >/dev/null && echo ", $DIR/bandwidth.png, $DIR/latency.png")"
