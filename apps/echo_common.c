@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 _Noreturn void echo_die(const char *who, const char *what)
@@ -257,4 +258,41 @@ int echo_poll_client(const char *who, const char *host, const char *port,
 	}
 	close(fd);
 	return 0;
+}
+
+int echo_reap(const char *who, int conns, const char *what)
+{
+	int bad = 0, st;
+	for (int i = 0; i < conns; i++) {
+		if (wait(&st) < 0)
+			echo_die(who, "wait");
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			bad = 1;
+	}
+	if (bad) {
+		fprintf(stderr, "%s: %s failed\n", who, what);
+		return 1;
+	}
+	printf("OK %d connections\n", conns);
+	return 0;
+}
+
+int echo_fork_main(const char *who, int argc, char **argv,
+		   int (*server)(int port, int conns, int hold))
+{
+	if (argc >= 4 && strcmp(argv[1], "-s") == 0) {
+		int hold = strcmp(argv[2], "-S") == 0;
+		if (argc == 4 + hold)
+			return server(atoi(argv[2 + hold]), atoi(argv[3 + hold]), hold);
+	}
+	if (argc == 6 && strcmp(argv[1], "-c") == 0) {
+		struct echo_stream s = {.seed = (uint32_t)strtoul(argv[5], NULL, 0),
+					.len = strtoull(argv[4], NULL, 0)};
+		if (echo_poll_client(who, argv[2], argv[3], &s) < 0)
+			return 1;
+		printf("OK %llu bytes echoed\n", (unsigned long long)echo_total(&s));
+		return 0;
+	}
+	fprintf(stderr, "usage: %s -s [-S] PORT CONNS | -c HOST PORT BYTES SEED\n", who);
+	return 2;
 }

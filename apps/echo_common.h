@@ -59,6 +59,16 @@ int echo_poll_client(const char *who, const char *host, const char *port,
 /* A listening TCP socket on all IPv4 addresses. Exits on failure. */
 int echo_listen(const char *who, int port, int backlog);
 
+/* A forking server's end: wait for `conns` children; each must exit 0
+ * (`what` names them in the message). Prints "OK <conns> connections" and
+ * returns 0, or 1 when one failed. */
+int echo_reap(const char *who, int conns, const char *what);
+
+/* main() of a forking server: `-s [-S] PORT CONNS` runs server(port, conns,
+ * hold), `-c HOST PORT BYTES SEED` a checking client. */
+int echo_fork_main(const char *who, int argc, char **argv,
+		   int (*server)(int port, int conns, int hold));
+
 /* Exits with status 2 after printing who: what: strerror(errno). */
 _Noreturn void echo_die(const char *who, const char *what);
 

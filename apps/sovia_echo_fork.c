@@ -100,36 +100,10 @@ static int server(int port, int conns, int hold)
 			echo_die(WHO, "close");
 	}
 	close(ls);
-	int bad = 0, st;
-	for (int i = 0; i < conns; i++) {
-		if (wait(&st) < 0)
-			echo_die(WHO, "wait");
-		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-			bad = 1;
-	}
-	if (bad) {
-		fprintf(stderr, "%s: a child failed\n", WHO);
-		return 1;
-	}
-	printf("OK %d connections\n", conns);
-	return 0;
+	return echo_reap(WHO, conns, "a child");
 }
 
 int main(int argc, char **argv)
 {
-	if (argc >= 4 && strcmp(argv[1], "-s") == 0) {
-		int hold = strcmp(argv[2], "-S") == 0;
-		if (argc == 4 + hold)
-			return server(atoi(argv[2 + hold]), atoi(argv[3 + hold]), hold);
-	}
-	if (argc == 6 && strcmp(argv[1], "-c") == 0) {
-		struct echo_stream s = {.seed = (uint32_t)strtoul(argv[5], NULL, 0),
-		                        .len = strtoull(argv[4], NULL, 0)};
-		if (echo_poll_client(WHO, argv[2], argv[3], &s) < 0)
-			return 1;
-		printf("OK %llu bytes echoed\n", (unsigned long long)echo_total(&s));
-		return 0;
-	}
-	fprintf(stderr, "usage: %s -s [-S] PORT CONNS | -c HOST PORT BYTES SEED\n", WHO);
-	return 2;
+	return echo_fork_main(WHO, argc, argv, server);
 }
