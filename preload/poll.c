@@ -128,6 +128,12 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 			short mine = (short)(fds[i].events & ~k[i].events);
 			if (ents[i] && (mine & POLLIN) && (k[i].revents & (POLLHUP | POLLRDHUP)))
 				rev |= fds[i].events & (POLLIN | POLLRDNORM);
+			/* The kernel found TCP bytes to read, but they may be the
+			 * peer's echo of a switch that completed while we slept:
+			 * no bytes for the application, whose read would then
+			 * block. Judge again now that the switch is visible. */
+			if (ents[i] && (k[i].events & POLLIN) && (k[i].revents & (POLLIN | POLLRDNORM)))
+				rev = sv_stream_poll_recheck(ents[i]->priv, fds[i].events, rev);
 			fds[i].revents = rev;
 			count += rev != 0;
 		}

@@ -184,6 +184,10 @@ void sv_stream_qp_down(struct sv_stream *s, int err);
  * those that are ready) and which the kernel's socket answers (*kernel). */
 void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel,
 			  uint64_t *gen);
+/* After the kernel's poll reported the TCP socket readable, while the kernel
+ * answered for reading: `rev` as it stands now. The bytes may be only the
+ * peer's switch echo, and then libsovia answers for reading instead. */
+short sv_stream_poll_recheck(struct sv_stream *s, short events, short rev);
 /* Before sleeping in poll(): arm, and add the fds whose readiness means the
  * stream may have changed (at most 3). Sets *again when it changed already.
  * Every call is paired with sv_stream_poll_done after the sleep. */

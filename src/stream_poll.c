@@ -77,6 +77,17 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
 	pthread_mutex_unlock(&s->lock);
 }
 
+short sv_stream_poll_recheck(struct sv_stream *s, short events, short rev)
+{
+	short own, kernel;
+	uint64_t gen;
+	sv_stream_poll_split(s, events, &own, &kernel, &gen);
+	short rx = events & (POLLIN | POLLRDNORM | POLLRDHUP | POLLPRI);
+	if (!(kernel & (POLLIN | POLLRDNORM)))
+		rev = (short)((rev & ~rx) | (own & rx)); /* libsovia answers for reading now */
+	return rev;
+}
+
 int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, uint64_t gen)
 {
 	int n = 0;

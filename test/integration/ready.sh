@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# "Readable" means a read finds data, also while a connection switches to
+# RDMA under an application that waits in select, poll or epoll while other
+# connections stream (apps/sovia_ready.c): the peer's switch puts its
+# challenge echo on TCP, bytes the kernel calls readable but that are
+# libsovia's. iperf3 hung on exactly that (its control connection); the
+# race is narrow, so this is a check of the rule under load, and iperf3.sh
+# is the program that showed it.
+#
+# Most connections must reach RDMA, so the waits really spanned switches
+# (the first may not: its server closes before the first upgrade request,
+# which sets up the device, arrives).
+. "$(dirname "$0")/lib.sh"
+PORT=5082
+N=${SOVIA_IT_READY_N:-30}
+export SOVIA_LOG=info
+LD_PRELOAD=$LIB "$BUILD/apps/sovia-ready" -s $PORT "$N" >"$WORK/server.out" 2>"$WORK/server.err" &
+srv=$!
+wait_port $PORT
+LD_PRELOAD=$LIB run_logged "$WORK/client.out" "$WORK/client.err" \
+	timeout 600 "$BUILD/apps/sovia-ready" -c "$IP" $PORT "$N"
+wait $srv || fail "the server failed"
+cat "$WORK/server.out" "$WORK/client.out"
+# The client's four busy connections log "on RDMA" as well.
+on=$(($(grep -c "on RDMA" "$WORK/client.err" || true) - 4))
+[ "$on" -ge $((N / 2)) ] || fail "only $on of $N client connections reached RDMA"
+echo "ready: OK ($N connections, $on on RDMA, switched while their client waited)"
