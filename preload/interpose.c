@@ -360,9 +360,13 @@ SV_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 	return (int)sv_ret(r, saved);
 }
 
-/* stdio on an accelerated socket: glibc's FILE would read and write the fd
- * with its internal calls, past the interposer, so the FILE is built on
- * fopencookie and calls our read/write/close. fileno() still gives fd. */
+/* stdio on an accelerated socket: glibc's FILE would read, write and close
+ * the fd with its internal calls, past the interposer, so the FILE is built
+ * on fopencookie and calls our read/write/close. fileno() still gives fd.
+ * That holds for a socket that may still become accelerated, too: ftpd
+ * fdopen()s its active-mode data socket before connect(), and its fclose()
+ * must finish the connection (a real FILE would close the kernel's socket
+ * under libsovia's feet: the peer never got the end of the data). */
 static ssize_t cookie_read(void *c, char *buf, size_t n)
 {
 	return read((int)(intptr_t)c, buf, n);
@@ -392,7 +396,7 @@ static int cookie_close(void *c)
 SV_EXPORT FILE *fdopen(int fd, const char *mode)
 {
 	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f || f->ops != &sv_stream_ops) {
+	if (!f || (f->ops != &sv_stream_ops && f->ops != &sv_kernel_ops)) {
 		sv_fd_put(f);
 		return SV_REAL(fdopen)(fd, mode);
 	}
