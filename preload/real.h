@@ -70,7 +70,19 @@
 	X(splice, ssize_t, (int, loff_t *, int, loff_t *, size_t, unsigned int))            \
 	X(ioctl, int, (int, unsigned long, ...))                                            \
 	X(recvmmsg, int, (int, struct mmsghdr *, unsigned int, int, struct timespec *))     \
-	X(sendmmsg, int, (int, struct mmsghdr *, unsigned int, int))
+	X(sendmmsg, int, (int, struct mmsghdr *, unsigned int, int))                        \
+	X(setuid, int, (uid_t))                                                             \
+	X(setgid, int, (gid_t))                                                             \
+	X(seteuid, int, (uid_t))                                                            \
+	X(setegid, int, (gid_t))                                                            \
+	X(setreuid, int, (uid_t, uid_t))                                                    \
+	X(setregid, int, (gid_t, gid_t))                                                    \
+	X(setresuid, int, (uid_t, uid_t, uid_t))                                            \
+	X(setresgid, int, (gid_t, gid_t, gid_t))                                            \
+	X(setgroups, int, (size_t, const gid_t *))                                          \
+	X(initgroups, int, (const char *, gid_t))                                           \
+	X(setfsuid, int, (uid_t))                                                           \
+	X(setfsgid, int, (gid_t))
 
 struct sv_real {
 #define SV_REAL_FIELD(name, ret, args) ret(*name) args;

@@ -43,6 +43,9 @@ static struct {
 	pthread_once_t once;
 	int err;            /* the thread could not start */
 	atomic_int rdma;    /* 0 starting, 1 ready, -errno: no rdma_cm here */
+	/* The process changed credentials while the helper ran: our RDMA
+	 * files are no longer usable (preload/creds.c). */
+	atomic_bool creds_stale;
 	struct job *jobs;   /* under lock */
 	pthread_t thread;
 	pthread_mutex_t lock; /* the watch list */
@@ -182,7 +185,7 @@ static void run_jobs(void)
 	struct job *j = h.jobs;
 	h.jobs = NULL;
 	pthread_mutex_unlock(&h.lock);
-	int st = atomic_load(&h.rdma);
+	int st = sv_helper_rdma_state();
 	while (j) {
 		struct job *n = j->next;
 		j->fn(j->arg, st < 0 ? st : 0);
@@ -212,12 +215,33 @@ static void init_rdma(void)
 
 int sv_helper_rdma_state(void)
 {
+	if (atomic_load(&h.creds_stale))
+		return -EACCES;
 	return atomic_load(&h.rdma);
+}
+
+void sv_helper_creds_changed(const char *call)
+{
+	pthread_mutex_lock(&h.lock);
+	/* Before the helper thread exists nothing of RDMA is open yet: the
+	 * thread and its files will share the new credentials. */
+	bool stale = h.started && !atomic_load(&h.creds_stale);
+	if (stale)
+		atomic_store(&h.creds_stale, true);
+	pthread_mutex_unlock(&h.lock);
+	if (stale)
+		sv_info("the process changed its credentials (%s) after libsovia opened RDMA: "
+			"new connections stay on TCP", call);
+}
+
+enum sv_fallback sv_helper_no_rdma_reason(void)
+{
+	return atomic_load(&h.creds_stale) ? SV_FB_CREDENTIALS : SV_FB_DISABLED;
 }
 
 int sv_helper_when_ready(void (*fn)(void *arg, int rdma_err), void *arg)
 {
-	int st = atomic_load(&h.rdma);
+	int st = sv_helper_rdma_state();
 	if (st != 0)
 		return st < 0 ? st : 1; /* the caller goes on at once */
 	struct job *j = malloc(sizeof(*j));
@@ -343,6 +367,7 @@ void sv_helper_atfork_child(void)
 	h.once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	h.err = 0;
 	atomic_store(&h.rdma, 0);
+	atomic_store(&h.creds_stale, false); /* nothing of RDMA is open here yet */
 	h.jobs = NULL;
 	h.ch = NULL;
 	h.epfd = h.wakefd = -1;

@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "stream.h"
+
 struct rdma_cm_id;
 struct rdma_event_channel;
 struct sv_stream;
@@ -19,6 +21,12 @@ int sv_helper_start(void);
 
 /* rdma_cm on the helper: 0 still starting, 1 ready, -errno unavailable. */
 int sv_helper_rdma_state(void);
+/* The process changed its credentials (`call`, e.g. "seteuid"). Once the
+ * helper runs, RDMA files opened before are unusable (preload/creds.c):
+ * sv_helper_rdma_state() reports -EACCES from then on. */
+void sv_helper_creds_changed(const char *call);
+/* Why a connection cannot be upgraded while sv_helper_rdma_state() < 0. */
+enum sv_fallback sv_helper_no_rdma_reason(void);
 
 /* Run fn(arg, rdma_err) on the helper once rdma_cm is ready (rdma_err 0) or
  * known to be unavailable (-errno). Returns 0 when queued; 1 when it is

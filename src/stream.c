@@ -85,6 +85,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 		return "shut-down-before-upgrade";
 	case SV_FB_QP_LOST:
 		return "qp-lost";
+	case SV_FB_CREDENTIALS:
+		return "credentials";
 	}
 	return "?";
 }
@@ -427,8 +429,10 @@ void sv_stream_break(struct sv_stream *s, int err)
 	if (!moved) {
 		/* Nothing ever went over the QP: TCP simply carries on. */
 		s->state = SV_CONN_FALLBACK;
+		/* EACCES: the kernel refused our writes to the RDMA device's
+		 * files (preload/creds.c); anything else: the QP's resources. */
 		if (s->fallback == SV_FB_NONE)
-			s->fallback = SV_FB_RESOURCES;
+			s->fallback = err == -EACCES ? SV_FB_CREDENTIALS : SV_FB_RESOURCES;
 		sv_stream_wake(s);
 		return;
 	}
@@ -849,7 +853,7 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 void sv_stream_connecting(struct sv_stream *s)
 {
 	if (sv_helper_start() < 0 || sv_helper_rdma_state() < 0) {
-		sv_stream_fallback(s, SV_FB_DISABLED);
+		sv_stream_fallback(s, sv_helper_no_rdma_reason());
 		return;
 	}
 	pthread_mutex_lock(&s->lock);

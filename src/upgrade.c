@@ -163,7 +163,7 @@ static void connect_job(void *arg, int rdma_err)
 {
 	struct sv_stream *s = arg;
 	if (rdma_err)
-		sv_stream_fallback(s, SV_FB_DISABLED);
+		sv_stream_fallback(s, sv_helper_no_rdma_reason());
 	else
 		start_connect(s);
 	sv_stream_put(s);
@@ -181,7 +181,7 @@ void sv_upgrade_connect(struct sv_stream *s)
 		return; /* the helper starts it once rdma_cm is up */
 	sv_stream_put(s);
 	if (r < 0)
-		sv_stream_fallback(s, SV_FB_DISABLED);
+		sv_stream_fallback(s, sv_helper_no_rdma_reason());
 	else
 		start_connect(s);
 }
@@ -365,7 +365,7 @@ void sv_upgrade_unlisten(struct sv_listener *l)
 void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 {
 	if (sv_helper_start() < 0 || sv_helper_rdma_state() < 0) {
-		sv_stream_fallback(s, SV_FB_DISABLED);
+		sv_stream_fallback(s, sv_helper_no_rdma_reason());
 		return;
 	}
 	struct unmatched *u = malloc(sizeof(*u));

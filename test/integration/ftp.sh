@@ -19,6 +19,10 @@
 # Nothing outside that namespace changes: the test bed's guest shares the
 # host's root file system.
 #
+# Not registered with ctest yet: from the daemon's second session on, the
+# data connections stay on TCP (README, Known problems), which this test
+# reports as a failure.
+#
 # Sizes: SOVIA_IT_FTP_SIZES (default "19090223 145864380"); modes and
 # directions: SOVIA_IT_FTP_MODES (default "passive active") and
 # SOVIA_IT_FTP_DIRS (default "get put"); SOVIA_IT_FTP_TIMEOUT bounds one

@@ -1,0 +1,68 @@
+/* Credential changes (setuid, seteuid, setgroups, ...).
+ *
+ * The kernel lets only a task with the very credentials that opened an RDMA
+ * device file write to it (ib_safe_file_access: the same struct cred, not
+ * merely the same ids), and rxe rings its doorbell with such a write on
+ * every post. glibc applies seteuid and friends to each thread, each getting
+ * a credential object of its own; so once the process changed credentials,
+ * the rdma_cm and verbs files opened before are useless to every thread
+ * (ftpd switches euid around each data connection's bind). libsovia then
+ * stops upgrading new connections: they stay on TCP, with
+ * fallback=credentials. A process that changes credentials before its
+ * first upgrade (libsovia opens RDMA lazily, then) is not affected.
+ * Connections already on RDMA fail their next post and go on over TCP
+ * (docs/protocol.md, "The QP fails"). */
+#include "guard.h"
+#include "helper.h"
+#include "preload.h"
+#include "real.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <sys/fsuid.h>
+#include <unistd.h>
+
+static void changed(const char *call)
+{
+	int saved = errno;
+	sv_helper_creds_changed(call);
+	errno = saved;
+}
+
+#define SV_CRED_CALL(name, params, args)                                                    \
+	SV_EXPORT int name params                                                           \
+	{                                                                                   \
+		int rc_ = SV_REAL(name) args;                                               \
+		if (rc_ == 0 && !sv_passthrough())                                          \
+			changed(#name);                                                     \
+		return rc_;                                                                 \
+	}
+
+SV_CRED_CALL(setuid, (uid_t u), (u))
+SV_CRED_CALL(setgid, (gid_t g), (g))
+SV_CRED_CALL(seteuid, (uid_t u), (u))
+SV_CRED_CALL(setegid, (gid_t g), (g))
+SV_CRED_CALL(setreuid, (uid_t r, uid_t e), (r, e))
+SV_CRED_CALL(setregid, (gid_t r, gid_t e), (r, e))
+SV_CRED_CALL(setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s))
+SV_CRED_CALL(setresgid, (gid_t r, gid_t e, gid_t s), (r, e, s))
+SV_CRED_CALL(setgroups, (size_t n, const gid_t *g), (n, g))
+SV_CRED_CALL(initgroups, (const char *user, gid_t g), (user, g))
+
+/* setfsuid and setfsgid return the previous id and change only the calling
+ * thread; any call may have changed its credentials. */
+SV_EXPORT int setfsuid(uid_t u)
+{
+	int r = SV_REAL(setfsuid)(u);
+	if (!sv_passthrough() && (uid_t)r != u)
+		changed("setfsuid");
+	return r;
+}
+
+SV_EXPORT int setfsgid(gid_t g)
+{
+	int r = SV_REAL(setfsgid)(g);
+	if (!sv_passthrough() && (gid_t)r != g)
+		changed("setfsgid");
+	return r;
+}
