@@ -108,10 +108,14 @@ int main(int argc, char **argv)
 	uint8_t pd[SV_CM_REQ_MAX];
 	int len = sv_cm_req_encode(&req, pd);
 	struct rdma_conn_param cp = {.private_data = pd, .private_data_len = (uint8_t)len,
-				     .retry_count = 7, .rnr_retry_count = 7};
+				     .retry_count = 7, .rnr_retry_count = 7,
+				     .qp_num = sv_verbs_qp_num(v)};
 	if (rdma_connect(id, &cp) < 0)
 		return 1;
-	int r = wait_event(RDMA_CM_EVENT_ESTABLISHED, &ev);
+	/* The QP is libsovia's own (src/verbs.h): made ready on the answer. */
+	int r = wait_event(RDMA_CM_EVENT_CONNECT_RESPONSE, &ev);
+	if (r == 0 && (sv_verbs_connected(v) < 0 || rdma_establish(id) < 0))
+		return 1;
 	if (r != 0) {
 		printf("forge: request refused (%s)\n", r > 0 ? rdma_event_str(ev->event) : "none");
 		return 0;

@@ -344,11 +344,12 @@ static void cm_poll_events(struct conn *c)
 		if (ev->event == RDMA_CM_EVENT_DISCONNECTED && ev->id == c->id) {
 			c->disconnected = true;
 			c->disconnected_at = now_us();
-			/* librdmacm leaves the QP as it is on a disconnect from the
-			 * peer; rdma_disconnect moves it to the error state, so
-			 * that everything posted completes (flushed). */
+			/* On a disconnect from the peer the QP stays as it is;
+			 * the error state makes everything posted complete
+			 * (flushed). */
 			if (rdma_disconnect(c->id))
 				fprintf(stderr, PROG ": rdma_disconnect: %s\n", strerror(errno));
+			sv_verbs_qp_error(c->v);
 		}
 		else
 			fprintf(stderr, PROG ": unexpected CM event %s\n", rdma_event_str(ev->event));
@@ -444,14 +445,23 @@ static int client_try(struct conn *c, const struct opts *o, struct sockaddr *dst
 	params_encode(o, pdata);
 	struct rdma_conn_param cp;
 	conn_param_init(&cp, pdata, sizeof(pdata));
+	cp.qp_num = sv_verbs_qp_num(c->v);
 	if (rdma_connect(c->id, &cp)) {
 		r = -errno;
 		fprintf(stderr, PROG ": rdma_connect: %s\n", err_str(r));
 		goto teardown_transport;
 	}
-	r = cm_expect(c, c->id, RDMA_CM_EVENT_ESTABLISHED, 10000, NULL);
+	/* The QP is libsovia's own (src/verbs.h): ready it on the answer,
+	 * then complete the connection. */
+	r = cm_expect(c, c->id, RDMA_CM_EVENT_CONNECT_RESPONSE, 10000, NULL);
 	if (r < 0)
 		goto teardown_transport;
+	r = sv_verbs_connected(c->v);
+	if (r < 0 || rdma_establish(c->id)) {
+		r = r < 0 ? r : -errno;
+		fprintf(stderr, PROG ": completing the connection: %s\n", err_str(r));
+		goto teardown_transport;
+	}
 	return 0;
 
 teardown_transport:
@@ -515,8 +525,14 @@ static void server_accept(struct conn *c, const struct opts *o, struct opts *pee
 		rdma_reject(c->id, NULL, 0);
 		die(1, "transport setup failed: %s", err_str(r));
 	}
+	r = sv_verbs_connected(c->v);
+	if (r < 0) {
+		rdma_reject(c->id, NULL, 0);
+		die(1, "QP not ready: %s", err_str(r));
+	}
 	struct rdma_conn_param cp;
 	conn_param_init(&cp, NULL, 0);
+	cp.qp_num = sv_verbs_qp_num(c->v);
 	if (rdma_accept(c->id, &cp))
 		die(1, "rdma_accept: %s", strerror(errno));
 	r = cm_expect(c, c->id, RDMA_CM_EVENT_ESTABLISHED, 10000, NULL);
@@ -977,10 +993,12 @@ static int client(const struct opts *o)
 
 	wait_sends_done(&c);
 	struct sv_proto_stats st = c.p.st;
-	if (rdma_disconnect(c.id))
+	bool disc = rdma_disconnect(c.id) == 0;
+	if (!disc)
 		fprintf(stderr, PROG ": rdma_disconnect: %s\n", strerror(errno));
-	else if (!c.disconnected &&
-		 cm_expect(&c, c.id, RDMA_CM_EVENT_DISCONNECTED, 5000, NULL) < 0)
+	sv_verbs_qp_error(c.v);
+	if (disc && !c.disconnected &&
+	    cm_expect(&c, c.id, RDMA_CM_EVENT_DISCONNECTED, 5000, NULL) < 0)
 		fprintf(stderr, PROG ": no DISCONNECTED event\n");
 	transport_teardown(&c);
 	rdma_destroy_id(c.id);

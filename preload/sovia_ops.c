@@ -8,6 +8,7 @@
 #include "log.h"
 #include "real.h"
 #include "stream.h"
+#include "verbs.h"
 #include "wait.h"
 
 #include <errno.h>
@@ -260,5 +261,6 @@ void sv_ops_atfork_child(void)
 	sv_epoll_atfork_child();
 	sv_helper_atfork_child();
 	sv_upgrade_atfork_child();
+	sv_verbs_atfork_child();
 	sv_stream_atfork_child();
 }

@@ -249,6 +249,7 @@ static void client_route_resolved(struct sv_stream *s)
 		.private_data_len = (uint8_t)len,
 		.retry_count = 7,
 		.rnr_retry_count = 7,
+		.qp_num = sv_verbs_qp_num(s->verbs),
 	};
 	if (rdma_connect(s->id, &cp) < 0) {
 		sv_dbg("fd %d: rdma_connect: %s", s->fd, strerror(errno));
@@ -268,6 +269,7 @@ static void client_established(struct sv_stream *s, const struct rdma_conn_param
 	}
 	if (r < 0) {
 		rdma_disconnect(s->id);
+		sv_verbs_qp_error(s->verbs);
 		drop_qp(s, r == -EPROTONOSUPPORT ? SV_FB_VERSION : SV_FB_REJECTED);
 		return;
 	}
@@ -419,6 +421,9 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 	int r = attach_qp(s);
 	if (r == 0)
 		r = sv_proto_set_peer(&s->proto, req->nrecv, req->buf_size);
+	if (r == 0)
+		r = sv_verbs_connected(s->verbs); /* ready before rdma_accept */
+	uint32_t qp_num = r == 0 ? sv_verbs_qp_num(s->verbs) : 0;
 	struct sv_cm_rep rep = {.version = SV_CM_VERSION};
 	if (r == 0) {
 		memcpy(s->peer_challenge, req->challenge, SV_CHALLENGE_SIZE);
@@ -441,6 +446,7 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 		.private_data_len = sizeof(pd),
 		.retry_count = 7,
 		.rnr_retry_count = 7,
+		.qp_num = qp_num,
 	};
 	if (rdma_accept(id, &cp) < 0) {
 		sv_dbg("fd %d: rdma_accept: %s", s->fd, strerror(errno));
@@ -611,6 +617,19 @@ static void handle_event(struct rdma_cm_event *ev)
 	case RDMA_CM_EVENT_ROUTE_RESOLVED:
 		client_route_resolved(s);
 		break;
+	case RDMA_CM_EVENT_CONNECT_RESPONSE:
+		/* Our QP is not librdmacm's: we make it ready, then complete
+		 * the connection (the server gets ESTABLISHED). */
+		if (!s->is_client || !s->verbs || sv_verbs_connected(s->verbs) < 0 ||
+		    rdma_establish(ev->id) < 0) {
+			sv_dbg("fd %d: completing the connection failed", s->fd);
+			rdma_disconnect(ev->id);
+			sv_verbs_qp_error(s->verbs);
+			drop_qp(s, SV_FB_RESOURCES);
+			break;
+		}
+		client_established(s, &ev->param.conn);
+		break;
 	case RDMA_CM_EVENT_ESTABLISHED:
 		if (s->is_client) {
 			client_established(s, &ev->param.conn);
@@ -633,6 +652,7 @@ static void handle_event(struct rdma_cm_event *ev)
 	case RDMA_CM_EVENT_DISCONNECTED:
 	case RDMA_CM_EVENT_DEVICE_REMOVAL:
 		rdma_disconnect(ev->id);
+		sv_verbs_qp_error(s->verbs);
 		sv_stream_qp_down(s, -ECONNRESET);
 		break;
 	default:

@@ -73,6 +73,47 @@ static int last_err(void)
 	return errno > 0 ? -errno : -EIO;
 }
 
+/* ---- Device contexts of our own ------------------------------------------
+ *
+ * librdmacm opens each device once per process and keeps it; its context is
+ * inherited by fork children, where the kernel refuses the writes rxe posts
+ * with (the file was opened under the parent's credentials). So the QP and
+ * everything under it live on a context libsovia opens itself in each
+ * process, after any fork; librdmacm only connects (the id carries our QP's
+ * number, and we move the QP through its states, rdma_init_qp_attr). */
+
+struct sv_ctx_ent {
+	struct sv_ctx_ent *next;
+	struct ibv_device *dev;
+	struct ibv_context *ctx;
+};
+
+static struct sv_ctx_ent *ctx_list; /* under pd_lock */
+
+/* Our context for dev, opened on first use and kept. Under pd_lock. */
+static struct ibv_context *own_ctx(struct ibv_device *dev, int *err)
+{
+	for (struct sv_ctx_ent *e = ctx_list; e; e = e->next)
+		if (e->dev == dev)
+			return e->ctx;
+	struct sv_ctx_ent *e = calloc(1, sizeof(*e));
+	if (!e) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	e->ctx = ibv_open_device(dev);
+	if (!e->ctx) {
+		*err = last_err();
+		sv_err("verbs: ibv_open_device %s: %s", ibv_get_device_name(dev), strerror(-*err));
+		free(e);
+		return NULL;
+	}
+	e->dev = dev;
+	e->next = ctx_list;
+	ctx_list = e;
+	return e->ctx;
+}
+
 /* ---- Protection domains, one per device context ------------------------ */
 
 struct sv_pd_ent {
@@ -137,6 +178,15 @@ free_entry:
 unlock:
 	pthread_mutex_unlock(&pd_lock);
 	return r;
+}
+
+void sv_verbs_atfork_child(void)
+{
+	/* The parent's contexts and PDs are the parent's (their files are
+	 * useless here): start afresh. */
+	pthread_mutex_init(&pd_lock, NULL);
+	ctx_list = NULL;
+	pd_list = NULL;
 }
 
 static void pd_put(struct ibv_pd *pd)
@@ -411,8 +461,8 @@ static int create_qp(struct sv_verbs *v)
 			.qp_type = IBV_QPT_RC,
 			.sq_sig_all = 0, /* every send asks for IBV_SEND_SIGNALED itself */
 		};
-		if (rdma_create_qp(v->id, v->pd, &a) == 0) {
-			v->qp = v->id->qp;
+		v->qp = ibv_create_qp(v->pd, &a);
+		if (v->qp) {
 			v->max_inline = a.cap.max_inline_data;
 			sv_dbg("verbs: RC QP %u: %u send/%u recv WRs, %u send SGEs, %u inline bytes",
 			       v->qp->qp_num, a.cap.max_send_wr, a.cap.max_recv_wr,
@@ -420,11 +470,54 @@ static int create_qp(struct sv_verbs *v)
 			return 0;
 		}
 		r = last_err();
-		sv_dbg("verbs: rdma_create_qp with %u inline bytes: %s", inline_sizes[i],
+		sv_dbg("verbs: ibv_create_qp with %u inline bytes: %s", inline_sizes[i],
 		       strerror(-r));
 	}
-	sv_err("verbs: rdma_create_qp: %s", strerror(-r));
+	sv_err("verbs: ibv_create_qp: %s", strerror(-r));
 	return r;
+}
+
+/* Move the QP to `state` with the attributes rdma_cm gives for it. */
+static int qp_to(struct sv_verbs *v, enum ibv_qp_state state)
+{
+	struct ibv_qp_attr a = {.qp_state = state};
+	int mask = 0;
+	if (rdma_init_qp_attr(v->id, &a, &mask) < 0) {
+		int r = last_err();
+		sv_dbg("verbs: rdma_init_qp_attr for QP state %d: %s", (int)state, strerror(-r));
+		return r;
+	}
+	/* No RDMA READ or atomics on this QP: none outstanding either way. */
+	if (state == IBV_QPS_RTR)
+		a.max_dest_rd_atomic = 0;
+	if (state == IBV_QPS_RTS)
+		a.max_rd_atomic = 0;
+	int r = ibv_modify_qp(v->qp, &a, mask);
+	if (r) {
+		r = neg_err(r);
+		sv_dbg("verbs: QP %u to state %d: %s", v->qp->qp_num, (int)state, strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+int sv_verbs_connected(struct sv_verbs *v)
+{
+	int r = qp_to(v, IBV_QPS_RTR);
+	return r ? r : qp_to(v, IBV_QPS_RTS);
+}
+
+uint32_t sv_verbs_qp_num(const struct sv_verbs *v)
+{
+	return v->qp->qp_num;
+}
+
+void sv_verbs_qp_error(struct sv_verbs *v)
+{
+	if (!v || !v->qp)
+		return;
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	ibv_modify_qp(v->qp, &a, IBV_QP_STATE); /* flushes what is posted */
 }
 
 int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct sv_proto_params *prm)
@@ -432,9 +525,14 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 	*out = NULL;
 	if (!id || !id->verbs || id->qp || prm->buf_size <= SV_HDR_SIZE || prm->window < 1)
 		return -EINVAL;
-	struct ibv_context *ctx = id->verbs;
+	int r = 0;
+	pthread_mutex_lock(&pd_lock);
+	struct ibv_context *ctx = own_ctx(id->verbs->device, &r);
+	pthread_mutex_unlock(&pd_lock);
+	if (!ctx)
+		return r;
 	uint32_t nr = sv_proto_nrecv(prm), ns = sv_proto_nsend(prm);
-	int r = check_device(ctx, nr, ns);
+	r = check_device(ctx, nr, ns);
 	if (r)
 		return r;
 
@@ -482,6 +580,9 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 	r = create_qp(v);
 	if (r)
 		goto destroy_partial;
+	r = qp_to(v, IBV_QPS_INIT); /* receives may be posted from here on */
+	if (r)
+		goto destroy_partial;
 	*out = v;
 	return 0;
 
@@ -496,7 +597,9 @@ void sv_verbs_destroy(struct sv_verbs *v)
 		return;
 	/* The QP first: after it, nothing reads or writes the memory below. */
 	if (v->qp) {
-		rdma_destroy_qp(v->id);
+		int d = ibv_destroy_qp(v->qp);
+		if (d)
+			sv_warn("verbs: ibv_destroy_qp: %s", strerror(-neg_err(d)));
 		v->qp = NULL;
 	}
 	if (v->zc) {

@@ -35,9 +35,23 @@ struct sv_verbs;
  * posts every receive buffer there. Returns 0 or -errno. */
 int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct sv_proto_params *prm);
 
-/* Destroy the QP (rdma_destroy_qp; the id stays the caller's: call this
- * before rdma_destroy_id), the memory registrations, the CQ and the
- * channel, and drop the PD reference. Safe on NULL and on a partially
+/* The QP lives on libsovia's own device context (not librdmacm's, which a
+ * fork child inherits unusable), in the INIT state after sv_verbs_create.
+ * Pass its number in rdma_connect's and rdma_accept's parameters; call
+ * sv_verbs_connected on the passive side before rdma_accept, on the active
+ * side on RDMA_CM_EVENT_CONNECT_RESPONSE, before rdma_establish. */
+uint32_t sv_verbs_qp_num(const struct sv_verbs *v);
+/* Move the QP to RTR, then RTS. Returns 0 or -errno. */
+int sv_verbs_connected(struct sv_verbs *v);
+/* Move the QP to the error state, flushing everything posted. librdmacm
+ * does not touch our QP: call it after each rdma_disconnect. Safe on NULL. */
+void sv_verbs_qp_error(struct sv_verbs *v);
+/* In a fork's child: the parent's device contexts are not usable here. */
+void sv_verbs_atfork_child(void);
+
+/* Destroy the QP (the id stays the caller's: call this before
+ * rdma_destroy_id), the memory registrations, the CQ and the channel, and
+ * drop the PD reference. Safe on NULL and on a partially
  * created object. */
 void sv_verbs_destroy(struct sv_verbs *v);
 
@@ -56,9 +70,9 @@ struct sv_xport sv_verbs_xport(struct sv_verbs *v);
  * a disconnect then is the normal end, and the received data stays
  * readable up to the EOF.
  *
- * librdmacm moves the QP to the error state (so that everything posted is
- * flushed) in rdma_disconnect, not when RDMA_CM_EVENT_DISCONNECTED arrives:
- * answer that event with rdma_disconnect. */
+ * The QP goes to the error state (so that everything posted is flushed)
+ * by sv_verbs_qp_error: answer RDMA_CM_EVENT_DISCONNECTED with
+ * rdma_disconnect and sv_verbs_qp_error. */
 int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, uint64_t now_us);
 
 /* Request an event on the channel for the next completion. Poll once more

@@ -19,9 +19,9 @@
 # Nothing outside that namespace changes: the test bed's guest shares the
 # host's root file system.
 #
-# Not registered with ctest yet: from the daemon's second session on, the
-# data connections stay on TCP (README, Known problems), which this test
-# reports as a failure.
+# One transfer per session: ftpd changes its euid around each data
+# connection's bind, and a later data connection of the same session stays
+# on TCP (README, Known problems).
 #
 # Sizes: SOVIA_IT_FTP_SIZES (default "19090223 145864380"); modes and
 # directions: SOVIA_IT_FTP_MODES (default "passive active") and
