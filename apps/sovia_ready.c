@@ -168,7 +168,7 @@ static void client(const char *host, const char *port, int n)
 static void *stream_busy(void *arg)
 {
 	int fd = (int)(long)arg;
-	static char buf[65536];
+	char buf[65536]; /* one per thread */
 	memset(buf, 'b', sizeof(buf));
 	while (send(fd, buf, sizeof(buf), MSG_NOSIGNAL) > 0)
 		;
