@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -277,13 +278,51 @@ int echo_reap(const char *who, int conns, const char *what)
 	return 0;
 }
 
-int echo_fork_main(const char *who, int argc, char **argv,
-		   int (*server)(int port, int conns, int hold))
+static int fork_server(const char *who, int port, int conns, int hold, int (*child)(int fd),
+		       const char *what)
+{
+	sigset_t usr1;
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	if (hold)
+		sigprocmask(SIG_BLOCK, &usr1, NULL);
+	int ls = echo_listen(who, port, 64);
+	for (int i = 0; i < conns; i++) {
+		int c = accept(ls, NULL, NULL);
+		if (c < 0 && errno == EINTR) {
+			i--;
+			continue;
+		}
+		if (c < 0)
+			echo_die(who, "accept");
+		if (hold) {
+			int sig;
+			if (sigwait(&usr1, &sig) != 0)
+				echo_die(who, "sigwait");
+		}
+		pid_t pid = fork();
+		if (pid < 0)
+			echo_die(who, "fork");
+		if (pid == 0) {
+			sigprocmask(SIG_UNBLOCK, &usr1, NULL);
+			close(ls);
+			exit(child(c));
+		}
+		if (close(c) < 0)
+			echo_die(who, "close");
+	}
+	close(ls);
+	return echo_reap(who, conns, what);
+}
+
+int echo_fork_main(const char *who, int argc, char **argv, int (*child)(int fd),
+		   const char *what)
 {
 	if (argc >= 4 && strcmp(argv[1], "-s") == 0) {
 		int hold = strcmp(argv[2], "-S") == 0;
 		if (argc == 4 + hold)
-			return server(atoi(argv[2 + hold]), atoi(argv[3 + hold]), hold);
+			return fork_server(who, atoi(argv[2 + hold]), atoi(argv[3 + hold]), hold,
+					   child, what);
 	}
 	if (argc == 6 && strcmp(argv[1], "-c") == 0) {
 		struct echo_stream s = {.seed = (uint32_t)strtoul(argv[5], NULL, 0),

@@ -64,10 +64,13 @@ int echo_listen(const char *who, int port, int backlog);
  * returns 0, or 1 when one failed. */
 int echo_reap(const char *who, int conns, const char *what);
 
-/* main() of a forking server: `-s [-S] PORT CONNS` runs server(port, conns,
- * hold), `-c HOST PORT BYTES SEED` a checking client. */
-int echo_fork_main(const char *who, int argc, char **argv,
-		   int (*server)(int port, int conns, int hold));
+/* main() of a forking server: `-s [-S] PORT CONNS` accepts CONNS
+ * connections on PORT and forks for each; the child closes the listener and
+ * exits with child(fd). With -S the parent waits for SIGUSR1 after each
+ * accept, before the fork. It then reaps the children (`what` names them).
+ * `-c HOST PORT BYTES SEED` runs a checking client. */
+int echo_fork_main(const char *who, int argc, char **argv, int (*child)(int fd),
+		   const char *what);
 
 /* Exits with status 2 after printing who: what: strerror(errno). */
 _Noreturn void echo_die(const char *who, const char *what);

@@ -68,42 +68,7 @@ static int child(int c)
 	return 0;
 }
 
-static int server(int port, int conns, int hold)
-{
-	sigset_t usr1;
-	sigemptyset(&usr1);
-	sigaddset(&usr1, SIGUSR1);
-	if (hold)
-		sigprocmask(SIG_BLOCK, &usr1, NULL);
-	int ls = echo_listen(WHO, port, 64);
-	for (int i = 0; i < conns; i++) {
-		int c = accept(ls, NULL, NULL);
-		if (c < 0 && errno == EINTR) {
-			i--;
-			continue;
-		}
-		if (c < 0)
-			echo_die(WHO, "accept");
-		if (hold) {
-			int sig;
-			if (sigwait(&usr1, &sig) != 0)
-				echo_die(WHO, "sigwait");
-		}
-		pid_t pid = fork();
-		if (pid < 0)
-			echo_die(WHO, "fork");
-		if (pid == 0) {
-			close(ls);
-			exit(child(c));
-		}
-		if (close(c) < 0)
-			echo_die(WHO, "close");
-	}
-	close(ls);
-	return echo_reap(WHO, conns, "a child");
-}
-
 int main(int argc, char **argv)
 {
-	return echo_fork_main(WHO, argc, argv, server);
+	return echo_fork_main(WHO, argc, argv, child, "a child");
 }

@@ -17,58 +17,21 @@
  * echo was exact. */
 #include "echo_common.h"
 
-#include <errno.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define WHO "sovia-execcat"
 
-static int server(int port, int conns, int hold)
+/* The child: cat on the socket as its stdin and stdout. */
+static int child(int c)
 {
-	sigset_t usr1;
-	sigemptyset(&usr1);
-	sigaddset(&usr1, SIGUSR1);
-	if (hold)
-		sigprocmask(SIG_BLOCK, &usr1, NULL);
-	int ls = echo_listen(WHO, port, 64);
-	for (int i = 0; i < conns; i++) {
-		int c = accept(ls, NULL, NULL);
-		if (c < 0 && errno == EINTR) {
-			i--;
-			continue;
-		}
-		if (c < 0)
-			echo_die(WHO, "accept");
-		if (hold) {
-			int sig;
-			if (sigwait(&usr1, &sig) != 0)
-				echo_die(WHO, "sigwait");
-		}
-		pid_t pid = fork();
-		if (pid < 0)
-			echo_die(WHO, "fork");
-		if (pid == 0) {
-			sigprocmask(SIG_UNBLOCK, &usr1, NULL);
-			if (dup2(c, 0) < 0 || dup2(c, 1) < 0)
-				echo_die(WHO " child", "dup2");
-			close(c);
-			close(ls);
-			execlp("cat", "cat", (char *)NULL);
-			echo_die(WHO " child", "exec cat");
-		}
-		if (close(c) < 0)
-			echo_die(WHO, "close");
-	}
-	close(ls);
-	return echo_reap(WHO, conns, "a cat");
+	if (dup2(c, 0) < 0 || dup2(c, 1) < 0)
+		echo_die(WHO " child", "dup2");
+	close(c);
+	execlp("cat", "cat", (char *)NULL);
+	echo_die(WHO " child", "exec cat");
 }
 
 int main(int argc, char **argv)
 {
-	return echo_fork_main(WHO, argc, argv, server);
+	return echo_fork_main(WHO, argc, argv, child, "a cat");
 }
