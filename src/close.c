@@ -128,10 +128,8 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 	sv_stream_kernel_shut(s);
 	if (sv_cfg.stats)
 		sv_stream_print_stats(s, "close");
-	if (s->id && s->proto_ready) {
-		rdma_disconnect(s->id); /* the peer learns at once, not by timeout */
-		sv_verbs_qp_error(s->verbs);
-	}
+	if (s->id && s->proto_ready)
+		sv_upgrade_disconnect(s); /* the peer learns at once, not by timeout */
 	if (s->fd >= 0) {
 		if (!finished || s->error) {
 			/* Like TCP's abortive close: the peer sees a reset. */

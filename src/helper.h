@@ -42,6 +42,9 @@ void sv_helper_watch(struct sv_stream *s);
 
 /* The stream is being freed: destroy its QP and rdma_cm id (upgrade.c). */
 void sv_upgrade_forget(struct sv_stream *s);
+/* rdma_disconnect on the stream's id, and our QP to the error state so that
+ * everything posted is flushed (librdmacm does that only for its own QPs). */
+void sv_upgrade_disconnect(struct sv_stream *s);
 
 /* In a fork's child: no helper thread runs there; forget the parent's
  * state so that the child's first connection starts its own. */

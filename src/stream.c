@@ -552,10 +552,7 @@ void sv_stream_established(struct sv_stream *s)
 		 * stays on TCP (nothing in-band happened yet). */
 		s->state = SV_CONN_FALLBACK;
 		s->fallback = SV_FB_SHUTDOWN;
-		if (s->id) {
-			rdma_disconnect(s->id);
-			sv_verbs_qp_error(s->verbs);
-		}
+		sv_upgrade_disconnect(s);
 		sv_stream_wake(s);
 		pthread_mutex_unlock(&s->lock);
 		return;

@@ -206,10 +206,8 @@ uint64_t sv_stream_detached_service(struct sv_stream *s, uint64_t now, bool *don
 {
 	if (now < s->linger_deadline_us)
 		return s->linger_deadline_us;
-	if (s->id && s->proto_ready) {
-		rdma_disconnect(s->id);
-		sv_verbs_qp_error(s->verbs);
-	}
+	if (s->id && s->proto_ready)
+		sv_upgrade_disconnect(s);
 	*done = true;
 	return 0;
 }

@@ -268,8 +268,7 @@ static void client_established(struct sv_stream *s, const struct rdma_conn_param
 		pthread_mutex_unlock(&s->lock);
 	}
 	if (r < 0) {
-		rdma_disconnect(s->id);
-		sv_verbs_qp_error(s->verbs);
+		sv_upgrade_disconnect(s);
 		drop_qp(s, r == -EPROTONOSUPPORT ? SV_FB_VERSION : SV_FB_REJECTED);
 		return;
 	}
@@ -623,8 +622,7 @@ static void handle_event(struct rdma_cm_event *ev)
 		if (!s->is_client || !s->verbs || sv_verbs_connected(s->verbs) < 0 ||
 		    rdma_establish(ev->id) < 0) {
 			sv_dbg("fd %d: completing the connection failed", s->fd);
-			rdma_disconnect(ev->id);
-			sv_verbs_qp_error(s->verbs);
+			sv_upgrade_disconnect(s);
 			drop_qp(s, SV_FB_RESOURCES);
 			break;
 		}
@@ -651,8 +649,7 @@ static void handle_event(struct rdma_cm_event *ev)
 		break;
 	case RDMA_CM_EVENT_DISCONNECTED:
 	case RDMA_CM_EVENT_DEVICE_REMOVAL:
-		rdma_disconnect(ev->id);
-		sv_verbs_qp_error(s->verbs);
+		sv_upgrade_disconnect(s);
 		sv_stream_qp_down(s, -ECONNRESET);
 		break;
 	default:
@@ -693,6 +690,13 @@ void sv_upgrade_forget(struct sv_stream *s)
 		s->id = NULL;
 	}
 	pthread_mutex_unlock(&up_lock);
+}
+
+void sv_upgrade_disconnect(struct sv_stream *s)
+{
+	if (s->id)
+		rdma_disconnect(s->id);
+	sv_verbs_qp_error(s->verbs);
 }
 
 void sv_upgrade_atfork_child(void)
