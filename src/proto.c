@@ -981,6 +981,11 @@ uint64_t sv_proto_next_deadline(const struct sv_proto *p)
 	return d;
 }
 
+uint64_t sv_proto_flush_deadline(const struct sv_proto *p)
+{
+	return p->pending_slot >= 0 ? p->pending_deadline : 0;
+}
+
 uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us)
 {
 	if (p->error)

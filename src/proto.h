@@ -315,5 +315,7 @@ bool sv_proto_back_done(const struct sv_proto *p);
  * Timers: fire what is due at now_us. Returns the next deadline (0 = none). */
 uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us);
 uint64_t sv_proto_next_deadline(const struct sv_proto *p);
+/* The coalescing timer's deadline while coalesced bytes wait, else 0. */
+uint64_t sv_proto_flush_deadline(const struct sv_proto *p);
 
 #endif

@@ -174,6 +174,8 @@ struct sv_watch_io {
 		      * channel fd, -1 none; replaced here (under the stream's lock,
 		      * so it is a copy of the live channel) when it is stale */
 	int chan_of; /* in/out: the stream's fd that chan copies */
+	uint32_t look_us; /* in/out: the interval of the helper's looks while the
+			   * application stays active; 0 after it was found idle */
 };
 
 /* Make progress on whatever the stream waits for (completions, the
