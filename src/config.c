@@ -49,6 +49,8 @@ static const struct setting settings[] = {
 	 "write size from which data is sent zero-copy"},
 	{"SOVIA_UPGRADE_TIMEOUT_MS", SETTING_U32, U32(upgrade_timeout_ms), 10000, 10, 600000,
 	 "bound on the RDMA upgrade of one connection in milliseconds"},
+	{"SOVIA_UPGRADE_DELAY_MS", SETTING_U32, U32(upgrade_delay_ms), 10, 0, 600000,
+	 "milliseconds a new client connection runs on TCP before its RDMA upgrade starts"},
 	{"SOVIA_SPIN_US", SETTING_U32, U32(spin_us), 50, 0, 1000000,
 	 "microseconds a wait polls before it sleeps in the kernel"},
 };

@@ -61,6 +61,8 @@ extern atomic_bool sv_exiting;
 
 /* Client: the TCP connection is up; try to move it to RDMA (asynchronous). */
 void sv_upgrade_connect(struct sv_stream *s);
+/* The same, at once (sv_upgrade_connect waits SOVIA_UPGRADE_DELAY_MS). */
+void sv_upgrade_connect_now(struct sv_stream *s);
 
 /* Server: the application accepted this connection; a request may match it. */
 void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l);

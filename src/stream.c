@@ -756,6 +756,22 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 		pthread_mutex_unlock(&s->lock);
 		return now + 5000; /* connects take round trips: look every 5 ms */
 	}
+	if (s->upgrade_at) {
+		/* A client connection that waits out SOVIA_UPGRADE_DELAY_MS. A
+		 * close, a fork or exec (which call the upgrade off) or a
+		 * broken connection in the meantime: no upgrade. */
+		bool go = s->state == SV_CONN_TCP && !s->app_closed && !s->error;
+		if (go && now < s->upgrade_at) {
+			pthread_mutex_unlock(&s->lock);
+			return s->upgrade_at;
+		}
+		s->upgrade_at = 0;
+		pthread_mutex_unlock(&s->lock);
+		if (go)
+			sv_upgrade_connect_now(s);
+		*done = true; /* the upgrade watches it again */
+		return 0;
+	}
 	switch (s->state) {
 	case SV_CONN_TCP:
 	case SV_CONN_RESOLVING:

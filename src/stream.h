@@ -99,6 +99,8 @@ struct sv_stream {
 	uint8_t chal_got[SV_CHALLENGE_SIZE]; /* the peer's echo as read from TCP */
 	uint32_t chal_len;
 	uint64_t deadline_us; /* upgrade deadline */
+	uint64_t upgrade_at;  /* client: when the helper starts the upgrade
+			       * (SOVIA_UPGRADE_DELAY_MS); 0 = not waiting */
 	bool qp_lost;        /* the QP died while a switch waited for its echo */
 
 	/* TCP bytes read by the pump before the application asked for them. */

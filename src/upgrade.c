@@ -175,6 +175,21 @@ void sv_upgrade_connect(struct sv_stream *s)
 		sv_stream_fallback(s, SV_FB_DISABLED);
 		return;
 	}
+	if (sv_cfg.upgrade_delay_ms) {
+		/* A connection closed sooner never pays for RDMA (the QP, its
+		 * registered buffers, rdma_cm's round trips): the helper starts
+		 * the upgrade when the delay is over (sv_stream_service). */
+		pthread_mutex_lock(&s->lock);
+		s->upgrade_at = sv_now_us() + (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
+		pthread_mutex_unlock(&s->lock);
+		sv_helper_watch(s);
+		return;
+	}
+	sv_upgrade_connect_now(s);
+}
+
+void sv_upgrade_connect_now(struct sv_stream *s)
+{
 	sv_stream_get(s);
 	int r = sv_helper_when_ready(connect_job, s);
 	if (r == 0)
