@@ -426,7 +426,9 @@ static int alloc_pool(uint8_t **pool, struct ibv_mr **mr, struct sv_verbs *v, ui
 	int r = posix_memalign(&mem, page > 0 ? (size_t)page : 4096, bytes);
 	if (r)
 		return -r;
-	memset(mem, 0, bytes);
+	/* Not cleared: a receive buffer is read only as far as the peer
+	 * wrote it, a send buffer sent only as far as we filled it, and
+	 * registering faults the pages in anyway. */
 	*pool = mem;
 	*mr = ibv_reg_mr(v->pd, mem, bytes, access);
 	/* Out of lockable memory: the cache may give some back. */
