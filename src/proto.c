@@ -124,6 +124,7 @@ static int post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, u
 	p->peer_credits += p->unreported;
 	p->unreported = 0;
 	p->unreported_data = 0;
+	p->unreported_small = 0;
 	p->ack_deadline = 0;
 	p->credits--;
 	p->inflight += type == SV_MSG_DATA;
@@ -192,9 +193,18 @@ static int ack_policy(struct sv_proto *p, uint64_t now)
 			return r;
 	}
 	/* Not sent (not due, or no credit or buffer free): the timer makes
-	 * sure consumed data is reported. */
-	if (p->unreported_data > 0 && !p->ack_deadline)
-		p->ack_deadline = now + p->prm.ack_timeout_us;
+	 * sure consumed data is reported. Its delay is ack_timeout_us once a
+	 * small message is among it (its sender's coalescing may wait for the
+	 * acknowledgment); for bulk DATA alone, SV_ACK_BULK_FACTOR times that:
+	 * rules 1 and 3 report bulk data, and at emulated speeds a 1 ms timer
+	 * fired after nearly every message (docs/protocol.md, section 6). */
+	uint64_t t = p->prm.ack_timeout_us;
+	if (p->unreported_small > 0) {
+		if (!p->ack_deadline || p->ack_deadline > now + t)
+			p->ack_deadline = now + t;
+	} else if (p->unreported_data > 0 && !p->ack_deadline) {
+		p->ack_deadline = now + SV_ACK_BULK_FACTOR * t;
+	}
 	return 0;
 }
 
@@ -570,6 +580,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 			if (r == 0)
 				r = repost_control(p, buf);
 			p->unreported_data++;
+			p->unreported_small += h.len < p->prm.coalesce_size;
 			p->rcv_nxt += h.len;
 			p->rcv_read += h.len;
 			p->st.rx_data_msgs++;
@@ -652,6 +663,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		p->owed_nxt += h.len;
 		r = repost_control(p, buf);
 		p->unreported_data++; /* like consumed data: the ACK policy reports it */
+		p->unreported_small++;
 		break;
 	}
 	case SV_MSG_RESET:
@@ -780,6 +792,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		}
 		p->unreported++;
 		p->unreported_data++;
+		p->unreported_small += s->len < p->prm.coalesce_size;
 		p->rxq_head = (p->rxq_head + 1) % nrecv(p);
 		p->rxq_count--;
 		idx = p->rxq_head;
@@ -897,6 +910,7 @@ int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len
 		if (r < 0)
 			return r;
 		p->unreported_data++;
+		p->unreported_small += rs->len < p->prm.coalesce_size;
 		p->rxq_head = (p->rxq_head + 1) % nrecv(p);
 		p->rxq_count--;
 	}

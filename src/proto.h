@@ -145,6 +145,10 @@ enum sv_tx_state {
 };
 
 /* One unread DATA message sitting in a receive buffer. */
+/* The delayed-ACK timer for bulk DATA (messages of coalesce_size or more)
+ * alone: this many times ack_timeout_us. */
+#define SV_ACK_BULK_FACTOR 16u
+
 struct sv_rx_slot {
 	uint32_t buf; /* receive buffer index */
 	uint32_t off; /* bytes of payload already consumed */
@@ -191,6 +195,8 @@ struct sv_proto {
 	uint32_t peer_credits;   /* our view of the peer's credits towards us */
 	uint32_t unreported;     /* reposted buffers not yet reported */
 	uint32_t unreported_data;/* ... of which held data the application consumed */
+	uint32_t unreported_small;/* ... of which held less than coalesce_size: these
+				   * arm the delayed-ACK timer at ack_timeout_us */
 	uint64_t ack_deadline;   /* delayed-ACK timer, 0 when not armed */
 	uint8_t *slot_kind;      /* per send buffer: 0 control, 1 DATA, 2 zero-copy DATA */
 	uint64_t snd_una;        /* stream bytes the peer has acknowledged */
@@ -308,7 +314,8 @@ bool sv_proto_back_done(const struct sv_proto *p);
  *  - TO_RDMA, TO_TCP, FIN need credits >= 2, keeping the last credit for an
  *    UPDATE, which needs credits >= 1 and something to report;
  *  - an UPDATE goes out when unreported_data >= ack_delay; when the ACK
- *    timer fires with unreported_data > 0; or when our view of the peer's
+ *    timer fires with unreported_data > 0 (ack_timeout_us after the first
+ *    consumption, SV_ACK_BULK_FACTOR times that for bulk data alone); or when our view of the peer's
  *    credits has fallen to the reserve and unreported >= 2. An UPDATE never
  *    answers an UPDATE by itself, so they cannot ping-pong.
  *

@@ -795,6 +795,77 @@ Test(proto, delayed_ack_by_timer)
 	check_quiescent();
 }
 
+/* Bulk DATA alone (messages of coalesce_size or more) runs the ACK timer
+ * SV_ACK_BULK_FACTOR times longer: at emulated speeds 1 ms fired after
+ * nearly every message. A small message brings it back to ack_timeout_us
+ * (its sender's Nagle may wait for the acknowledgment). */
+Test(proto, ack_timer_longer_for_bulk_data)
+{
+	ack_conn();
+	uint64_t t = PRM.ack_timeout_us;
+	size_t big = PRM.coalesce_size; /* the smallest "bulk" message */
+	put_all(SA, big, 0);
+	put_all(SA, big, 0);
+	pump();
+	size_t b0 = fake_count(&FP.ep[SB], 0);
+	NOW = 2000;
+	cr_assert_eq(get(SB, 2 * big, 0), (long)(2 * big));
+	cr_assert_eq(P[SB].unreported_data, 2);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 2000 + SV_ACK_BULK_FACTOR * t);
+	NOW = 2000 + t;
+	sv_proto_timers(&P[SB], NOW);
+	pump();
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0, "no UPDATE for bulk data after one delay");
+
+	/* A small message: the timer is the short one again. */
+	put_all(SA, big - 1, 0);
+	pump();
+	NOW = 2000 + 2 * t;
+	cr_assert_eq(get(SB, big - 1, 0), (long)(big - 1));
+	uint64_t dl = NOW + t;
+	cr_assert_eq(sv_proto_next_deadline(&P[SB]), dl);
+	NOW = dl;
+	cr_assert_eq(sv_proto_timers(&P[SB], NOW), 0);
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1);
+	const struct fake_msg *m = last_of(SB);
+	cr_assert_eq(m->h.type, SV_MSG_UPDATE);
+	cr_assert_eq(m->h.credits, 3);
+
+	/* Bulk alone again: reported at the long deadline. */
+	put_all(SA, big, 0);
+	pump();
+	cr_assert_eq(get(SB, big, 0), (long)big);
+	dl = NOW + SV_ACK_BULK_FACTOR * t;
+	cr_assert_eq(sv_proto_next_deadline(&P[SB]), dl);
+	NOW = dl;
+	cr_assert_eq(sv_proto_timers(&P[SB], NOW), 0);
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 2);
+	cr_assert_eq(last_of(SB)->h.type, SV_MSG_UPDATE);
+	check_quiescent();
+}
+
+/* Bulk data does not wait for the timer to flow: a sender that used its
+ * whole data window gets credits back once the receiver has read it. */
+Test(proto, bulk_window_reopens_without_timer)
+{
+	ack_conn();
+	size_t big = PRM.buf_size - SV_HDR_SIZE;
+	long n = 0;
+	while (put(SA, big, 0) > 0)
+		n++;
+	cr_assert_eq(n, (long)PRM.window, "the data window is the window");
+	pump();
+	NOW = 5000;
+	for (long i = 0; i < n; i++)
+		cr_assert_eq(get(SB, big, 0), (long)big);
+	pump(); /* no timer ran: the reports came by count and low credit */
+	cr_assert_gt(P[SA].credits, PRM.reserve, "the sender may send DATA again");
+	put_all(SA, big, 0);
+	pump();
+	cr_assert_eq(get(SB, big, 0), (long)big);
+	check_quiescent();
+}
+
 Test(proto, ack_piggybacked_on_data)
 {
 	ack_conn();
@@ -2125,8 +2196,10 @@ ParameterizedTest(struct soak_param *sp, proto, soak)
 	conn_up(&prm);
 	open_both();
 	RNG = 0x243F6A8885A308D3ull ^ ((uint64_t)sp->seed * 0x9E3779B97F4A7C15ull);
-	uint64_t tmax = prm.ack_timeout_us > prm.coalesce_timeout_us ? prm.ack_timeout_us
-								      : prm.coalesce_timeout_us;
+	/* The longest timer: the delayed ACK of bulk data. */
+	uint64_t tmax = SV_ACK_BULK_FACTOR * prm.ack_timeout_us > prm.coalesce_timeout_us
+				? SV_ACK_BULK_FACTOR * prm.ack_timeout_us
+				: prm.coalesce_timeout_us;
 
 	uint64_t progress = 0;
 	uint32_t last_progress = 0;
@@ -2342,7 +2415,7 @@ ParameterizedTest(struct soak_param *sp, proto, soak_switching)
 	};
 	conn_up(&prm);
 	RNG = 0x13198A2E03707344ull ^ ((uint64_t)sp->seed * 0x9E3779B97F4A7C15ull);
-	uint64_t tmax = 300;
+	uint64_t tmax = SV_ACK_BULK_FACTOR * 300; /* the bulk data's delayed ACK */
 	unsigned switches[2] = {0, 0};
 
 	uint64_t progress = 0;
