@@ -267,6 +267,11 @@ done
 
 # ---- iperf3 (full run only; optional): one stream, 128 KiB writes ----
 if [ "$IPERF" = 1 ] && command -v iperf3 >/dev/null; then
+	# iperf3 keeps each stream's buffer in an unlinked temporary file; on
+	# the guest's /tmp (the host's, over 9p) that fails with "unable to
+	# create a new stream", so it gets a directory in the guest's memory.
+	IPERF_TMP=$(mktemp -d /dev/shm/sovia-bench-iperf.XXXXXX)
+	export TMPDIR=$IPERF_TMP
 	for v in "${SOCK_VARIANTS[@]}"; do
 		note "$v (iperf3)"
 		log=$RAW/$v.iperf3
@@ -295,6 +300,8 @@ if [ "$IPERF" = 1 ] && command -v iperf3 >/dev/null; then
 			echo "iperf3 $v: FAILED (exit $rc) $(tail -2 "$log.client" | tr '\n' ' ')"
 		fi
 	done
+	unset TMPDIR
+	rm -rf "$IPERF_TMP"
 fi
 
 note "report"
