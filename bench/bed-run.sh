@@ -276,13 +276,19 @@ if [ "$IPERF" = 1 ] && command -v iperf3 >/dev/null; then
 		note "$v (iperf3)"
 		log=$RAW/$v.iperf3
 		# shellcheck disable=SC2046
-		timeout 120 env $(variant_env "$v") iperf3 -s -1 -B "$IP" -p "$PORT" >"$log.server" 2>&1 &
+		timeout 120 env $(variant_env "$v") iperf3 -s -1 --forceflush -B "$IP" -p "$PORT" >"$log.server" 2>&1 &
 		srv=$!
-		sleep 1
-		for _ in $(seq 300); do
+		# Wait for the port or for iperf3's "Server listening", at most
+		# 30 s by the clock. Without --forceflush that line reaches the
+		# file only at exit, and the wait ran into the server's own
+		# timeout (the client then found nothing listening); rsockets'
+		# server has no kernel port for ss to see.
+		local_end=$((SECONDS + 30))
+		while [ "$SECONDS" -lt "$local_end" ]; do
+			ss -Hltn "sport = :$PORT" 2>/dev/null | grep -q . && break
 			grep -q "Server listening" "$log.server" && break
 			kill -0 "$srv" 2>/dev/null || break
-			sleep 0.1
+			sleep 0.2
 		done
 		# shellcheck disable=SC2046
 		timeout 90 env $(variant_env "$v") iperf3 -c "$IP" -p "$PORT" -t $((SECS + WARMUP)) -O "$WARMUP" -f M \
