@@ -180,6 +180,15 @@ static int send_update(struct sv_proto *p)
 	return r == -EAGAIN ? 0 : r;
 }
 
+/* A buffer whose data the application consumed (or that the protocol
+ * treats so) waits to be reported; small says whether it held less than
+ * coalesce_size, which sets the delayed-ACK timer (ack_policy). */
+static void consumed(struct sv_proto *p, bool small)
+{
+	p->unreported_data++;
+	p->unreported_small += small;
+}
+
 /* Decide whether our reposted buffers must be reported now. */
 static int ack_policy(struct sv_proto *p, uint64_t now)
 {
@@ -579,8 +588,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 						  SV_HDR_SIZE, h.len);
 			if (r == 0)
 				r = repost_control(p, buf);
-			p->unreported_data++;
-			p->unreported_small += h.len < p->prm.coalesce_size;
+			consumed(p, h.len < p->prm.coalesce_size);
 			p->rcv_nxt += h.len;
 			p->rcv_read += h.len;
 			p->st.rx_data_msgs++;
@@ -662,8 +670,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		}
 		p->owed_nxt += h.len;
 		r = repost_control(p, buf);
-		p->unreported_data++; /* like consumed data: the ACK policy reports it */
-		p->unreported_small++;
+		consumed(p, true); /* like consumed data: the ACK policy reports it */
 		break;
 	}
 	case SV_MSG_RESET:
@@ -791,8 +798,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 			return done ? (long)done : r; /* never lose bytes already copied */
 		}
 		p->unreported++;
-		p->unreported_data++;
-		p->unreported_small += s->len < p->prm.coalesce_size;
+		consumed(p, s->len < p->prm.coalesce_size);
 		p->rxq_head = (p->rxq_head + 1) % nrecv(p);
 		p->rxq_count--;
 		idx = p->rxq_head;
@@ -909,8 +915,7 @@ int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len
 		r = repost_control(p, rs->buf);
 		if (r < 0)
 			return r;
-		p->unreported_data++;
-		p->unreported_small += rs->len < p->prm.coalesce_size;
+		consumed(p, rs->len < p->prm.coalesce_size);
 		p->rxq_head = (p->rxq_head + 1) % nrecv(p);
 		p->rxq_count--;
 	}
