@@ -383,7 +383,13 @@ int sv_stream_progress(struct sv_stream *s)
 {
 	if (!s->verbs || s->error)
 		return s->error;
-	uint64_t now = sv_now_us();
+	return sv_stream_progress_at(s, sv_now_us());
+}
+
+int sv_stream_progress_at(struct sv_stream *s, uint64_t now)
+{
+	if (!s->verbs || s->error)
+		return s->error;
 	int r = sv_verbs_poll(s->verbs, &s->proto, now);
 	if (r < 0) {
 		sv_stream_break(s, r);

@@ -17,6 +17,9 @@ void sv_stream_wake(struct sv_stream *s);
 /* Poll the completion queue into the core and make any progress that
  * completions allow (the echo, a finished switch). Returns 0 or -errno. */
 int sv_stream_progress(struct sv_stream *s);
+/* The same, with the clock already read (one read per call on the data
+ * path: without a vDSO clock source, as under emulation, each is a syscall). */
+int sv_stream_progress_at(struct sv_stream *s, uint64_t now);
 
 /* The QP is unusable: deliver what it already carried, then fall back to
  * TCP for the rest (or report err). */

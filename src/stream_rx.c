@@ -228,10 +228,11 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 			break;
 		}
 		struct sv_proto *p = &s->proto;
+		uint64_t now = sv_now_us();
 		if (s->proto_ready && !s->error)
-			sv_stream_progress(s);
+			sv_stream_progress_at(s, now);
 		if (s->proto_ready && p->rx_on_qp && !p->back_sent) {
-			r = sv_proto_recv(p, iov, iovcnt, flags, sv_now_us());
+			r = sv_proto_recv(p, iov, iovcnt, flags, now);
 			if (r < 0 && r != -EAGAIN && p->error) {
 				if (!s->error)
 					sv_stream_break(s, p->error);
@@ -246,7 +247,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		} else {
 			/* SOVIA: a receive call pushes out coalesced writes. */
 			if (s->proto_ready && p->pending_slot >= 0)
-				sv_proto_flush(p, SV_FLUSH_RECV, sv_now_us());
+				sv_proto_flush(p, SV_FLUSH_RECV, now);
 			if (s->error) {
 				r = sv_stream_app_error(s, false);
 				break;

@@ -86,6 +86,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	size_t done = 0;
 	long r = 0;
 	bool own = false; /* an error of ours, not the kernel's (which signals itself) */
+	bool on_qp = false; /* some of the bytes went to the QP */
 	uint64_t timeout_at = 0; /* SO_SNDTIMEO: from the first wait on */
 	while (done < total || total == 0) {
 		struct iovec rest[64];
@@ -95,8 +96,9 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			own = true;
 			break;
 		}
+		uint64_t now = sv_now_us();
 		if (s->proto_ready && !s->error)
-			sv_stream_progress(s);
+			sv_stream_progress_at(s, now);
 		if (s->error) {
 			r = sv_stream_app_error(s, true);
 			own = true;
@@ -121,24 +123,14 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			struct sv_proto *p = &s->proto;
 			p->prm.coalesce = !s->nodelay;
 			p->cork = s->cork;
-			r = sv_proto_send(p, rest, restcnt, flags, sv_now_us());
+			r = sv_proto_send(p, rest, restcnt, flags, now);
 			if (r > 0) {
+				/* Zero-copy sends stay in flight while the rest
+				 * of the write is posted (waiting for each batch
+				 * would drain the pipe every window); the wait for
+				 * them comes once, before the write returns. */
 				done += (size_t)r;
-				/* Zero copy: the application may reuse its buffer
-				 * only once the data is out of it. */
-				while (sv_proto_zcopy_busy(p) && !s->error) {
-					sv_stream_progress(s);
-					if (sv_proto_zcopy_busy(p))
-						sv_stream_wait(s, 0, 0);
-				}
-				if (s->error && sv_proto_zcopy_busy(p)) {
-					r = s->error;
-					break;
-				}
-				/* After exit began (stdio's last flush), the process
-				 * may end any moment: the bytes must be out first. */
-				if (atomic_load_explicit(&sv_exiting, memory_order_relaxed))
-					sv_stream_drain(s);
+				on_qp = true;
 				r = 0;
 				if (total == 0)
 					break;
@@ -177,6 +169,20 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			r = w;
 			break;
 		}
+	}
+	if (on_qp) {
+		/* Zero copy: the application may reuse its buffer only once
+		 * the data is out of it. */
+		struct sv_proto *p = &s->proto;
+		while (sv_proto_zcopy_busy(p) && !s->error) {
+			sv_stream_progress(s);
+			if (sv_proto_zcopy_busy(p))
+				sv_stream_wait(s, 0, 0);
+		}
+		/* After exit began (stdio's last flush), the process may end
+		 * any moment: the bytes must be out first. */
+		if (!s->error && atomic_load_explicit(&sv_exiting, memory_order_relaxed))
+			sv_stream_drain(s);
 	}
 	pthread_mutex_unlock(&s->lock);
 	if (done)
