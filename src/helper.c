@@ -145,6 +145,7 @@ static uint64_t service_all(uint64_t now)
 		if (!w->idle || kicked || w->io.fired || (w->due && w->due <= now)) {
 			bool done;
 			int old_chan = w->io.chan;
+			w->io.kicked = kicked;
 			d = sv_stream_service(w->s, now, &done, &w->io);
 			w->io.fired = false;
 			w->idle = w->io.idle;

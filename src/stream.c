@@ -733,7 +733,20 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 {
 	*done = false;
 	io->idle = io->armed = false;
-	pthread_mutex_lock(&s->lock);
+	if (io->look_us && !io->fired && !io->kicked) {
+		/* The last look found the application driving the stream. If
+		 * it holds the lock now, it is inside libsovia (its waits let
+		 * go of the lock) and runs the timers itself: come back later
+		 * rather than queue behind it and make it queue behind us. */
+		if (pthread_mutex_trylock(&s->lock) != 0) {
+			io->idle = true;
+			uint32_t look = io->look_us * 2;
+			io->look_us = look < SV_HELPER_LOOK_MAX_US ? look : SV_HELPER_LOOK_MAX_US;
+			return now + io->look_us;
+		}
+	} else {
+		pthread_mutex_lock(&s->lock);
+	}
 	uint64_t next = 0;
 	if (s->connecting) {
 		/* A non-blocking connect in progress: upgrade once it is done.

@@ -169,6 +169,7 @@ void sv_stream_established(struct sv_stream *s);
  * (sv_stream_service fills it in; see docs/design.md, "the helper"). */
 struct sv_watch_io {
 	bool fired;  /* in: the helper's copy of the completion channel woke it */
+	bool kicked; /* in: sv_helper_watch asked for this service */
 	bool idle;   /* out: on RDMA: look again only at the deadline, on a channel
 		      * event or when kicked (sv_helper_watch) */
 	bool armed;  /* out: the CQ is armed: sleep on the channel copy */
