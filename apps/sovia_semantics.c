@@ -15,7 +15,15 @@
  *   5. A signal whose handler lacks SA_RESTART fails a blocking read with
  *      EINTR; with SA_RESTART the read goes on and returns the data.
  *   6. After the peer closed: EPIPE without a signal under MSG_NOSIGNAL,
- *      then EPIPE and SIGPIPE without it. */
+ *      then EPIPE and SIGPIPE without it.
+ *
+ *   sovia-semantics -S PORT / -C HOST PORT: the wait-flush rounds instead.
+ *   The client writes a request in two small pieces and waits for the
+ *   answer in poll, then select, then epoll_wait; the server answers once
+ *   it has both pieces. Under coalescing the second piece is held (the
+ *   first is not acknowledged yet) until the client's wait pushes it out;
+ *   test/integration/semantics.sh makes every other way out (the timers)
+ *   too slow to come first and checks libsovia's counters. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,7 +34,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -250,6 +261,60 @@ static void client(int fd)
 	step("lock-step done, closed");
 }
 
+#define WAIT_ROUNDS 3
+static const char *const wait_how[WAIT_ROUNDS] = {"poll", "select", "epoll_wait"};
+
+/* Sleep until fd is readable, the way round r does it. */
+static void wait_in(int fd, int r)
+{
+	int n = -1;
+	if (r == 0) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		n = poll(&p, 1, -1);
+	} else if (r == 1) {
+		fd_set rd;
+		FD_ZERO(&rd);
+		FD_SET(fd, &rd);
+		n = select(fd + 1, &rd, NULL, NULL, NULL);
+	} else {
+		int ep = epoll_create1(0);
+		struct epoll_event e = {.events = EPOLLIN, .data.fd = fd}, got;
+		CHECK(ep >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e) == 0, "epoll");
+		n = epoll_wait(ep, &got, 1, -1);
+		close(ep);
+	}
+	CHECK(n == 1, "%s gave %d", wait_how[r], n);
+}
+
+static void wait_server(int fd)
+{
+	for (int r = 0; r < WAIT_ROUNDS; r++) {
+		char req[32];
+		recv_exact(fd, req, sizeof(req));
+		CHECK(req[0] == 'a' + r && req[16] == 'A' + r, "round %d: a wrong request", r);
+		say(fd, (char)('0' + r));
+		step(wait_how[r]);
+	}
+	char c;
+	CHECK(recv(fd, &c, 1, 0) == 0, "no end after the rounds");
+	close(fd);
+}
+
+static void wait_client(int fd)
+{
+	for (int r = 0; r < WAIT_ROUNDS; r++) {
+		char a[16], b[16];
+		memset(a, 'a' + r, sizeof(a));
+		memset(b, 'A' + r, sizeof(b));
+		send_all(fd, a, sizeof(a)); /* idle: sent at once */
+		send_all(fd, b, sizeof(b)); /* held: a is not acknowledged */
+		wait_in(fd, r);
+		expect(fd, (char)('0' + r));
+		step(wait_how[r]);
+	}
+	close(fd);
+}
+
 static int connect_to(const char *host, const char *port)
 {
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
@@ -283,20 +348,21 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &s, NULL);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	int fd;
-	if (argc == 3 && strcmp(argv[1], "-s") == 0) {
+	if (argc == 3 && (strcmp(argv[1], "-s") == 0 || strcmp(argv[1], "-S") == 0)) {
 		me = "server";
 		fd = accept_on(argv[2]);
 		printf("server: connected\n");
 		wait_go();
-		server(fd);
-	} else if (argc == 4 && strcmp(argv[1], "-c") == 0) {
+		(argv[1][1] == 's' ? server : wait_server)(fd);
+	} else if (argc == 4 && (strcmp(argv[1], "-c") == 0 || strcmp(argv[1], "-C") == 0)) {
 		me = "client";
 		fd = connect_to(argv[2], argv[3]);
 		printf("client: connected\n");
 		wait_go();
-		client(fd);
+		(argv[1][1] == 'c' ? client : wait_client)(fd);
 	} else {
-		fprintf(stderr, "usage: sovia-semantics -s PORT | -c HOST PORT\n");
+		fprintf(stderr, "usage: sovia-semantics -s PORT | -c HOST PORT "
+				"| -S PORT | -C HOST PORT\n");
 		return 2;
 	}
 	return 0;

@@ -66,6 +66,7 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 	/* Poll without sleeping for SOVIA_SPIN_US first (judging the streams
 	 * polls their completion queues). */
 	uint64_t spin_until = sv_cfg.spin_us ? sv_now_us() + sv_cfg.spin_us : 0;
+	bool flushed = false;
 	for (;;) {
 		int ready = 0;
 		bool spinning = spin_until && sv_now_us() < spin_until;
@@ -80,6 +81,16 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 			k[i].events = kernel;
 			if (own[i])
 				ready++;
+		}
+		/* Nothing of ours is ready: the application is about to wait
+		 * (spin, then sleep). Once per call, push out what it
+		 * coalesced; a poll that finds something ready does not, so a
+		 * loop that polls between its writes still coalesces. */
+		if (!ready && !flushed) {
+			flushed = true;
+			for (nfds_t i = 0; i < n; i++)
+				if (ents[i])
+					sv_stream_poll_waits(ents[i]->priv);
 		}
 		/* Sleep sources of the streams, unless something is ready. */
 		nfds_t nk = n;

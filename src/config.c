@@ -41,9 +41,9 @@ static const struct setting settings[] = {
 	{"SOVIA_ACK_TIMEOUT_US", SETTING_U32, U32(ack_timeout_us), 1000, 10, 1000000,
 	 "delayed-ACK timer in microseconds"},
 	{"SOVIA_COALESCE", SETTING_BOOL, U32(coalesce), 1, 0, 1, "coalesce small writes"},
-	{"SOVIA_COALESCE_SIZE", SETTING_BYTES, U32(coalesce_size), 2048, 64, 1u << 20,
-	 "coalescing buffer size in bytes"},
-	{"SOVIA_COALESCE_TIMEOUT_US", SETTING_U32, U32(coalesce_timeout_us), 200, 1, 1000000,
+	{"SOVIA_COALESCE_SIZE", SETTING_BYTES, U32(coalesce_size), 16384, 64, 1u << 20,
+	 "write size from which a write is not coalesced, in bytes"},
+	{"SOVIA_COALESCE_TIMEOUT_US", SETTING_U32, U32(coalesce_timeout_us), 2000, 1, 1000000,
 	 "coalescing timer in microseconds"},
 	{"SOVIA_REG_THRESHOLD", SETTING_BYTES, U32(reg_threshold), 524288, 1024, 1u << 30,
 	 "write size from which data is sent zero-copy"},
@@ -178,9 +178,13 @@ int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
 		cfg->ack_delay = fixed;
 		bad++;
 	}
-	/* A coalescing buffer is one message: it must fit a buffer with its
-	 * 24-byte header. */
-	if (cfg->coalesce_size > cfg->buf_size - 24) {
+	/* Coalesced writes share one message: they must be shorter than a
+	 * buffer less its 24-byte header. The default follows a smaller
+	 * SOVIA_BUF_SIZE quietly; an explicit setting that does not fit is
+	 * reported. */
+	if (cfg->coalesce_size > cfg->buf_size - 24 && !getenv_fn("SOVIA_COALESCE_SIZE")) {
+		cfg->coalesce_size = cfg->buf_size - 24;
+	} else if (cfg->coalesce_size > cfg->buf_size - 24) {
 		sv_err("SOVIA_COALESCE_SIZE=%u does not fit SOVIA_BUF_SIZE=%u with its 24-byte header; "
 		       "using %u",
 		       cfg->coalesce_size, cfg->buf_size, cfg->buf_size - 24);

@@ -451,8 +451,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	}
 
 	/* A small write: coalesce. */
-	uint32_t climit = p->prm.coalesce_size < p->tx_payload_max ? p->prm.coalesce_size
-								     : p->tx_payload_max;
+	uint32_t climit = p->tx_payload_max; /* TCP's MSS: a full buffer goes at once */
 	if (p->pending_slot >= 0 && p->pending_len + total > climit) {
 		r = flush_pending(p, SV_FLUSH_FULL);
 		if (r < 0)

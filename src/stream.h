@@ -196,6 +196,10 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
  * answered for reading: `rev` as it stands now. The bytes may be only the
  * peer's switch echo, and then libsovia answers for reading instead. */
 short sv_stream_poll_recheck(struct sv_stream *s, short events, short rev);
+/* poll() found nothing ready: the application is about to wait, most
+ * likely for an answer to what it wrote. Pushes out what it coalesced, as
+ * a receive call does. */
+void sv_stream_poll_waits(struct sv_stream *s);
 /* Before sleeping in poll(): arm, and add the fds whose readiness means the
  * stream may have changed (at most 3). Sets *again when it changed already.
  * Every call is paired with sv_stream_poll_done after the sleep. */

@@ -65,7 +65,7 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
 			struct sv_proto *p = &s->proto;
 			bool room = p->tx_state == SV_TX_OPEN && !s->tx_held &&
 				    ((p->credits > p->prm.reserve && p->nfree > 0) ||
-				     (p->pending_slot >= 0 && p->pending_len < p->prm.coalesce_size));
+				     (p->pending_slot >= 0 && p->pending_len < p->tx_payload_max));
 			bool closed = p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_RESET;
 			if (room || closed)
 				rev |= tx;
@@ -74,6 +74,14 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
 	*own = rev;
 	*kernel = (short)(events & ~mine);
 	*gen = s->wake_gen;
+	pthread_mutex_unlock(&s->lock);
+}
+
+void sv_stream_poll_waits(struct sv_stream *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->proto_ready && !s->error && s->proto.pending_slot >= 0)
+		sv_proto_flush(&s->proto, SV_FLUSH_RECV, sv_now_us());
 	pthread_mutex_unlock(&s->lock);
 }
 

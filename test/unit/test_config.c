@@ -42,7 +42,8 @@ Test(config, empty_environment_gives_defaults)
 	sv_config_defaults(&d);
 	cr_assert_eq(memcmp(&c, &d, sizeof(c)), 0);
 	cr_assert_eq(c.window, 32);
-	cr_assert_eq(c.coalesce_size, 2048);
+	cr_assert_eq(c.coalesce_size, 16384);
+	cr_assert_eq(c.coalesce_timeout_us, 2000);
 	cr_assert(c.coalesce);
 	cr_assert_not(c.disable);
 	cr_assert_eq(c.log_level, SV_LOG_WARN);
@@ -123,4 +124,16 @@ Test(config, coalesce_size_capped_by_buffer)
 	env_set("SOVIA_COALESCE_SIZE", "8k");
 	cr_assert_eq(sv_config_load(&c, fake_getenv), 1);
 	cr_assert_eq(c.coalesce_size, 4096 - 24);
+}
+
+/* The default (16 KiB) follows a smaller buffer without a complaint. */
+Test(config, coalesce_default_follows_small_buffer)
+{
+	struct sv_config c;
+	cr_redirect_stderr();
+	env_set("SOVIA_BUF_SIZE", "4k");
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 0);
+	cr_assert_eq(c.coalesce_size, 4096 - 24);
+	fflush(stderr);
+	cr_assert_stderr_eq_str("");
 }

@@ -1006,20 +1006,24 @@ Test(proto, coalesce_flush_full_when_next_write_does_not_fit)
 	open_both();
 	FP.ep[SA].hold_send_done = true;
 	put_all(SA, 10, 0);
-	put_all(SA, 40, 0);
+	/* Small writes (below coalesce_size, 64) fill the whole buffer,
+	 * 256 - 24 = 232 bytes of payload, as TCP fills a segment. */
+	for (int i = 0; i < 3; i++)
+		put_all(SA, 60, 0);
 	cr_assert_eq(ndata(SA), 1);
-	put_all(SA, 30, 0); /* 40 + 30 > 64 */
+	cr_assert_eq(P[SA].pending_len, 180, "held past coalesce_size");
+	put_all(SA, 60, 0); /* 180 + 60 > 232 */
 	cr_assert_eq(P[SA].st.flushes_full, 1);
 	cr_assert_eq(ndata(SA), 2);
-	cr_assert_eq(data_msg(SA, 1)->h.len, 40);
-	cr_assert_eq(P[SA].pending_len, 30);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 180);
+	cr_assert_eq(P[SA].pending_len, 60);
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	pump();
-	cr_assert_eq(drain(SB), 50);
+	cr_assert_eq(drain(SB), 190);
 	deliver_ack(SB);
 	cr_assert_eq(ndata(SA), 3);
-	cr_assert_eq(data_msg(SA, 2)->h.len, 30);
-	cr_assert_eq(drain(SB), 30);
+	cr_assert_eq(data_msg(SA, 2)->h.len, 60);
+	cr_assert_eq(drain(SB), 60);
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	check_quiescent();
 }
@@ -1031,15 +1035,16 @@ Test(proto, coalesce_flush_full_when_size_reached)
 	open_both();
 	FP.ep[SA].hold_send_done = true;
 	put_all(SA, 10, 0);
-	put_all(SA, 30, 0);
+	for (int i = 0; i < 3; i++)
+		put_all(SA, 60, 0);
 	cr_assert_eq(ndata(SA), 1);
-	put_all(SA, 34, 0); /* 30 + 34 = 64 = coalesce_size */
+	put_all(SA, 52, 0); /* 180 + 52 = 232: the buffer is full */
 	cr_assert_eq(P[SA].st.flushes_full, 1);
 	cr_assert_eq(ndata(SA), 2);
-	cr_assert_eq(data_msg(SA, 1)->h.len, 64);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 232);
 	cr_assert_eq(P[SA].pending_slot, -1);
 	pump();
-	cr_assert_eq(drain(SB), 74);
+	cr_assert_eq(drain(SB), 242);
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	check_quiescent();
 }
