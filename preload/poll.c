@@ -63,9 +63,15 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 		}
 		ents[i] = f; /* a reference for the whole call */
 	}
-	/* Poll without sleeping for SOVIA_SPIN_US first (judging the streams
-	 * polls their completion queues). */
-	uint64_t spin_until = sv_cfg.spin_us ? sv_now_us() + sv_cfg.spin_us : 0;
+	/* Poll without sleeping first (judging the streams polls their
+	 * completion queues), as long as the longest spin of the streams
+	 * (sv_stream_spin_us: it adapts to their recent waits). */
+	uint64_t t0 = sv_now_us(), spin = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		uint32_t us = ents[i] ? sv_stream_spin_us(ents[i]->priv) : 0;
+		spin = us > spin ? us : spin;
+	}
+	uint64_t spin_until = spin ? t0 + spin : 0;
 	bool flushed = false;
 	for (;;) {
 		int ready = 0;
@@ -150,6 +156,14 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 		}
 		if (count || (return_on_wake && !spinning) ||
 		    (deadline >= 0 && now_ms() >= deadline)) {
+			/* A stream that became ready after this call had to wait
+			 * tells its spin how long that took. */
+			if (flushed && count) {
+				uint64_t waited = sv_now_us() - t0;
+				for (nfds_t i = 0; i < n; i++)
+					if (ents[i] && own[i])
+						sv_stream_waited(ents[i]->priv, waited);
+			}
 			result = count;
 			break;
 		}

@@ -5,6 +5,7 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "spin.h"
 #include "regcache.h"
 #include "verbs.h"
 
@@ -290,15 +291,29 @@ static bool signals_restart(void)
 	return true;
 }
 
-/* Poll the CQ for up to SOVIA_SPIN_US before sleeping: a reply that comes
- * within it costs no interrupt and no two context switches. The lock is
- * let go between looks so the application's other threads get in. Returns
- * true when something came (or changed). */
-static bool spin(struct sv_stream *s, uint64_t deadline)
+uint32_t sv_stream_spin_us(struct sv_stream *s)
 {
-	if (!sv_cfg.spin_us || !s->verbs || s->error)
+	return sv_spin_budget(atomic_load_explicit(&s->wait_avg_us, memory_order_relaxed),
+			      sv_cfg.spin_us);
+}
+
+void sv_stream_waited(struct sv_stream *s, uint64_t us)
+{
+	/* Racing updates from two threads lose one sample: harmless. */
+	uint32_t avg = atomic_load_explicit(&s->wait_avg_us, memory_order_relaxed);
+	atomic_store_explicit(&s->wait_avg_us, sv_spin_average(avg, us, sv_cfg.spin_us),
+			      memory_order_relaxed);
+}
+
+/* Poll the CQ for sv_stream_spin_us (spin.h) before sleeping. The lock is let go
+ * between looks so the application's other threads get in. Returns true
+ * when something came (or changed). */
+static bool spin(struct sv_stream *s, uint64_t start, uint64_t deadline)
+{
+	uint32_t budget = sv_stream_spin_us(s);
+	if (!budget || !s->verbs || s->error)
 		return false;
-	uint64_t gen = s->wake_gen, until = sv_now_us() + sv_cfg.spin_us;
+	uint64_t gen = s->wake_gen, until = start + budget;
 	if (deadline && deadline < until)
 		until = deadline;
 	for (;;) {
@@ -323,8 +338,11 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 {
 	struct pollfd pfd[3];
 	int n = 0, chan = -1, tcp = -1;
-	if (!tcp_events && spin(s, deadline))
+	uint64_t start = sv_now_us();
+	if (!tcp_events && spin(s, start, deadline)) {
+		sv_stream_waited(s, sv_now_us() - start);
 		return 0;
+	}
 	if (s->verbs && !s->error) {
 		/* Arm, then look once more: a completion that came before the
 		 * arming would not wake us. */
@@ -369,8 +387,10 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 		ssize_t rr = read(s->wake_fd, &v, sizeof(v));
 		(void)rr;
 	}
-	if (chan >= 0 && (pfd[chan].revents & POLLIN) && s->verbs)
+	if (chan >= 0 && (pfd[chan].revents & POLLIN) && s->verbs) {
 		sv_verbs_drain_events(s->verbs);
+		sv_stream_waited(s, sv_now_us() - start); /* a completion ended it */
+	}
 	(void)tcp;
 	if (s->proto_ready && !s->error)
 		sv_proto_timers(&s->proto, sv_now_us());

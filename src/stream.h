@@ -111,6 +111,9 @@ struct sv_stream {
 	int wake_fd;         /* eventfd: state changes other waiters must see */
 	unsigned waiters;
 	uint64_t wake_gen;   /* counts sv_stream_wake: changes a poll must not miss */
+	/* How long the application's waits on this stream lasted lately, in
+	 * microseconds (a moving average; read without the lock by poll). */
+	atomic_uint wait_avg_us;
 	uint64_t app_calls;  /* the application's calls that may poll the CQ */
 	/* Receive and send calls that returned EAGAIN (epoll's edge rules,
 	 * src/readiness.h). */
@@ -200,6 +203,10 @@ short sv_stream_poll_recheck(struct sv_stream *s, short events, short rev);
  * likely for an answer to what it wrote. Pushes out what it coalesced, as
  * a receive call does. */
 void sv_stream_poll_waits(struct sv_stream *s);
+/* Adaptive spin: how long a wait on s polls before it sleeps (0: sleep at
+ * once), and the length of a wait that ended with something for it. */
+uint32_t sv_stream_spin_us(struct sv_stream *s);
+void sv_stream_waited(struct sv_stream *s, uint64_t us);
 /* Before sleeping in poll(): arm, and add the fds whose readiness means the
  * stream may have changed (at most 3). Sets *again when it changed already.
  * Every call is paired with sv_stream_poll_done after the sleep. */

@@ -1,0 +1,28 @@
+/* The adaptive spin: how long a wait on a stream polls its completion
+ * queue before it sleeps in the kernel.
+ *
+ * A reply that comes within the spin costs no interrupt and no two context
+ * switches; a spin that ends in a sleep anyway is CPU taken from the peer
+ * and, on soft-RoCE, from rxe. So each stream keeps a moving average of how
+ * long its waits lasted (7/8 old, 1/8 new; a wait longer than twice the
+ * bound counts as twice the bound, since only whether the average fits
+ * matters, and a ping-pong that starts after a long idle wait then gets
+ * its spin back within 16 waits). A wait spins twice the average when
+ * the average is at most half the bound (SOVIA_SPIN_US), and otherwise a
+ * probe of 1/16 of the bound that still catches the odd quick reply. A
+ * stream with no wait behind it yet starts from a quarter of the bound. */
+#ifndef SV_SPIN_H
+#define SV_SPIN_H
+
+#include <stdint.h>
+
+#define SV_SPIN_PROBE_DIV 16u
+
+/* Microseconds to spin, given the average (0: none seen yet) and the bound
+ * (0: never spin). */
+uint32_t sv_spin_budget(uint32_t avg_us, uint32_t max_us);
+
+/* The average after a wait of sample_us. Never 0 (0 means "none yet"). */
+uint32_t sv_spin_average(uint32_t avg_us, uint64_t sample_us, uint32_t max_us);
+
+#endif
