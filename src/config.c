@@ -182,14 +182,14 @@ int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
 	 * buffer less its 24-byte header. The default follows a smaller
 	 * SOVIA_BUF_SIZE quietly; an explicit setting that does not fit is
 	 * reported. */
-	if (cfg->coalesce_size > cfg->buf_size - 24 && !getenv_fn("SOVIA_COALESCE_SIZE")) {
+	if (cfg->coalesce_size > cfg->buf_size - 24) {
+		if (getenv_fn("SOVIA_COALESCE_SIZE")) {
+			sv_err("SOVIA_COALESCE_SIZE=%u does not fit SOVIA_BUF_SIZE=%u with its "
+			       "24-byte header; using %u",
+			       cfg->coalesce_size, cfg->buf_size, cfg->buf_size - 24);
+			bad++;
+		}
 		cfg->coalesce_size = cfg->buf_size - 24;
-	} else if (cfg->coalesce_size > cfg->buf_size - 24) {
-		sv_err("SOVIA_COALESCE_SIZE=%u does not fit SOVIA_BUF_SIZE=%u with its 24-byte header; "
-		       "using %u",
-		       cfg->coalesce_size, cfg->buf_size, cfg->buf_size - 24);
-		cfg->coalesce_size = cfg->buf_size - 24;
-		bad++;
 	}
 	return bad;
 }

@@ -305,25 +305,27 @@ void sv_stream_waited(struct sv_stream *s, uint64_t us)
 			      memory_order_relaxed);
 }
 
-/* Poll the CQ for sv_stream_spin_us (spin.h) before sleeping. The lock is let go
- * between looks so the application's other threads get in. Returns true
- * when something came (or changed). */
-static bool spin(struct sv_stream *s, uint64_t start, uint64_t deadline)
+/* Poll the CQ for sv_stream_spin_us (spin.h) before sleeping. The lock is
+ * let go between looks so the application's other threads get in. Returns
+ * true when something came (or changed); *now is the clock at the last look
+ * (start if there was none), for the caller to go on with. */
+static bool spin(struct sv_stream *s, uint64_t *now, uint64_t deadline)
 {
 	uint32_t budget = sv_stream_spin_us(s);
 	if (!budget || !s->verbs || s->error)
 		return false;
-	uint64_t gen = s->wake_gen, until = start + budget;
+	uint64_t gen = s->wake_gen, until = *now + budget;
 	if (deadline && deadline < until)
 		until = deadline;
-	for (;;) {
-		uint64_t now = sv_now_us();
-		int r = sv_verbs_poll(s->verbs, &s->proto, now);
+	for (bool first = true;; first = false) {
+		if (!first)
+			*now = sv_now_us();
+		int r = sv_verbs_poll(s->verbs, &s->proto, *now);
 		if (r < 0)
 			sv_stream_break(s, r);
 		if (r != 0 || s->wake_gen != gen)
 			return true;
-		if (now >= until || !s->verbs)
+		if (*now >= until || !s->verbs)
 			return false;
 		s->app_calls++; /* busy here: the helper leaves the CQ to us */
 		pthread_mutex_unlock(&s->lock);
@@ -338,16 +340,16 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 {
 	struct pollfd pfd[3];
 	int n = 0, chan = -1, tcp = -1;
-	uint64_t start = sv_now_us();
-	if (!tcp_events && spin(s, start, deadline)) {
-		sv_stream_waited(s, sv_now_us() - start);
+	uint64_t start = sv_now_us(), now = start;
+	if (!tcp_events && spin(s, &now, deadline)) {
+		sv_stream_waited(s, now - start);
 		return 0;
 	}
 	if (s->verbs && !s->error) {
 		/* Arm, then look once more: a completion that came before the
 		 * arming would not wake us. */
 		if (sv_verbs_arm(s->verbs) == 0) {
-			int r = sv_verbs_poll(s->verbs, &s->proto, sv_now_us());
+			int r = sv_verbs_poll(s->verbs, &s->proto, now);
 			if (r < 0)
 				sv_stream_break(s, r); /* the caller sees the new state */
 			if (r != 0)
@@ -367,10 +369,8 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 	if (!deadline || (next && next < deadline))
 		deadline = next;
 	int timeout = -1;
-	if (deadline) {
-		uint64_t now = sv_now_us();
+	if (deadline)
 		timeout = deadline > now ? (int)((deadline - now + 999) / 1000) : 0;
-	}
 
 	s->waiters++;
 	pthread_mutex_unlock(&s->lock);
@@ -387,13 +387,14 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 		ssize_t rr = read(s->wake_fd, &v, sizeof(v));
 		(void)rr;
 	}
+	now = sv_now_us();
 	if (chan >= 0 && (pfd[chan].revents & POLLIN) && s->verbs) {
 		sv_verbs_drain_events(s->verbs);
-		sv_stream_waited(s, sv_now_us() - start); /* a completion ended it */
+		sv_stream_waited(s, now - start); /* a completion ended it */
 	}
 	(void)tcp;
 	if (s->proto_ready && !s->error)
-		sv_proto_timers(&s->proto, sv_now_us());
+		sv_proto_timers(&s->proto, now);
 	return 0;
 }
 
@@ -696,11 +697,17 @@ static bool app_active(struct sv_stream *s)
  * near that deadline (at least SV_HELPER_LOOK_US away): should the
  * application stop calling before it, the helper flushes them. A deadline
  * armed after this look, and the delayed ACK's, wait for the next look. */
-static uint64_t active_look(const struct sv_stream *s, uint64_t now, struct sv_watch_io *io)
+/* The look interval for an application still active: doubled, bounded. */
+static uint32_t look_back_off(struct sv_watch_io *io)
 {
 	uint32_t look = io->look_us ? io->look_us * 2 : SV_HELPER_LOOK_US;
 	io->look_us = look < SV_HELPER_LOOK_MAX_US ? look : SV_HELPER_LOOK_MAX_US;
-	uint64_t next = now + io->look_us;
+	return io->look_us;
+}
+
+static uint64_t active_look(const struct sv_stream *s, uint64_t now, struct sv_watch_io *io)
+{
+	uint64_t next = now + look_back_off(io);
 	uint64_t flush = sv_proto_flush_deadline(&s->proto);
 	if (flush) {
 		uint64_t soon = flush > now + SV_HELPER_LOOK_US ? flush : now + SV_HELPER_LOOK_US;
@@ -760,9 +767,7 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 		 * rather than queue behind it and make it queue behind us. */
 		if (pthread_mutex_trylock(&s->lock) != 0) {
 			io->idle = true;
-			uint32_t look = io->look_us * 2;
-			io->look_us = look < SV_HELPER_LOOK_MAX_US ? look : SV_HELPER_LOOK_MAX_US;
-			return now + io->look_us;
+			return now + look_back_off(io);
 		}
 	} else {
 		pthread_mutex_lock(&s->lock);

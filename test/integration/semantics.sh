@@ -4,22 +4,31 @@
 # EAGAIN, FIONREAD, MSG_PEEK, MSG_WAITALL, EINTR and SA_RESTART, EPIPE and
 # SIGPIPE. The steps start only once both ends logged "on RDMA".
 . "$(dirname "$0")/lib.sh"
-PORT=5081
 export SOVIA_LOG=info
-LD_PRELOAD=$LIB "$BUILD/apps/sovia-semantics" -s $PORT >"$WORK/server.out" 2>"$WORK/server.err" &
-srv=$!
-wait_port $PORT
-LD_PRELOAD=$LIB "$BUILD/apps/sovia-semantics" -c "$IP" $PORT >"$WORK/client.out" 2>"$WORK/client.err" &
-cli=$!
-wait_line "$WORK/server.err" "on RDMA" 120 || fail "the server's connection never reached RDMA"
-wait_line "$WORK/client.err" "on RDMA" 120 || fail "the client's connection never reached RDMA"
-kill -USR1 $srv $cli
-rc=0
-wait $cli || rc=$?
-[ $rc = 0 ] || fail "the client failed ($rc)"
-wait $srv || rc=$?
-[ $rc = 0 ] || fail "the server failed ($rc)"
-cat "$WORK/server.out" "$WORK/client.out"
+
+# Runs sovia-semantics' server (flag $1) and client (flag $2) on port $3,
+# output under $WORK/$4{server,client}.{out,err}, and starts their steps
+# once both connections logged "on RDMA". $5 names the pair in failures.
+run_pair() {
+	local sflag=$1 cflag=$2 port=$3 tag=$4 who=$5 srv cli rc=0
+	LD_PRELOAD=$LIB "$BUILD/apps/sovia-semantics" "$sflag" "$port" \
+		>"$WORK/${tag}server.out" 2>"$WORK/${tag}server.err" &
+	srv=$!
+	wait_port "$port"
+	LD_PRELOAD=$LIB "$BUILD/apps/sovia-semantics" "$cflag" "$IP" "$port" \
+		>"$WORK/${tag}client.out" 2>"$WORK/${tag}client.err" &
+	cli=$!
+	wait_line "$WORK/${tag}server.err" "on RDMA" 120 || fail "$who: the server never reached RDMA"
+	wait_line "$WORK/${tag}client.err" "on RDMA" 120 || fail "$who: the client never reached RDMA"
+	kill -USR1 $srv $cli
+	wait $cli || rc=$?
+	[ $rc = 0 ] || fail "$who: the client failed ($rc)"
+	wait $srv || rc=$?
+	[ $rc = 0 ] || fail "$who: the server failed ($rc)"
+	cat "$WORK/${tag}server.out" "$WORK/${tag}client.out"
+}
+
+run_pair -s -c 5081 "" steps
 [ "$(grep -c ": ok$" "$WORK/server.out")" = 6 ] || fail "the server did not finish its steps"
 echo "semantics: steps OK"
 
@@ -31,24 +40,11 @@ echo "semantics: steps OK"
 # after 1 s: counted as "idle"), so the counters tell: three pushes by a
 # wait ("recv"), none by the timer. Checked against a build without the
 # rule: "recv:0", and the test fails.
-PORT=5083
 export SOVIA_STATS=1 SOVIA_COALESCE_TIMEOUT_US=500000 SOVIA_ACK_TIMEOUT_US=1000000
-LD_PRELOAD=$LIB "$BUILD/apps/sovia-semantics" -S $PORT >"$WORK/wserver.out" 2>"$WORK/wserver.err" &
-srv=$!
-wait_port $PORT
-LD_PRELOAD=$LIB "$BUILD/apps/sovia-semantics" -C "$IP" $PORT >"$WORK/wclient.out" 2>"$WORK/wclient.err" &
-cli=$!
-wait_line "$WORK/wserver.err" "on RDMA" 120 || fail "the wait rounds' server never reached RDMA"
-wait_line "$WORK/wclient.err" "on RDMA" 120 || fail "the wait rounds' client never reached RDMA"
-kill -USR1 $srv $cli
-wait $cli || rc=$?
-[ $rc = 0 ] || fail "the wait rounds' client failed ($rc)"
-wait $srv || rc=$?
-[ $rc = 0 ] || fail "the wait rounds' server failed ($rc)"
-cat "$WORK/wserver.out" "$WORK/wclient.out"
+run_pair -S -C 5083 w "wait rounds"
 [ "$(grep -c ": ok$" "$WORK/wclient.out")" = 3 ] || fail "the client did not finish its rounds"
-line=$(grep "libsovia stats" "$WORK/wclient.err" | grep " client state=") ||
-	fail "no statistics from the wait rounds' client"
+line=$(grep "libsovia stats" "$WORK/wclient.err" | grep " client state=rdma ") ||
+	fail "no statistics of the wait rounds' client on RDMA"
 echo "$line"
 flushes=$(echo "$line" | grep -o "flushes=[^ ]*")
 case "$flushes" in
