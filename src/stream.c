@@ -305,6 +305,19 @@ void sv_stream_waited(struct sv_stream *s, uint64_t us)
 			      memory_order_relaxed);
 }
 
+static void sv_stream_slept(struct sv_stream *s, uint64_t from, uint64_t to, bool timeout, bool chan,
+			    bool kick)
+{
+	uint64_t us = to > from ? to - from : 0;
+	s->st.waits_slept++;
+	s->st.slept_us += us;
+	if (us > s->st.slept_max_us)
+		s->st.slept_max_us = us;
+	s->st.woken_timeout += timeout;
+	s->st.woken_chan += chan;
+	s->st.woken_kick += kick;
+}
+
 /* Poll the CQ for sv_stream_spin_us (spin.h) before sleeping. The lock is
  * let go between looks so the application's other threads get in. Returns
  * true when something came (or changed); *now is the clock at the last look
@@ -343,6 +356,7 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 	uint64_t start = sv_now_us(), now = start;
 	if (!tcp_events && spin(s, &now, deadline)) {
 		sv_stream_waited(s, now - start);
+		s->st.waits_spun++;
 		return 0;
 	}
 	if (s->verbs && !s->error) {
@@ -352,8 +366,10 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 			int r = sv_verbs_poll(s->verbs, &s->proto, now);
 			if (r < 0)
 				sv_stream_break(s, r); /* the caller sees the new state */
-			if (r != 0)
+			if (r != 0) {
+				s->st.waits_spun++;
 				return 0;
+			}
 		}
 		chan = n;
 		pfd[n++] = (struct pollfd){.fd = sv_verbs_fd(s->verbs), .events = POLLIN};
@@ -373,6 +389,7 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 		timeout = deadline > now ? (int)((deadline - now + 999) / 1000) : 0;
 
 	s->waiters++;
+	uint64_t slept_from = now;
 	pthread_mutex_unlock(&s->lock);
 	int r = poll(pfd, (nfds_t)n, timeout);
 	int err = errno;
@@ -388,6 +405,8 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 		(void)rr;
 	}
 	now = sv_now_us();
+	sv_stream_slept(s, slept_from, now, r == 0, chan >= 0 && (pfd[chan].revents & POLLIN),
+			(pfd[wake].revents & POLLIN) != 0);
 	if (chan >= 0 && (pfd[chan].revents & POLLIN) && s->verbs) {
 		sv_verbs_drain_events(s->verbs);
 		sv_stream_waited(s, now - start); /* a completion ended it */
@@ -840,6 +859,8 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 		}
 		if (io->fired && s->verbs)
 			sv_verbs_drain_events(s->verbs);
+		if (s->state == SV_CONN_RDMA && s->verbs)
+			s->st.helper_polls++;
 		sv_stream_progress(s);
 		/* What we took from the CQ may be what a waiter (or a spinning
 		 * call between its looks) waits for; its poll may also have
@@ -984,7 +1005,9 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"acks_sent=%llu acks_piggybacked=%llu coalesced_writes=%llu "
 		"flushes=timer:%llu,full:%llu,large:%llu,recv:%llu,close:%llu,idle:%llu,nodelay:%llu "
 		"switches=to_rdma:%llu,to_tcp:%llu gave_back_bytes=%llu got_back_bytes=%llu "
-		"regcache=hits:%llu,misses:%llu,stale:%llu,uncached:%llu\n",
+		"regcache=hits:%llu,misses:%llu,stale:%llu,uncached:%llu "
+		"waits=spun:%llu,slept:%llu,slept_us:%llu,slept_max_us:%llu "
+		"woken=chan:%llu,kick:%llu,timeout:%llu helper_polls=%llu spin_avg_us=%u\n",
 		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
 		sv_fallback_name(s->fallback), (unsigned long long)p->tx_bytes,
 		(unsigned long long)p->rx_bytes, (unsigned long long)s->st.tcp_tx_bytes,
@@ -1000,7 +1023,12 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		(unsigned long long)(s->proto.back_sent ? s->proto.ret_nxt - s->proto.back_x : 0),
 		(unsigned long long)(s->proto.back_sent ? s->proto.owed_nxt - s->proto.peer_back_x : 0),
 		(unsigned long long)rc.hits, (unsigned long long)rc.misses,
-		(unsigned long long)rc.stale, (unsigned long long)rc.uncached);
+		(unsigned long long)rc.stale, (unsigned long long)rc.uncached,
+		(unsigned long long)s->st.waits_spun, (unsigned long long)s->st.waits_slept,
+		(unsigned long long)s->st.slept_us, (unsigned long long)s->st.slept_max_us,
+		(unsigned long long)s->st.woken_chan, (unsigned long long)s->st.woken_kick,
+		(unsigned long long)s->st.woken_timeout, (unsigned long long)s->st.helper_polls,
+		(unsigned)atomic_load_explicit(&s->wait_avg_us, memory_order_relaxed));
 	if (n > 0) {
 		ssize_t w = write(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
 		(void)w;

@@ -67,6 +67,12 @@ struct sv_tuple {
 struct sv_stream_stats {
 	uint64_t tcp_tx_bytes, tcp_rx_bytes; /* application bytes over TCP */
 	uint64_t switches_to_rdma, switches_to_tcp;
+	/* The application's blocking waits in libsovia (sv_stream_wait): ended
+	 * by the spin, or slept and then woken by the completion channel, a
+	 * kick (sv_stream_wake) or the timeout; and the helper's looks that
+	 * took completions itself. Telling why a connection runs slow. */
+	uint64_t waits_spun, waits_slept, slept_us, slept_max_us;
+	uint64_t woken_chan, woken_kick, woken_timeout, helper_polls;
 };
 
 struct sv_stream {

@@ -27,7 +27,7 @@ zc=$(stat_of "$WORK/client.err" zcopy_tx_bytes client)
 [ "$zc" -gt 0 ] || fail "nothing went zero-copy (the upgrade may have come after the rounds)"
 line=$(grep -h "libsovia stats" "$WORK/client.err" | grep " client " | head -1)
 stale=$(sed -n 's/.*regcache=[^ ]*stale:\([0-9]*\).*/\1/p' <<<"$line")
-unc=$(sed -n 's/.*regcache=[^ ]*uncached:\([0-9]*\)/\1/p' <<<"$line")
+unc=$(sed -n 's/.*regcache=[^ ]*uncached:\([0-9]*\).*/\1/p' <<<"$line")
 echo "client: zcopy_tx_bytes=$zc regcache: ${line##*regcache=}"
 # In the guest we are root: page frame numbers are visible, so the cache
 # caches and must have seen the replaced pages.
