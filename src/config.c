@@ -51,7 +51,7 @@ static const struct setting settings[] = {
 	 "bound on the RDMA upgrade of one connection in milliseconds"},
 	{"SOVIA_UPGRADE_DELAY_MS", SETTING_U32, U32(upgrade_delay_ms), 10, 0, 600000,
 	 "milliseconds a new client connection runs on TCP before its RDMA upgrade starts"},
-	{"SOVIA_SPIN_US", SETTING_U32, U32(spin_us), 1000, 0, 1000000,
+	{"SOVIA_SPIN_US", SETTING_U32, U32(spin_us), 4000, 0, 1000000,
 	 "the longest a wait polls before it sleeps, in microseconds (it adapts below)"},
 };
 

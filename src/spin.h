@@ -10,7 +10,14 @@
  * its spin back within 16 waits). A wait spins twice the average when
  * the average is at most half the bound (SOVIA_SPIN_US), and otherwise a
  * probe of 1/16 of the bound that still catches the odd quick reply. A
- * stream with no wait behind it yet starts from a quarter of the bound. */
+ * stream with no wait behind it yet starts from a quarter of the bound.
+ *
+ * The probe must be longer than a small message's round trip. A wait the
+ * probe does not cover ends in a sleep, and a slept wait lasts the reply
+ * plus the wake-up, which under emulation was seen at 3.5 ms a wait: the
+ * average then stays above half the bound and the stream never spins
+ * again (the "slow mode" of docs/design.md). With the default 4 ms bound
+ * the probe is 250 us; a 1 KiB round trip on the bed takes 120-200 us. */
 #ifndef SV_SPIN_H
 #define SV_SPIN_H
 

@@ -4,6 +4,7 @@
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <stdbool.h>
 
 TestSuite(spin, .timeout = 10);
 
@@ -67,6 +68,60 @@ Test(spin, ping_pong_after_idle_gets_its_spin_back)
 	for (int i = 0; i < 100; i++) {
 		cr_assert_geq(sv_spin_budget(avg, 1000), 300);
 		avg = sv_spin_average(avg, 300, 1000);
+	}
+}
+
+/* A wait as it goes: the reply comes after reply_us; a spin that covers it
+ * catches it, otherwise the wait sleeps and also pays the wake-up. */
+static uint64_t one_wait(uint32_t budget, uint32_t reply_us, uint32_t wake_us)
+{
+	return budget >= reply_us ? reply_us : (uint64_t)reply_us + wake_us;
+}
+
+struct recover_case {
+	uint32_t max, reply, wake;
+	bool recovers;
+};
+
+ParameterizedTestParameters(spin, recovers_when_the_probe_covers_the_reply)
+{
+	static struct recover_case cases[] = {
+		/* The default bound: its 250 us probe covers a small message's
+		 * round trip, however slow a sleep is. */
+		{4000, 130, 3500, true},
+		{4000, 250, 3500, true},
+		/* A reply too slow for the probe recovers only when sleeping
+		 * is cheap: 16 KiB on the bed, cheap and dear wake-ups. */
+		{4000, 1100, 300, true},
+		{4000, 1100, 3500, false},
+		/* The old 1 ms bound: a 62 us probe, shorter than the 130 us
+		 * reply; the slow wake-ups measured on the bed kept it there. */
+		{1000, 130, 3500, false},
+		{1000, 130, 200, true},
+	};
+	return cr_make_param_array(struct recover_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+/* A ping-pong whose spin average was pushed up (a long first wait, a
+ * scheduling hiccup): does it get back to catching every reply in its
+ * spin within 32 waits? */
+ParameterizedTest(struct recover_case *c, spin, recovers_when_the_probe_covers_the_reply)
+{
+	uint32_t avg = sv_spin_average(0, 60000000, c->max);
+	bool spinning = false;
+	for (int i = 0; i < 32 && !spinning; i++) {
+		uint32_t budget = sv_spin_budget(avg, c->max);
+		spinning = budget >= c->reply;
+		avg = sv_spin_average(avg, one_wait(budget, c->reply, c->wake), c->max);
+	}
+	cr_assert_eq(spinning, c->recovers, "bound %u, reply %u us, wake-up %u us", c->max,
+		     c->reply, c->wake);
+	if (!spinning)
+		return;
+	for (int i = 0; i < 100; i++) {
+		uint32_t budget = sv_spin_budget(avg, c->max);
+		cr_assert_geq(budget, c->reply, "fell back to sleeping after %d waits", i);
+		avg = sv_spin_average(avg, one_wait(budget, c->reply, c->wake), c->max);
 	}
 }
 
