@@ -351,12 +351,19 @@ static bool spin(struct sv_stream *s, uint64_t *now, uint64_t deadline)
 
 int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 {
+	uint64_t now = sv_now_us();
+	return sv_stream_wait_at(s, tcp_events, deadline, &now);
+}
+
+int sv_stream_wait_at(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *at)
+{
 	struct pollfd pfd[3];
 	int n = 0, chan = -1, tcp = -1;
-	uint64_t start = sv_now_us(), now = start;
+	uint64_t start = *at, now = start;
 	if (!tcp_events && spin(s, &now, deadline)) {
 		sv_stream_waited(s, now - start);
 		s->st.waits_spun++;
+		*at = now;
 		return 0;
 	}
 	if (s->verbs && !s->error) {
@@ -368,6 +375,7 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 				sv_stream_break(s, r); /* the caller sees the new state */
 			if (r != 0) {
 				s->st.waits_spun++;
+				*at = now;
 				return 0;
 			}
 		}
@@ -397,8 +405,10 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 	s->waiters--;
 	if (r < 0 && err == EINTR && signals_restart())
 		r = 0; /* as if restarted: the caller judges again and waits */
-	if (r < 0)
+	if (r < 0) {
+		*at = sv_now_us();
 		return -err;
+	}
 	if ((pfd[wake].revents & POLLIN) && s->waiters == 0) {
 		uint64_t v;
 		ssize_t rr = read(s->wake_fd, &v, sizeof(v));
@@ -414,6 +424,7 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 	(void)tcp;
 	if (s->proto_ready && !s->error)
 		sv_proto_timers(&s->proto, now);
+	*at = now;
 	return 0;
 }
 

@@ -10,6 +10,12 @@
 /* Sleep until a completion, TCP readiness (tcp_events), a wake-up or the
  * deadline (0 = none). Drops the lock while asleep. Returns 0, or -EINTR. */
 int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline);
+/* The same, for a caller that read the clock just before (nothing that
+ * blocks since) and goes on after the wait: *now is that reading on entry
+ * and the clock at the wait's end on return. Each read is a system call on
+ * some clocks (the bed's HPET: 3.4 us), and a ping-pong's read waits once
+ * per message. */
+int sv_stream_wait_at(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *now);
 
 /* Wake every thread sleeping in sv_stream_wait on this stream. */
 void sv_stream_wake(struct sv_stream *s);

@@ -222,13 +222,15 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 	}
 	long r;
 	uint64_t timeout_at = 0; /* SO_RCVTIMEO: from the first wait on */
+	uint64_t waited_at = 0;  /* the clock at the end of the last wait */
 	for (;;) {
 		if (s->tcpbuf_len > s->tcpbuf_off && want) {
 			r = from_tcpbuf(s, iov, iovcnt, flags);
 			break;
 		}
 		struct sv_proto *p = &s->proto;
-		uint64_t now = sv_now_us();
+		uint64_t now = waited_at ? waited_at : sv_now_us();
+		waited_at = 0;
 		if (s->proto_ready && !s->error)
 			sv_stream_progress_at(s, now);
 		if (s->proto_ready && p->rx_on_qp && !p->back_sent) {
@@ -271,7 +273,8 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 			break;
 		}
 		bool on_tcp = !(s->proto_ready && p->rx_on_qp && !p->back_sent);
-		int w = sv_stream_wait(s, on_tcp ? POLLIN : 0, timeout_at);
+		int w = sv_stream_wait_at(s, on_tcp ? POLLIN : 0, timeout_at, &now);
+		waited_at = now;
 		if (w < 0) {
 			r = w;
 			break;

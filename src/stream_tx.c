@@ -88,6 +88,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	bool own = false; /* an error of ours, not the kernel's (which signals itself) */
 	bool on_qp = false; /* some of the bytes went to the QP */
 	uint64_t timeout_at = 0; /* SO_SNDTIMEO: from the first wait on */
+	uint64_t waited_at = 0;  /* the clock at the end of the last wait */
 	while (done < total || total == 0) {
 		struct iovec rest[64];
 		int restcnt = sv_iov_advance(iov, iovcnt, done, rest);
@@ -96,7 +97,8 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			own = true;
 			break;
 		}
-		uint64_t now = sv_now_us();
+		uint64_t now = waited_at ? waited_at : sv_now_us();
+		waited_at = 0;
 		if (s->proto_ready && !s->error)
 			sv_stream_progress_at(s, now);
 		if (s->error) {
@@ -164,7 +166,8 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		uint64_t until = timeout_at;
 		if (detaching && (!until || until > sv_now_us() + 10000))
 			until = sv_now_us() + 10000;
-		int w = sv_stream_wait(s, m == TX_TCP || detaching ? POLLOUT : 0, until);
+		int w = sv_stream_wait_at(s, m == TX_TCP || detaching ? POLLOUT : 0, until, &now);
+		waited_at = now;
 		if (w < 0) {
 			r = w;
 			break;
