@@ -17,3 +17,8 @@ uint32_t sv_spin_average(uint32_t avg_us, uint64_t sample_us, uint32_t max_us)
 	uint64_t avg = avg_us ? ((uint64_t)avg_us * 7 + v) / 8 : v;
 	return avg ? (uint32_t)avg : 1;
 }
+
+uint32_t sv_spin_reader(uint32_t budget_us)
+{
+	return budget_us < SV_SPIN_READER_US ? budget_us : SV_SPIN_READER_US;
+}

@@ -29,6 +29,15 @@
  * (0: never spin). */
 uint32_t sv_spin_budget(uint32_t avg_us, uint32_t max_us);
 
+/* A wait with no write on the stream since its last read (a streaming
+ * reader, a server between requests) is not waiting for a reply: it spins
+ * at most SV_SPIN_READER_US. A streaming receiver's waits last as long as
+ * the sender takes to fill a message; spinning through them bought no
+ * throughput that sleeping lost at 1 MiB and cost the CPU the rest of the
+ * time (src/spin.c, docs/design.md). */
+#define SV_SPIN_READER_US 50u
+uint32_t sv_spin_reader(uint32_t budget_us);
+
 /* The average after a wait of sample_us. Never 0 (0 means "none yet"). */
 uint32_t sv_spin_average(uint32_t avg_us, uint64_t sample_us, uint32_t max_us);
 

@@ -293,8 +293,12 @@ static bool signals_restart(void)
 
 uint32_t sv_stream_spin_us(struct sv_stream *s)
 {
-	return sv_spin_budget(atomic_load_explicit(&s->wait_avg_us, memory_order_relaxed),
-			      sv_cfg.spin_us);
+	uint32_t budget = sv_spin_budget(atomic_load_explicit(&s->wait_avg_us, memory_order_relaxed),
+					 sv_cfg.spin_us);
+	if (atomic_load_explicit(&s->writes, memory_order_relaxed) ==
+	    atomic_load_explicit(&s->writes_seen, memory_order_relaxed))
+		budget = sv_spin_reader(budget); /* nothing written since the last read */
+	return budget;
 }
 
 void sv_stream_waited(struct sv_stream *s, uint64_t us)

@@ -120,6 +120,10 @@ struct sv_stream {
 	/* How long the application's waits on this stream lasted lately, in
 	 * microseconds (a moving average; read without the lock by poll). */
 	atomic_uint wait_avg_us;
+	/* Writes that moved bytes, and their count at the last read that
+	 * returned bytes: a wait with no write since that read is a
+	 * reader's, not a wait for a reply (sv_spin_reader). */
+	atomic_uint writes, writes_seen;
 	uint64_t app_calls;  /* the application's calls that may poll the CQ */
 	/* Receive and send calls that returned EAGAIN (epoll's edge rules,
 	 * src/readiness.h). */

@@ -281,6 +281,10 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
+	if (r > 0 && !(flags & MSG_PEEK)) /* what we wrote got its answer */
+		atomic_store_explicit(&s->writes_seen,
+				      atomic_load_explicit(&s->writes, memory_order_relaxed),
+				      memory_order_relaxed);
 	return r;
 }
 

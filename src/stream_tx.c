@@ -166,8 +166,10 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		uint64_t until = timeout_at;
 		if (detaching && (!until || until > sv_now_us() + 10000))
 			until = sv_now_us() + 10000;
-		int w = sv_stream_wait_at(s, m == TX_TCP || detaching ? POLLOUT : 0, until, &now);
-		waited_at = now;
+		/* A fresh reading: posting this pass's bytes took time. */
+		uint64_t at = sv_now_us();
+		int w = sv_stream_wait_at(s, m == TX_TCP || detaching ? POLLOUT : 0, until, &at);
+		waited_at = at;
 		if (w < 0) {
 			r = w;
 			break;
@@ -188,8 +190,10 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			sv_stream_drain(s);
 	}
 	pthread_mutex_unlock(&s->lock);
-	if (done)
+	if (done) {
+		atomic_fetch_add_explicit(&s->writes, 1, memory_order_relaxed);
 		return (long)done;
+	}
 	if (own && r == -EPIPE && !(flags & MSG_NOSIGNAL))
 		raise(SIGPIPE); /* as the kernel does for a TCP socket */
 	return r;

@@ -34,6 +34,15 @@ ParameterizedTest(struct budget_case *c, spin, budget)
 	cr_assert_eq(sv_spin_budget(c->avg, c->max), c->want, "avg %u, bound %u", c->avg, c->max);
 }
 
+/* A reader (nothing written since its last read) spins at most
+ * SV_SPIN_READER_US, whatever its average allows; a shorter budget stays. */
+Test(spin, a_reader_spins_at_most_the_reader_cap)
+{
+	cr_assert_eq(sv_spin_reader(sv_spin_budget(300, 4000)), SV_SPIN_READER_US);
+	cr_assert_eq(sv_spin_reader(sv_spin_budget(2, 4000)), 5);
+	cr_assert_eq(sv_spin_reader(0), 0, "SOVIA_SPIN_US=0 still never spins");
+}
+
 Test(spin, first_wait_sets_the_average_and_it_is_never_zero)
 {
 	cr_assert_eq(sv_spin_average(0, 300, 1000), 300);
