@@ -27,11 +27,19 @@
 # directions: SOVIA_IT_FTP_MODES (default "passive active") and
 # SOVIA_IT_FTP_DIRS (default "get put"); SOVIA_IT_FTP_TIMEOUT bounds one
 # transfer (default 600 s).
+#
+# SOVIA_IT_FTP_BENCH=1 times the transfers for the benchmark's table
+# (bench/bed-run.sh) instead of testing libsovia: LIB may be any preload
+# (rsockets') or "none" (kernel TCP), the file must still arrive intact,
+# nothing is asserted about RDMA, and each transfer prints
+# "FTPTIME <mode> <dir> <size> <seconds>".
 . "$(dirname "$0")/lib.sh"
 SIZES=${SOVIA_IT_FTP_SIZES:-19090223 145864380}
 MODES=${SOVIA_IT_FTP_MODES:-passive active}
 DIRS=${SOVIA_IT_FTP_DIRS:-get put}
 TMO=${SOVIA_IT_FTP_TIMEOUT:-600} # per transfer, against hangs
+BENCH=${SOVIA_IT_FTP_BENCH:-0}
+[ "$LIB" = none ] && LIB=""
 FTPD=/usr/sbin/in.ftpd
 command -v ftp >/dev/null && [ -x $FTPD ] || fail "needs ftp and ftpd (test/setup-deps.sh)"
 export SOVIA_LOG=${SOVIA_LOG:-info}
@@ -90,7 +98,7 @@ transfer() {
 	local lines0 p0 t0
 	lines0=$(wc -l <"$WORK/ftpd.err") p0=$(rxe_pkts) t0=$(date +%s.%N)
 	local rc=0
-	LD_PRELOAD=$LIB timeout "$TMO" ftp -n -v "$IP" $CTRL >"$WORK/ftp.out" 2>"$WORK/client.err" <<-EOF || rc=$?
+	LD_PRELOAD=$LIB timeout -k 10 "$TMO" ftp -n -v "$IP" $CTRL >"$WORK/ftp.out" 2>"$WORK/client.err" <<-EOF || rc=$?
 		user $FTPUSER $PW
 		binary
 		passive $pas
@@ -111,6 +119,10 @@ transfer() {
 		fail "$mode $dir $size: the file differs ($(stat -c %s "$out") bytes)"
 	rm -f "$out"
 	local dp=$(($(rxe_pkts) - p0))
+	if [ "$BENCH" = 1 ]; then
+		echo "FTPTIME $mode $dir $size $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')"
+		return 0
+	fi
 
 	# The stats: the client's file, and what ftpd wrote during this session.
 	tail -n +$((lines0 + 1)) "$WORK/ftpd.err" >"$WORK/server.session"
