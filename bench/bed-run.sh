@@ -316,6 +316,7 @@ fi
 # passive mode, both preloaded; test/integration/ftp.sh in its timing
 # mode, which also checks that the file arrived intact), and a local copy.
 FTP_SIZES=(19090223 145864380)
+mib_per_s() { awk -v n="$1" -v t="$2" 'BEGIN {printf "%.3f", n / 1048576 / t}'; } # bytes seconds
 if [ "$FTP" = 1 ] && command -v ftp >/dev/null && [ -x /usr/sbin/in.ftpd ]; then
 	for s in "${FTP_SIZES[@]}"; do
 		note "local copy ($s bytes)"
@@ -329,7 +330,7 @@ if [ "$FTP" = 1 ] && command -v ftp >/dev/null && [ -x /usr/sbin/in.ftpd ]; then
 		cmp -s "$d/src" "$d/dst" && st=ok || st=failed
 		rm -rf "$d"
 		secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')
-		row local ftp "$s" "$st" "$(awk -v n="$s" -v t="$secs" 'BEGIN {printf "%.3f", n / 1048576 / t}')" \
+		row local ftp "$s" "$st" "$(mib_per_s "$s" "$secs")" \
 			"" "" "" "" "" "seconds=$secs cp in /dev/shm"
 		echo "local copy $s: $secs s"
 	done
@@ -347,7 +348,7 @@ if [ "$FTP" = 1 ] && command -v ftp >/dev/null && [ -x /usr/sbin/in.ftpd ]; then
 		for s in "${FTP_SIZES[@]}"; do
 			secs=$(awk -v s="$s" '$1 == "FTPTIME" && $4 == s {print $5}' "$log" | tail -1)
 			if [ -n "$secs" ]; then
-				row "$v" ftp "$s" ok "$(awk -v n="$s" -v t="$secs" 'BEGIN {printf "%.3f", n / 1048576 / t}')" \
+				row "$v" ftp "$s" ok "$(mib_per_s "$s" "$secs")" \
 					"" "" "" "" "" "seconds=$secs ftp session (get; passive)"
 				echo "ftp $v $s: $secs s"
 			else

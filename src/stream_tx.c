@@ -163,11 +163,10 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			break;
 		}
 		bool detaching = s->state == SV_CONN_DETACHING;
-		uint64_t until = timeout_at;
-		if (detaching && (!until || until > sv_now_us() + 10000))
-			until = sv_now_us() + 10000;
 		/* A fresh reading: posting this pass's bytes took time. */
-		uint64_t at = sv_now_us();
+		uint64_t at = sv_now_us(), until = timeout_at;
+		if (detaching && (!until || until > at + 10000))
+			until = at + 10000;
 		int w = sv_stream_wait_at(s, m == TX_TCP || detaching ? POLLOUT : 0, until, &at);
 		waited_at = at;
 		if (w < 0) {
@@ -189,11 +188,13 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		if (!s->error && atomic_load_explicit(&sv_exiting, memory_order_relaxed))
 			sv_stream_drain(s);
 	}
+	if (done) /* writers hold the lock: no atomic add needed */
+		atomic_store_explicit(&s->writes,
+				      atomic_load_explicit(&s->writes, memory_order_relaxed) + 1,
+				      memory_order_relaxed);
 	pthread_mutex_unlock(&s->lock);
-	if (done) {
-		atomic_fetch_add_explicit(&s->writes, 1, memory_order_relaxed);
+	if (done)
 		return (long)done;
-	}
 	if (own && r == -EPIPE && !(flags & MSG_NOSIGNAL))
 		raise(SIGPIPE); /* as the kernel does for a TCP socket */
 	return r;

@@ -118,9 +118,10 @@ transfer() {
 	[ "$(md5sum <"$out" | cut -d' ' -f1)" = "${MD5[$size]}" ] ||
 		fail "$mode $dir $size: the file differs ($(stat -c %s "$out") bytes)"
 	rm -f "$out"
-	local dp=$(($(rxe_pkts) - p0))
+	local dp=$(($(rxe_pkts) - p0)) secs
+	secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')
 	if [ "$BENCH" = 1 ]; then
-		echo "FTPTIME $mode $dir $size $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')"
+		echo "FTPTIME $mode $dir $size $secs"
 		return 0
 	fi
 
@@ -142,7 +143,7 @@ transfer() {
 	[ $((rb + tb)) -eq "$size" ] || fail "$mode $dir $size: the sender sent $((rb + tb)) bytes"
 	[ "$dp" -ge $((size / 2 / 4096)) ] || fail "$mode $dir $size: rxe sent only $dp packets"
 	printf '%s %s %d: identical in %.1f s; sender rdma_tx_bytes=%d tcp_tx_bytes=%d; receiver rdma_rx_bytes=%d; rxe packets +%d\n' \
-		"$mode" "$dir" "$size" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" \
+		"$mode" "$dir" "$size" "$secs" \
 		"$rb" "$tb" "$rr" "$dp"
 }
 
