@@ -97,6 +97,8 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 			s->fd_private = true;
 		}
 	}
+	if (s->state == SV_CONN_SWITCHING)
+		sv_info("fd %d: closed while switching to RDMA: the switch finishes first", appfd);
 	s->linger_deadline_us = sv_now_us() + SV_LINGER_US;
 	pthread_mutex_unlock(&s->lock);
 	sv_helper_watch(s);
@@ -116,7 +118,12 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 		if (p->tx_state == SV_TX_OPEN && !s->tx_held)
 			sv_proto_send_fin(p, now); /* -EAGAIN: try again after credits */
 		bool delivered = p->nfree == sv_proto_nsend(&p->prm);
-		finished = (p->tx_state != SV_TX_OPEN || s->tx_held) && delivered && !s->echo_owed;
+		/* A switch under way finishes first (the helper pumps the
+		 * peer's TCP bytes up to its echo): closed now, the peer's echo
+		 * would find our socket closed or unread, and the kernel would
+		 * answer with a reset instead of the FIN the peer must see. */
+		finished = (p->tx_state != SV_TX_OPEN || s->tx_held) && delivered &&
+			   !s->echo_owed && s->state != SV_CONN_SWITCHING;
 	}
 	if (!finished && now < s->linger_deadline_us) {
 		uint64_t next = sv_proto_next_deadline(p);
@@ -147,6 +154,16 @@ void sv_stream_exit_flush(struct sv_stream *s)
 {
 	pthread_mutex_lock(&s->lock);
 	struct sv_proto *p = &s->proto;
+	/* A closed connection in the middle of its switch: let it finish,
+	 * as its lingering close would have (see sv_stream_linger). */
+	uint64_t until = sv_now_us() + 2000000u;
+	while (s->app_closed && s->state == SV_CONN_SWITCHING && !s->error &&
+	       sv_now_us() < until) {
+		sv_stream_progress(s);
+		sv_stream_pump_tcp(s);
+		if (s->state == SV_CONN_SWITCHING)
+			sv_stream_wait(s, 0, sv_now_us() + 1000);
+	}
 	if (s->proto_ready && s->state != SV_CONN_FALLBACK && !s->error &&
 	    p->tx_state == SV_TX_OPEN) {
 		sv_stream_drain(s);

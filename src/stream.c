@@ -881,30 +881,8 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 		 * call between its looks) waits for; its poll may also have
 		 * lost the channel's event to us. */
 		sv_stream_wake(s);
-		/* Pump the peer's TCP bytes up to its switch point, so the
-		 * upgrade completes even if the application is not reading. */
-		if (s->proto_ready && s->proto.peer_to_rdma && !s->error) {
-			static __thread uint8_t scratch[65536];
-			for (;;) {
-				struct iovec iov = {scratch, sizeof(scratch)};
-				size_t before = s->tcpbuf_len;
-				long n = sv_stream_tcp_read(s, &iov, 1, 0);
-				if (n <= 0)
-					break;
-				/* A failed challenge may have queued the would-be echo,
-				 * which comes after these bytes in the stream. */
-				size_t echo = s->tcpbuf_len - before;
-				uint8_t held[SV_CHALLENGE_SIZE];
-				memcpy(held, s->tcpbuf + before, echo);
-				s->tcpbuf_len = before;
-				if (sv_stream_tcpbuf_append(s, scratch, (size_t)n) < 0 ||
-				    sv_stream_tcpbuf_append(s, held, echo) < 0) {
-					sv_stream_break(s, -ENOMEM);
-					break;
-				}
-				sv_stream_wake(s);
-			}
-		}
+		/* The upgrade completes even if the application is not reading. */
+		sv_stream_pump_tcp(s);
 		if (s->tx_held && s->deadline_us && now >= s->deadline_us && !s->echo_owed)
 			sv_stream_unhold(s, "timeout");
 		if (s->state == SV_CONN_SWITCHING && s->deadline_us && now >= s->deadline_us &&

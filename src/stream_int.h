@@ -48,6 +48,11 @@ void sv_stream_rx_switched(struct sv_stream *s);
  * (> 0), 0 at TCP EOF, -EAGAIN, or -errno. */
 long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags);
 
+/* Read the peer's TCP bytes up to its announced switch point into the
+ * stream's buffer, then its challenge echo, so a switch completes while the
+ * application is not reading (or has closed). Lock held. */
+void sv_stream_pump_tcp(struct sv_stream *s);
+
 /* Write the echo of the peer's challenge once our TO_RDMA completed. */
 int sv_stream_write_echo(struct sv_stream *s);
 

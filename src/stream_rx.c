@@ -334,3 +334,29 @@ long sv_stream_inq(struct sv_stream *s)
 	pthread_mutex_unlock(&s->lock);
 	return n;
 }
+
+void sv_stream_pump_tcp(struct sv_stream *s)
+{
+	if (!s->proto_ready || !s->proto.peer_to_rdma || s->error)
+		return;
+	static __thread uint8_t scratch[65536];
+	for (;;) {
+		struct iovec iov = {scratch, sizeof(scratch)};
+		size_t before = s->tcpbuf_len;
+		long n = sv_stream_tcp_read(s, &iov, 1, 0);
+		if (n <= 0)
+			return;
+		/* A failed challenge may have queued the would-be echo, which
+		 * comes after these bytes in the stream. */
+		size_t echo = s->tcpbuf_len - before;
+		uint8_t held[SV_CHALLENGE_SIZE];
+		memcpy(held, s->tcpbuf + before, echo);
+		s->tcpbuf_len = before;
+		if (sv_stream_tcpbuf_append(s, scratch, (size_t)n) < 0 ||
+		    sv_stream_tcpbuf_append(s, held, echo) < 0) {
+			sv_stream_break(s, -ENOMEM);
+			return;
+		}
+		sv_stream_wake(s);
+	}
+}

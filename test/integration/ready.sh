@@ -25,3 +25,20 @@ cat "$WORK/server.out" "$WORK/client.out"
 on=$(($(grep -c "on RDMA" "$WORK/client.err" || true) - 4))
 [ "$on" -ge $((N / 2)) ] || fail "only $on of $N client connections reached RDMA"
 echo "ready: OK ($N connections, $on on RDMA, switched while their client waited)"
+
+# A server that closes while its connection switches: the client must read
+# the answer and then EOF, not a reset (the close used to leave the client's
+# challenge echo unread, and the kernel answered with RST). The server's
+# close time sweeps 0-60 ms after its answer, across the switch.
+CPORT=5083
+CN=${SOVIA_IT_CLOSERACE_N:-120}
+LD_PRELOAD=$LIB "$BUILD/apps/sovia-closerace" -s $CPORT "$CN" 500 \
+	>"$WORK/cr-server.out" 2>"$WORK/cr-server.err" &
+crs=$!
+wait_port $CPORT
+LD_PRELOAD=$LIB run_logged "$WORK/cr-client.out" "$WORK/cr-client.err" \
+	timeout 600 "$BUILD/apps/sovia-closerace" -c "$IP" $CPORT "$CN"
+wait $crs || fail "the close-race server failed"
+cat "$WORK/cr-server.out"
+mid=$(grep -c "closed while switching" "$WORK/cr-server.err" || true)
+echo "ready: close race OK ($CN connections, $mid closed by the server mid-switch)"
