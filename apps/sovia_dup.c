@@ -5,9 +5,14 @@
  *   sovia-dup -s PORT           echo server: serves each connection through
  *                               a dup of the accepted fd (the original is
  *                               closed at once), one at a time, COUNT times
- *   sovia-dup -c HOST PORT N    client: sends N bytes, switching fds midway
+ *   sovia-dup -c HOST PORT N [GATE]
+ *                               client: sends N bytes, switching fds midway
  *                               (dup, close the original, dup3, F_DUPFD),
- *                               and reads the echo through a dup2 copy */
+ *                               and reads the echo through a dup2 copy.
+ *                               With GATE (a path), the sender waits at the
+ *                               midpoint until GATE exists (at most 120 s):
+ *                               the test's way to switch fds after a known
+ *                               event, such as the upgrade. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -88,7 +93,14 @@ static int serve(const char *port)
 struct sender {
 	int fd;
 	uint64_t n;
+	const char *gate;
 };
+
+static void wait_gate(const char *gate)
+{
+	for (int i = 0; gate && i < 12000 && access(gate, F_OK) != 0; i++)
+		usleep(10000);
+}
 
 static void *send_all(void *arg)
 {
@@ -100,6 +112,7 @@ static void *send_all(void *arg)
 	while (off < s->n) {
 		if (!switched && off >= s->n / 2) {
 			/* Midway: go on through copies, the original closed. */
+			wait_gate(s->gate);
 			int d = dup(fd);
 			if (d < 0)
 				die("dup");
@@ -130,7 +143,7 @@ static void *send_all(void *arg)
 	return NULL;
 }
 
-static int client(const char *host, const char *port, uint64_t n)
+static int client(const char *host, const char *port, uint64_t n, const char *gate)
 {
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
 	if (getaddrinfo(host, port, &hints, &ai))
@@ -143,7 +156,7 @@ static int client(const char *host, const char *port, uint64_t n)
 	int rd = dup2(fd, 100);
 	if (rd != 100)
 		die("dup2");
-	struct sender s = {.fd = fd, .n = n};
+	struct sender s = {.fd = fd, .n = n, .gate = gate};
 	pthread_t t;
 	if (pthread_create(&t, NULL, send_all, &s))
 		die("pthread_create");
@@ -182,8 +195,9 @@ int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "-s") == 0)
 		return serve(argv[2]);
-	if (argc == 5 && strcmp(argv[1], "-c") == 0)
-		return client(argv[2], argv[3], strtoull(argv[4], NULL, 10));
-	fprintf(stderr, "usage: sovia-dup -s PORT | -c HOST PORT BYTES\n");
+	if ((argc == 5 || argc == 6) && strcmp(argv[1], "-c") == 0)
+		return client(argv[2], argv[3], strtoull(argv[4], NULL, 10),
+			      argc == 6 ? argv[5] : NULL);
+	fprintf(stderr, "usage: sovia-dup -s PORT | -c HOST PORT BYTES [GATE]\n");
 	return 2;
 }

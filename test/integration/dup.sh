@@ -12,12 +12,18 @@ export SOVIA_LOG=info
 LD_PRELOAD=$LIB timeout 600 "$BUILD/apps/sovia-dup" -s $PORT >"$WORK/server.out" 2>"$WORK/server.err" &
 srv=$!
 wait_port $PORT
-LD_PRELOAD=$LIB timeout 600 "$BUILD/apps/sovia-dup" -c "$IP" $PORT "$SIZE" \
-	>"$WORK/client.out" 2>"$WORK/client.err" || fail "the client failed"
+# The client's sender waits at its midpoint for the gate, opened once the
+# connection is on RDMA: its fd switching happens on RDMA, and the second
+# half cannot go over TCP however slow the upgrade is.
+LD_PRELOAD=$LIB timeout 600 "$BUILD/apps/sovia-dup" -c "$IP" $PORT "$SIZE" "$WORK/gate" \
+	>"$WORK/client.out" 2>"$WORK/client.err" &
+cli=$!
+wait_line "$WORK/client.err" "on RDMA" 120 || fail "the client's connection never reached RDMA"
+touch "$WORK/gate"
+wait "$cli" || fail "the client failed"
 wait "$srv" || fail "the server failed"
 cat "$WORK/server.out" "$WORK/client.out"
 cat "$WORK/server.err" "$WORK/client.err" >"$WORK/stats"
-grep -q "on RDMA" "$WORK/client.err" || fail "the client's connection never reached RDMA"
 for role in client server; do
 	n=$(grep -h "libsovia stats" "$WORK/stats" | grep -c " $role ") || true
 	[ "$n" = 1 ] || fail "$role: $n stats lines: the connection must end once, at the last copy's close"
