@@ -3,6 +3,7 @@
 #include "proto.h"
 
 #include "bytebuf.h"
+#include "copy.h"
 #include "le.h"
 
 #include <errno.h>
@@ -58,7 +59,7 @@ static void iov_gather(void *dst, const struct iovec *iov, int iovcnt, size_t sk
 			continue;
 		}
 		size_t take = l - skip < n ? l - skip : n;
-		memcpy(d, (const uint8_t *)iov[i].iov_base + skip, take);
+		sv_copy(d, (const uint8_t *)iov[i].iov_base + skip, take);
 		d += take;
 		n -= take;
 		skip = 0;
@@ -770,7 +771,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		while (took < avail && vi < iovcnt) {
 			size_t room = iov[vi].iov_len - voff;
 			size_t n = avail - took < room ? avail - took : room;
-			memcpy((uint8_t *)iov[vi].iov_base + voff, src + took, n);
+			sv_copy((uint8_t *)iov[vi].iov_base + voff, src + took, n);
 			took += n;
 			voff += n;
 			if (voff == iov[vi].iov_len) {

@@ -1,0 +1,37 @@
+/* Copying payload between the application's memory and the registered
+ * buffers: in pieces below glibc's `rep movsb` threshold.
+ *
+ * glibc copies blocks from a few KiB up to about its non-temporal threshold
+ * with `rep movsb` on CPUs that advertise ERMS. Where that instruction is
+ * slow, so is every message we copy: in the soft-RoCE test bed (qemu TCG,
+ * `-cpu max`) glibc's memcpy moves 122 MiB/s at 16-256 KiB, against
+ * 1100 MiB/s for the same bytes in 2 KiB pieces (its vector loop) and 1150
+ * MiB/s at 1 MiB (non-temporal stores). Natively the pieces cost little: on
+ * the build host 64 KiB take 3.3 us in pieces against 3.1 us in one call.
+ * docs/benchmarks.md has the measurement (apps/sovia_copycost.c).
+ *
+ * SV_COPY_PIECE is the lowest threshold glibc uses (2048 bytes, SSE2 vectors;
+ * 4096 with AVX2, 8192 with AVX-512), so each piece takes the vector path. */
+#ifndef SV_COPY_H
+#define SV_COPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SV_COPY_PIECE 2048u
+
+static inline void sv_copy(void *dst, const void *src, size_t n)
+{
+	uint8_t *d = dst;
+	const uint8_t *s = src;
+	while (n > SV_COPY_PIECE) {
+		memcpy(d, s, SV_COPY_PIECE);
+		d += SV_COPY_PIECE;
+		s += SV_COPY_PIECE;
+		n -= SV_COPY_PIECE;
+	}
+	memcpy(d, s, n);
+}
+
+#endif
