@@ -311,6 +311,17 @@ if [ "$IPERF" = 1 ] && command -v iperf3 >/dev/null; then
 	rm -rf "$IPERF_TMP"
 fi
 
+# ---- what a payload copy costs in this guest (full run only) ----
+# libsovia copies writes below SOVIA_REG_THRESHOLD in pieces (src/copy.h):
+# the table shows why, for the run's own guest (docs/benchmarks.md).
+COPYCOST=$(dirname "$BENCH")/sovia-copycost
+rm -f "$OUT/copycost.md"
+if [ "$SMOKE" = 0 ] && [ -x "$COPYCOST" ]; then
+	note "copy cost"
+	timeout -k 10 120 "$COPYCOST" 16 >"$OUT/copycost.md" 2>"$RAW/copycost.err" ||
+		{ echo "copy cost: FAILED"; rm -f "$OUT/copycost.md"; }
+fi
+
 # ---- the SOVIA paper's real-application table (full run only) ----
 # Time to get each of the paper's files with ftp from ftpd (one session,
 # passive mode, both preloaded; test/integration/ftp.sh in its timing

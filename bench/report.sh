@@ -194,6 +194,19 @@ function target(name, r, s, op, lim,   ok, at) {
 }
 ' "$CSV"
 
+if [ -s "$DIR/copycost.md" ]; then
+	{
+		echo "## What a payload copy costs in this guest"
+		echo
+		echo "\`apps/sovia_copycost.c\`, 16 MiB per size: glibc's \`memcpy\` in one call"
+		echo "against libsovia's copy in 2 KiB pieces (src/copy.h; why:"
+		echo "docs/benchmarks.md, \"Copies in the test bed\")."
+		echo
+		cat "$DIR/copycost.md"
+		echo
+	} >>"$DIR/results.md"
+fi
+
 if command -v gnuplot >/dev/null; then
 	gnuplot <<EOF
 set terminal png size 960,600 noenhanced
