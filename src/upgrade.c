@@ -203,7 +203,10 @@ void sv_upgrade_connect_now(struct sv_stream *s)
 
 static void start_connect(struct sv_stream *s)
 {
-	if (s->app_closed)
+	pthread_mutex_lock(&s->lock); /* the application's close sets it */
+	bool closed = s->app_closed;
+	pthread_mutex_unlock(&s->lock);
+	if (closed)
 		return;
 	pthread_mutex_lock(&up_lock);
 	struct rdma_cm_id *id;
