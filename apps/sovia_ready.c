@@ -3,6 +3,8 @@
  *
  *   sovia-ready -s PORT N [DELAY_MS]   server: N connections, one at a time
  *   sovia-ready -c HOST PORT N         client
+ *   sovia-ready -S PORT N STEP_US      close-race server (below)
+ *   sovia-ready -C HOST PORT N         close-race client
  *
  * The client first opens four busy connections on which the server streams
  * data without pause. Then, for each of N connections, the client waits
@@ -15,7 +17,14 @@
  * with MSG_DONTWAIT: on the kernel's TCP that always finds the server's
  * byte, so EAGAIN here means a readiness lie (an application doing a
  * blocking read would hang). Then the client answers and both close. Each
- * side exits non-zero at the first surprise. */
+ * side exits non-zero at the first surprise.
+ *
+ * The close race: a server that closes while the connection switches must
+ * still end it the way TCP would, so the client reads the answer and then
+ * EOF, never a reset. For connection i the client sends one byte; the
+ * server reads it, answers with one byte, waits i * STEP_US and closes. The
+ * growing wait sweeps the server's close across the switch that starts
+ * behind each new connection. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -131,6 +140,17 @@ static struct addrinfo *resolve(const char *host, const char *port)
 	return ai;
 }
 
+/* A listening socket on all IPv4 addresses. */
+static int listen_on(const char *port)
+{
+	struct addrinfo *ai = resolve(NULL, port);
+	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	CHECK(l >= 0 && bind(l, ai->ai_addr, ai->ai_addrlen) == 0 && listen(l, 8) == 0, "listen");
+	freeaddrinfo(ai);
+	return l;
+}
+
 static void client(const char *host, const char *port, int n)
 {
 	struct addrinfo *ai = resolve(host, port);
@@ -178,11 +198,7 @@ static void *stream_busy(void *arg)
 
 static void server(const char *port, int n, int delay_ms)
 {
-	struct addrinfo *ai = resolve(NULL, port);
-	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	CHECK(l >= 0 && bind(l, ai->ai_addr, ai->ai_addrlen) == 0 && listen(l, 8) == 0, "listen");
-	freeaddrinfo(ai);
+	int l = listen_on(port);
 	pthread_t t[NBUSY];
 	for (int b = 0; b < NBUSY; b++) {
 		int busy = accept(l, NULL, NULL);
@@ -205,6 +221,41 @@ static void server(const char *port, int n, int delay_ms)
 	printf("server: %d connections served\n", n);
 }
 
+static void race_client(const char *host, const char *port, int n)
+{
+	struct addrinfo *ai = resolve(host, port);
+	for (int i = 0; i < n; i++) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		CHECK(fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0, "connect %d", i);
+		CHECK(send(fd, "q", 1, MSG_NOSIGNAL) == 1, "connection %d: send", i);
+		char c = 0;
+		ssize_t r = recv(fd, &c, 1, 0);
+		CHECK(r == 1 && c == 'a', "connection %d: the answer: recv gave %zd", i, r);
+		r = recv(fd, &c, 1, 0);
+		CHECK(r == 0, "connection %d: the server's close: recv gave %zd", i, r);
+		CHECK(close(fd) == 0, "close %d", i);
+	}
+	freeaddrinfo(ai);
+	printf("close-race client: %d connections, each ended with the answer and EOF\n", n);
+}
+
+static void race_server(const char *port, int n, long step_us)
+{
+	int l = listen_on(port);
+	for (int i = 0; i < n; i++) {
+		int fd = accept(l, NULL, NULL);
+		CHECK(fd >= 0, "accept %d", i);
+		char c = 0;
+		CHECK(recv(fd, &c, 1, 0) == 1 && c == 'q', "connection %d: no request", i);
+		CHECK(send(fd, "a", 1, MSG_NOSIGNAL) == 1, "connection %d: send", i);
+		if (i)
+			usleep((useconds_t)(i * step_us));
+		CHECK(close(fd) == 0, "close %d", i);
+	}
+	close(l);
+	printf("close-race server: %d connections served\n", n);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -214,8 +265,15 @@ int main(int argc, char **argv)
 	} else if (argc == 5 && strcmp(argv[1], "-c") == 0) {
 		me = "client";
 		client(argv[2], argv[3], atoi(argv[4]));
+	} else if (argc == 5 && strcmp(argv[1], "-S") == 0) {
+		me = "close-race server";
+		race_server(argv[2], atoi(argv[3]), atol(argv[4]));
+	} else if (argc == 5 && strcmp(argv[1], "-C") == 0) {
+		me = "close-race client";
+		race_client(argv[2], argv[3], atoi(argv[4]));
 	} else {
-		fprintf(stderr, "usage: sovia-ready -s PORT N [DELAY_MS] | -c HOST PORT N\n");
+		fprintf(stderr, "usage: sovia-ready -s PORT N [DELAY_MS] | -c HOST PORT N | "
+				"-S PORT N STEP_US | -C HOST PORT N\n");
 		return 2;
 	}
 	return 0;

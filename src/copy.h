@@ -4,11 +4,10 @@
  * glibc copies blocks from a few KiB up to about its non-temporal threshold
  * with `rep movsb` on CPUs that advertise ERMS. Where that instruction is
  * slow, so is every message we copy: in the soft-RoCE test bed (qemu TCG,
- * `-cpu max`) glibc's memcpy moves 122 MiB/s at 16-256 KiB, against
- * 1100 MiB/s for the same bytes in 2 KiB pieces (its vector loop) and 1150
- * MiB/s at 1 MiB (non-temporal stores). Natively the pieces cost little: on
- * the build host 64 KiB take 3.3 us in pieces against 3.1 us in one call.
- * docs/benchmarks.md has the measurement (apps/sovia_copycost.c).
+ * `-cpu max`) glibc's memcpy moves about 230 MiB/s at 16-256 KiB, the same
+ * bytes in 2 KiB pieces about 1800 MiB/s (glibc's vector loop). Natively
+ * the pieces cost 0.9-1.5x one call. The measurements are in
+ * docs/benchmarks.md, "Copies in the test bed" (apps/sovia_copycost.c).
  *
  * SV_COPY_PIECE is the lowest threshold glibc uses (2048 bytes, SSE2 vectors;
  * 4096 with AVX2, 8192 with AVX-512), so each piece takes the vector path. */

@@ -29,16 +29,19 @@ echo "ready: OK ($N connections, $on on RDMA, switched while their client waited
 # A server that closes while its connection switches: the client must read
 # the answer and then EOF, not a reset (the close used to leave the client's
 # challenge echo unread, and the kernel answered with RST). The server's
-# close time sweeps 0-60 ms after its answer, across the switch.
+# close time sweeps 0-60 ms after its answer, across the switch; the sweep
+# must reach it (connections that end on RDMA), or the race went untested.
 CPORT=5083
 CN=${SOVIA_IT_CLOSERACE_N:-120}
-LD_PRELOAD=$LIB "$BUILD/apps/sovia-closerace" -s $CPORT "$CN" 500 \
+LD_PRELOAD=$LIB "$BUILD/apps/sovia-ready" -S $CPORT "$CN" 500 \
 	>"$WORK/cr-server.out" 2>"$WORK/cr-server.err" &
 crs=$!
 wait_port $CPORT
 LD_PRELOAD=$LIB run_logged "$WORK/cr-client.out" "$WORK/cr-client.err" \
-	timeout 600 "$BUILD/apps/sovia-closerace" -c "$IP" $CPORT "$CN"
+	timeout 600 "$BUILD/apps/sovia-ready" -C "$IP" $CPORT "$CN"
 wait $crs || fail "the close-race server failed"
 cat "$WORK/cr-server.out"
+rdma=$(grep "libsovia stats" "$WORK/cr-server.err" | grep -c " server state=rdma" || true)
 mid=$(grep -c "closed while switching" "$WORK/cr-server.err" || true)
-echo "ready: close race OK ($CN connections, $mid closed by the server mid-switch)"
+[ "$rdma" -ge 1 ] || fail "no close-race connection reached RDMA: the sweep never met the switch"
+echo "ready: close race OK ($CN connections, $rdma ended on RDMA, $mid closed by the server mid-switch)"
