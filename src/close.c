@@ -74,9 +74,12 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 		if (sv_cfg.stats)
 			sv_stream_print_stats(s, "close");
 		s->fd = -1;
+		/* Judged under the lock: the helper's start_connect sets id
+		 * and state under it. */
+		bool helper_part = s->id || s->state == SV_CONN_RESOLVING ||
+				   s->state == SV_CONN_REQUESTED || s->state == SV_CONN_DETACHED;
 		pthread_mutex_unlock(&s->lock);
-		if (s->id || s->state == SV_CONN_RESOLVING || s->state == SV_CONN_REQUESTED ||
-		    s->state == SV_CONN_DETACHED)
+		if (helper_part)
 			sv_helper_watch(s); /* let the helper drop its part */
 		if (close(fd) < 0 && r == 0)
 			r = -errno;

@@ -203,11 +203,6 @@ void sv_upgrade_connect_now(struct sv_stream *s)
 
 static void start_connect(struct sv_stream *s)
 {
-	pthread_mutex_lock(&s->lock); /* the application's close sets it */
-	bool closed = s->app_closed;
-	pthread_mutex_unlock(&s->lock);
-	if (closed)
-		return;
 	pthread_mutex_lock(&up_lock);
 	struct rdma_cm_id *id;
 	if (rdma_create_id(sv_helper_channel(), &id, s, RDMA_PS_TCP) < 0) {
@@ -217,6 +212,15 @@ static void start_connect(struct sv_stream *s)
 		return;
 	}
 	pthread_mutex_lock(&s->lock);
+	if (s->app_closed) {
+		/* Closed before the upgrade began. The close judged, under
+		 * this lock, that the helper had no part in the stream: it
+		 * must not get one now. */
+		pthread_mutex_unlock(&s->lock);
+		rdma_destroy_id(id);
+		pthread_mutex_unlock(&up_lock);
+		return;
+	}
 	s->id = id;
 	s->state = SV_CONN_RESOLVING;
 	s->deadline_us = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;

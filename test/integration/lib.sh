@@ -97,7 +97,7 @@ run_logged() {
 	cat "$out"
 	if [ "$rc" -ne 0 ]; then
 		echo "--- stderr of $1:" >&2
-		tail -20 "$err" >&2
+		tail -${SOVIA_FAIL_LINES:-20} "$err" >&2
 		fail "$* exited with $rc"
 	fi
 }

@@ -12,6 +12,9 @@ t=${1:?usage: $0 TEST TSAN_RUNTIME LIBSOVIA_TSAN_SO BUILD_DIR}
 rt=${2:?} lib=${3:?} build=${4:?}
 [ -f "$rt" ] || { echo "FAIL: no TSan runtime at $rt" >&2; exit 1; }
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
+# A report is about 50 lines, both stacks included: show all of it on failure
+# (the first one of this suite was cut to its tail and lost the other stack).
+export SOVIA_FAIL_LINES=${SOVIA_FAIL_LINES:-80}
 preload="$lib $rt"
 # LD_PRELOAD takes a space-separated list. libsovia comes first and the
 # runtime right after it (ahead of libc, so our calls to pthread_mutex_lock,
