@@ -322,6 +322,53 @@ if [ "$SMOKE" = 0 ] && [ -x "$COPYCOST" ]; then
 		{ echo "copy cost: FAILED"; rm -f "$OUT/copycost.md"; }
 fi
 
+# ---- where a 64 B round trip goes (sovia-pingsplit) ----
+# Each write() and read() of a ping-pong timed apart, medians in us, for
+# the three socket variants: on soft-RoCE the sender's doorbell system call
+# runs the whole send path, so a write costs more than a one-way trip
+# (docs/benchmarks.md, "What limits 64 B latency"). The smoke run proves
+# the program works; numbers come from the full run.
+PINGSPLIT=$(dirname "$BENCH")/sovia-pingsplit
+rm -f "$OUT/pingsplit.md"
+if [ -x "$PINGSPLIT" ]; then
+	note "round trip split (64 B, sovia-pingsplit)"
+	PS_ITERS=20000 PS_WARM=3
+	[ "$SMOKE" = 1 ] && PS_ITERS=200 PS_WARM=1
+	PS_MD=$OUT/pingsplit.md.part
+	{
+		echo "| variant | client write() | client wait in read() | one way | server write() | server wait in read() |"
+		echo "|---|---:|---:|---:|---:|---:|"
+	} >"$PS_MD"
+	for v in "${SOCK_VARIANTS[@]}"; do
+		if [ "$v" = rsockets ] && [ ! -e "$RSPRELOAD" ]; then
+			echo "| $v | failed: no $RSPRELOAD | | | | |" >>"$PS_MD"
+			continue
+		fi
+		next_port
+		log=$RAW/$v.pingsplit
+		# shellcheck disable=SC2046
+		timeout -k 10 120 env $(variant_env "$v") "$PINGSPLIT" server -b "$IP" -p "$PORT" -n "$PS_ITERS" \
+			>"$log.server" 2>"$log.server.err" &
+		srv=$!
+		if wait_listening "$log.server" 30 "$srv"; then
+			# shellcheck disable=SC2046
+			timeout -k 10 120 env $(variant_env "$v") "$PINGSPLIT" client -H "$IP" -p "$PORT" \
+				-w "$PS_WARM" -n "$PS_ITERS" >"$log.client" 2>"$log.client.err"
+		fi
+		wait "$srv"
+		c=$(grep -m1 "^RESULT role=client" "$log.client" 2>/dev/null)
+		s=$(grep -m1 "^RESULT role=server" "$log.server" 2>/dev/null)
+		if [ -n "$c" ] && [ -n "$s" ]; then
+			echo "| $v | $(kv "$c" write_us) | $(kv "$c" wait_us) | $(kv "$c" oneway_us) | $(kv "$s" write_us) | $(kv "$s" wait_us) |" >>"$PS_MD"
+			echo "pingsplit $v: $c"
+		else
+			echo "| $v | failed (raw/${log##*/}.*) | | | | |" >>"$PS_MD"
+			echo "pingsplit $v: FAILED (raw/${log##*/}.*)"
+		fi
+	done
+	mv "$PS_MD" "$OUT/pingsplit.md"
+fi
+
 # ---- the SOVIA paper's real-application table (full run only) ----
 # Time to get each of the paper's files with ftp from ftpd (one session,
 # passive mode, both preloaded; test/integration/ftp.sh in its timing
@@ -386,6 +433,10 @@ if [ "$CHECK" = 1 ]; then
 	for v in "${SOCK_VARIANTS[@]}"; do expect "$v" conn 0; done
 	for f in results.md ratios.csv; do
 		[ -s "$OUT/$f" ] || { echo "CHECK: $OUT/$f missing" >&2; bad=1; }
+	done
+	for v in "${SOCK_VARIANTS[@]}"; do
+		grep -q "^| $v |" "$OUT/pingsplit.md" 2>/dev/null ||
+			{ echo "CHECK: no sovia-pingsplit row for $v in $OUT/pingsplit.md" >&2; bad=1; }
 	done
 	if command -v gnuplot >/dev/null; then
 		for f in bandwidth.png latency.png; do

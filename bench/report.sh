@@ -207,6 +207,22 @@ if [ -s "$DIR/copycost.md" ]; then
 	} >>"$DIR/results.md"
 fi
 
+if [ -s "$DIR/pingsplit.md" ]; then
+	{
+		echo "## Where a 64 B round trip goes"
+		echo
+		echo "\`apps/sovia_pingsplit.c\`: a ping-pong that times each \`write()\` and"
+		echo "each \`read()\` apart (medians, microseconds, TSC). On soft-RoCE the"
+		echo "doorbell of \`ibv_post_send\` runs the whole send path in the sender's"
+		echo "system call, so an RDMA write costs more than a one-way trip; the wait"
+		echo "is what is left of the round trip (docs/benchmarks.md, \"What limits 64 B"
+		echo "latency\")."
+		echo
+		cat "$DIR/pingsplit.md"
+		echo
+	} >>"$DIR/results.md"
+fi
+
 if command -v gnuplot >/dev/null; then
 	gnuplot <<EOF
 set terminal png size 960,600 noenhanced

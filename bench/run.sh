@@ -29,7 +29,7 @@ done
 "$TOP/test/setup-deps.sh"
 "$TOP/bench/setup-deps.sh"
 cmake -S "$TOP" -B "$BUILD" >/dev/null
-cmake --build "$BUILD" -j"$(nproc)" --target sovia sovia-bench sovia-copycost
+cmake --build "$BUILD" -j"$(nproc)" --target sovia sovia-bench sovia-copycost sovia-pingsplit
 if [ -z "$OUT" ]; then
 	if [ "$SMOKE" = 1 ]; then OUT=$BUILD/bench-smoke; else OUT=$TOP/results; fi
 fi
