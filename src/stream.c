@@ -151,6 +151,13 @@ void sv_stream_exit_flush_all(void)
 	}
 }
 
+static bool tcp_flag(int fd, int name)
+{
+	int v = 0;
+	socklen_t l = sizeof(v);
+	return getsockopt(fd, IPPROTO_TCP, name, &v, &l) == 0 && v != 0;
+}
+
 struct sv_stream *sv_stream_new(int fd, bool is_client)
 {
 	struct sv_stream *s = calloc(1, sizeof(*s));
@@ -172,7 +179,10 @@ struct sv_stream *sv_stream_new(int fd, bool is_client)
 	getsockname(fd, (struct sockaddr *)&s->tuple.local, &l);
 	l = sizeof(s->tuple.peer);
 	getpeername(fd, (struct sockaddr *)&s->tuple.peer, &l);
-	s->nodelay = !sv_cfg.coalesce;
+	/* TCP_NODELAY and TCP_CORK set before the connect, or on the listener
+	 * (accepted sockets inherit them), are the kernel socket's. */
+	s->nodelay = !sv_cfg.coalesce || tcp_flag(fd, TCP_NODELAY);
+	s->cork = tcp_flag(fd, TCP_CORK);
 	all_add(s);
 	return s;
 }

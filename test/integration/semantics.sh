@@ -52,3 +52,30 @@ case "$flushes" in
 *) fail "held pieces were not pushed out by the waits: $flushes" ;;
 esac
 echo "semantics: OK (and poll, select, epoll_wait pushed out coalesced bytes)"
+
+# TCP_NODELAY set before the connect is the stream's too: every small write
+# goes out as its own message, none is coalesced. sovia-bench -N sets it on
+# the client's socket before connect(); the same run without -N must
+# coalesce, or the check could not tell the two apart. Without the fix
+# (the stream started from SOVIA_COALESCE only) the -N run coalesced.
+unset SOVIA_COALESCE_TIMEOUT_US SOVIA_ACK_TIMEOUT_US
+LD_PRELOAD=$LIB "$BUILD/apps/sovia-bench" server -b "$IP" -p 5085 \
+	>"$WORK/nd-server.out" 2>"$WORK/nd-server.err" &
+nds=$!
+wait_port 5085
+for mode in nodelay coalesce; do
+	flag=""
+	[ $mode = nodelay ] && flag=-N
+	LD_PRELOAD=$LIB run_logged "$WORK/nd-$mode.out" "$WORK/nd-$mode.err" \
+		timeout 120 "$BUILD/apps/sovia-bench" client -H "$IP" -p 5085 -t bw -s 64 -w 2 -d 1 $flag
+	[ "$(state_of "$WORK/nd-$mode.err" client)" = rdma ] ||
+		fail "$mode: the streaming client did not end on RDMA"
+done
+LD_PRELOAD=$LIB "$BUILD/apps/sovia-bench" client -H "$IP" -p 5085 -t quit >/dev/null 2>&1 || true
+wait $nds || fail "the sovia-bench server failed"
+nd=$(stat_of "$WORK/nd-nodelay.err" coalesced_writes client)
+co=$(stat_of "$WORK/nd-coalesce.err" coalesced_writes client)
+echo "semantics: coalesced 64 B writes: $nd with TCP_NODELAY set before connect, $co without"
+[ "$co" -gt 0 ] || fail "without TCP_NODELAY no write was coalesced: the check cannot tell"
+[ "$nd" = 0 ] || fail "TCP_NODELAY set before connect was ignored: $nd writes coalesced"
+echo "semantics: OK (TCP_NODELAY before connect)"
