@@ -168,26 +168,20 @@ int main(int argc, char **argv)
 	uint64_t m0 = mono_ns(), c0 = ticks();
 	long count = 0;
 	for (;;) {
-		uint64_t t0 = ticks(), t1, t2;
-		if (server) {
-			int r = io_all(fd, buf, n, 1);
-			if (r < 0)
-				return 1;
-			if (r == 0)
-				break;
-			t1 = ticks();
-			if (io_all(fd, buf, n, 0) < 0)
-				return 1;
-		} else {
-			if (count == iters)
-				break;
-			if (io_all(fd, buf, n, 0) < 0)
-				return 1;
-			t1 = ticks();
-			if (io_all(fd, buf, n, 1) <= 0)
-				return 1;
-		}
-		t2 = ticks();
+		/* The server reads first and ends at the client's EOF; the
+		 * client writes first and ends after ITERS. */
+		if (!server && count == iters)
+			break;
+		uint64_t t0 = ticks();
+		int r = io_all(fd, buf, n, server);
+		if (r < 0)
+			return 1;
+		if (r == 0)
+			break;
+		uint64_t t1 = ticks();
+		if (io_all(fd, buf, n, !server) <= 0)
+			return 1;
+		uint64_t t2 = ticks();
 		size_t k = (size_t)(count % iters);
 		a[k] = t1 - t0;
 		b[k] = t2 - t1;
