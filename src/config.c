@@ -169,14 +169,18 @@ int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
 		}
 		store(cfg, s, v);
 	}
-	/* Relations between settings. */
+	/* Relations between settings. The default ACK delay follows a
+	 * smaller SOVIA_WINDOW quietly; an explicit one that does not fit is
+	 * reported. */
 	if (cfg->ack_delay >= cfg->window) {
 		uint32_t fixed = cfg->window / 2;
-		sv_err("SOVIA_ACK_DELAY=%u must be below SOVIA_WINDOW=%u (the sender would stall); "
-		       "using %u",
-		       cfg->ack_delay, cfg->window, fixed);
+		if (getenv_fn("SOVIA_ACK_DELAY")) {
+			sv_err("SOVIA_ACK_DELAY=%u must be below SOVIA_WINDOW=%u (the sender would "
+			       "stall); using %u",
+			       cfg->ack_delay, cfg->window, fixed);
+			bad++;
+		}
 		cfg->ack_delay = fixed;
-		bad++;
 	}
 	/* Coalesced writes share one message: they must be shorter than a
 	 * buffer less its 24-byte header. The default follows a smaller

@@ -116,6 +116,18 @@ Test(config, ack_delay_must_stay_below_window)
 	cr_assert_lt(c.ack_delay, c.window);
 }
 
+/* The default (8) follows a small window without a complaint. */
+Test(config, ack_delay_default_follows_small_window)
+{
+	struct sv_config c;
+	cr_redirect_stderr();
+	env_set("SOVIA_WINDOW", "4");
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 0);
+	cr_assert_eq(c.ack_delay, 2);
+	fflush(stderr);
+	cr_assert_stderr_eq_str("");
+}
+
 Test(config, coalesce_size_capped_by_buffer)
 {
 	struct sv_config c;
