@@ -276,6 +276,8 @@ void sv_proto_destroy(struct sv_proto *p)
 	free(p->rxq);
 	free(p->ret_buf);
 	free(p->owed);
+	free(p->tail);
+	p->tail = NULL;
 	p->free_slots = NULL;
 	p->slot_kind = NULL;
 	p->rxq = NULL;
@@ -441,7 +443,8 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 			return r;
 		return send_zcopy(p, iov, iovcnt, total);
 	}
-	if (!p->prm.coalesce || total >= p->prm.coalesce_size || total > p->tx_payload_max) {
+	bool small = total < p->prm.coalesce_size && total <= p->tx_payload_max;
+	if (!small) {
 		r = flush_pending(p, p->prm.coalesce ? SV_FLUSH_LARGE : SV_FLUSH_NODELAY);
 		if (r < 0)
 			return r;
@@ -450,8 +453,26 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 			p->st.flushes_nodelay++;
 		return n;
 	}
+	if (!p->prm.coalesce) {
+		/* TCP_NODELAY: what waits goes first, then this write as its
+		 * own message if a credit is there. Without one it is
+		 * collected below, as TCP keeps writes in its send buffer
+		 * while the peer's window is closed, and goes when credits
+		 * come (sv_proto_on_recv). */
+		r = flush_pending(p, SV_FLUSH_NODELAY);
+		if (r < 0 && r != -EAGAIN)
+			return r;
+		if (p->pending_slot < 0 && can_send_data(p)) {
+			long n = send_copy(p, iov, iovcnt, total);
+			if (n > 0)
+				p->st.flushes_nodelay++;
+			return n;
+		}
+	}
 
-	/* A small write: coalesce. */
+	/* A small write: coalesce. A new buffer needs a free send buffer but
+	 * no credit: the writer goes on filling it while the window is
+	 * closed, and it goes when credits come. */
 	uint32_t climit = p->tx_payload_max; /* TCP's MSS: a full buffer goes at once */
 	if (p->pending_slot >= 0 && p->pending_len + total > climit) {
 		r = flush_pending(p, SV_FLUSH_FULL);
@@ -460,7 +481,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	}
 	if (p->pending_slot < 0) {
 		uint32_t slot;
-		if (p->credits <= p->prm.reserve || take_slot(p, &slot) < 0) {
+		if (take_slot(p, &slot) < 0) {
 			p->st.credit_stalls++;
 			return -EAGAIN;
 		}
@@ -477,6 +498,8 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 
 	if (p->pending_len >= climit)
 		r = flush_pending(p, SV_FLUSH_FULL);
+	else if (!p->prm.coalesce && !(flags & MSG_MORE))
+		r = flush_pending(p, SV_FLUSH_NODELAY);
 	else if (tx_idle(p) && !p->cork && !(flags & MSG_MORE))
 		r = flush_pending(p, SV_FLUSH_IDLE);
 	/* The data is taken either way; a flush short of credit stays pending. */
@@ -516,6 +539,22 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us)
 }
 
 /* ---- Receiving --------------------------------------------------------- */
+
+/* Once every returned byte is in (our stream up to our BACK's seq), the
+ * bytes that never went over the QP follow them on TCP. */
+static int owed_tail(struct sv_proto *p)
+{
+	if (!p->tail_len || !p->back_sent || !p->peer_back || p->owed_nxt != p->back_seq)
+		return 0;
+	if (sv_bytes_append(&p->owed, &p->owed_len, &p->owed_cap, p->tail, p->tail_len) < 0) {
+		fail(p, -ENOMEM);
+		return -ENOMEM;
+	}
+	free(p->tail);
+	p->tail = NULL;
+	p->tail_len = p->tail_cap = 0;
+	return 0;
+}
 
 static int malformed(struct sv_proto *p)
 {
@@ -655,6 +694,8 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		p->peer_back_x = x;
 		p->owed_nxt = x;
 		r = repost_control(p, buf);
+		if (r == 0)
+			r = owed_tail(p);
 		break;
 	}
 	case SV_MSG_RETURN: {
@@ -670,6 +711,8 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		}
 		p->owed_nxt += h.len;
 		r = repost_control(p, buf);
+		if (r == 0)
+			r = owed_tail(p);
 		consumed(p, true); /* like consumed data: the ACK policy reports it */
 		break;
 	}
@@ -682,11 +725,22 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 	if (r < 0)
 		return r;
 
-	/* New credits may release data that waited for them. */
-	if (p->pending_slot >= 0 && p->inflight == 0 && !p->cork && !p->pending_hold) {
-		r = flush_pending(p, SV_FLUSH_IDLE);
-		if (r < 0 && r != -EAGAIN)
-			return r;
+	/* New credits may release data that waited for them: a full buffer,
+	 * one whose timer has fired, NODELAY writes collected while the
+	 * window was closed, and what Nagle held for the last completion. */
+	if (p->pending_slot >= 0 && can_send_data(p)) {
+		bool full = p->pending_len >= p->tx_payload_max;
+		bool late = now_us >= p->pending_deadline;
+		bool free_to_go = !p->cork && !p->pending_hold;
+		enum sv_flush_reason why = full ? SV_FLUSH_FULL
+				       : late ? SV_FLUSH_TIMER
+				       : !p->prm.coalesce ? SV_FLUSH_NODELAY
+							  : SV_FLUSH_IDLE;
+		if (full || late || (free_to_go && (p->inflight == 0 || !p->prm.coalesce))) {
+			r = flush_pending(p, why);
+			if (r < 0 && r != -EAGAIN)
+				return r;
+		}
 	}
 	return ack_policy(p, now_us);
 }
@@ -895,10 +949,27 @@ int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len
 	    !p->rx_on_qp || p->peer_to_rdma || p->rx_switch_pending || prefix_len > p->rcv_read)
 		return -EINVAL;
 	int r = flush_pending(p, SV_FLUSH_CLOSE);
-	if (r < 0)
+	if (r < 0 && r != -EAGAIN)
 		return r;
-	if (p->credits < 2 || p->nfree == 0)
+	if (p->credits < 2 || p->nfree + (p->pending_slot >= 0) == 0)
 		return -EAGAIN;
+	if (p->pending_slot >= 0) {
+		/* Writes collected without a data credit (both windows may be
+		 * full): they never go over the QP, but follow the bytes
+		 * given back on TCP (owed_tail). */
+		const uint8_t *b = (const uint8_t *)p->xp.ops->send_buf(
+					   p->xp.ctx, (uint32_t)p->pending_slot) +
+				   SV_HDR_SIZE;
+		if (sv_bytes_append(&p->tail, &p->tail_len, &p->tail_cap, b, p->pending_len) < 0) {
+			fail(p, -ENOMEM);
+			return -ENOMEM;
+		}
+		p->free_slots[p->nfree++] = (uint32_t)p->pending_slot;
+		p->pending_slot = -1;
+		p->pending_len = 0;
+		p->pending_deadline = 0;
+		p->pending_hold = false;
+	}
 	uint64_t x = p->rcv_read - prefix_len;
 	/* What our application has not read moves out of the receive buffers,
 	 * which go back to the peer at once (their credits ride on the BACK):
@@ -931,7 +1002,7 @@ int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len
 	p->back_x = x;
 	p->ret_nxt = x;
 	p->tx_state = SV_TX_BACK;
-	return 0;
+	return owed_tail(p);
 }
 
 bool sv_proto_back_wanted(const struct sv_proto *p)
@@ -985,7 +1056,8 @@ void sv_proto_owed_consume(struct sv_proto *p, size_t n)
 bool sv_proto_back_done(const struct sv_proto *p)
 {
 	return p->back_sent && p->peer_back && p->ret_nxt == p->peer_back_seq &&
-	       p->owed_nxt == p->back_seq && p->nfree + (p->pending_slot >= 0) == sv_proto_nsend(&p->prm);
+	       p->owed_nxt == p->back_seq && !p->tail_len &&
+	       p->nfree + (p->pending_slot >= 0) == sv_proto_nsend(&p->prm);
 }
 
 /* ---- Timers ------------------------------------------------------------ */

@@ -216,6 +216,9 @@ struct sv_proto {
 	uint8_t *owed;           /* our bytes given back, to write on TCP first */
 	size_t owed_len, owed_off, owed_cap;
 	uint64_t owed_nxt;       /* stream offset of the next returned byte expected */
+	uint8_t *tail;           /* our bytes after back_seq (collected without a
+				  * credit): on TCP after the returned ones */
+	size_t tail_len, tail_cap;
 
 	int error; /* -errno once the connection is broken, else 0 */
 	struct sv_proto_stats st;
@@ -238,8 +241,11 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us);
 
 /* Application send. MSG_MORE in flags holds the data like TCP_CORK.
- * Returns the bytes taken (> 0), -EAGAIN when no credit or buffer is free
- * (nothing taken), -EPIPE after FIN, or p->error. Zero-copy sends are
+ * Returns the bytes taken (> 0), -EAGAIN when nothing could be taken (no
+ * credit or buffer free for a large write; for a small one, no room left
+ * in the send buffer it is collected in), -EPIPE after FIN, or p->error.
+ * Small writes (below coalesce_size) are collected in a send buffer while
+ * no credit is there, NODELAY or not, and go when credits come. Zero-copy sends are
  * posted from the caller's memory: it must not return to the application
  * until sv_proto_zcopy_busy() is false. */
 long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int flags,
@@ -285,7 +291,8 @@ int sv_proto_send_reset(struct sv_proto *p);
  * plain TCP on both ends, nothing held by libsovia.
  *
  * sv_proto_send_back starts it (or answers the peer's BACK): our sending
- * ends on the QP at snd_nxt (coalesced bytes are flushed first), and the
+ * ends on the QP at snd_nxt (coalesced bytes are flushed first; if no data
+ * credit is left for them, they follow the returned bytes on TCP), and the
  * peer gets back, in RETURN messages, every byte of its stream our
  * application has not read: `prefix` (bytes read from TCP before the switch
  * point and not consumed) then what the QP delivered. Allowed while our
@@ -300,7 +307,8 @@ bool sv_proto_back_wanted(const struct sv_proto *p);
 /* Send what is still to be given back (once both BACKs are out). 0 when
  * nothing is left, -EAGAIN while credits lack, or p->error. */
 int sv_proto_send_returns(struct sv_proto *p, uint64_t now_us);
-/* Our bytes the peer gave back, not yet written on TCP: *len bytes at *buf. */
+/* Our bytes the peer gave back, then those that never went over the QP,
+ * not yet written on TCP: *len bytes at *buf. */
 void sv_proto_owed(const struct sv_proto *p, const void **buf, size_t *len);
 void sv_proto_owed_consume(struct sv_proto *p, size_t n);
 /* Everything is exchanged: our returns are sent and completed, the peer's

@@ -589,17 +589,28 @@ ParameterizedTest(struct cw_param *cw, proto, credit_window)
 	cr_assert_eq(fake_count(&FP.ep[SB], SV_MSG_UPDATE), 0,
 		     "B has consumed nothing, so it has nothing to report");
 
-	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
-	cr_assert_eq(P[SA].st.credit_stalls, 1);
+	/* The window is closed: a large write (>= coalesce_size) waits; a
+	 * small one is collected in a send buffer, as TCP's send buffer takes
+	 * writes while the peer's window is closed, and goes when credits
+	 * come. Each write that found no credit counts a stall. */
 	cr_assert_eq(put(SA, 100, 0), -EAGAIN);
+	cr_assert_eq(P[SA].st.credit_stalls, 1);
+	cr_assert_eq(put(SA, 1, 0), 1);
 	cr_assert_eq(P[SA].st.credit_stalls, 2);
+	cr_assert_eq(P[SA].pending_len, 1, "the small write waits in a send buffer");
+	cr_assert_eq(put(SA, 100, 0), -EAGAIN, "a large write stays behind the collected byte");
 	cr_assert_eq(ndata(SA), cw->window, "a stalled send posts nothing");
 	cr_assert_eq(P[SA].credits, cw->reserve);
 	check_quiescent();
 
-	/* B reads: credits come back; the rest is reported by the timer. */
-	uint64_t sent = TXO[SA];
+	/* B reads: credits come back and release the collected byte; the
+	 * rest is reported by the timer. */
+	uint64_t sent = TXO[SA] - 1;
 	cr_assert_eq(drain(SB), sent);
+	pump();
+	cr_assert_eq(P[SA].pending_slot, -1, "the returned credits sent the collected byte");
+	cr_assert_eq(ndata(SA), cw->window + 1);
+	cr_assert_eq(drain(SB), 1);
 	pump();
 	NOW += prm.ack_timeout_us;
 	sv_proto_timers(&P[SA], NOW);
@@ -612,9 +623,90 @@ ParameterizedTest(struct cw_param *cw, proto, credit_window)
 	uint32_t more = P[SA].credits - cw->reserve;
 	for (uint32_t i = 0; i < more; i++)
 		put_all(SA, PAYLOAD_MAX(), 0);
-	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
+	cr_assert_eq(put(SA, PAYLOAD_MAX(), 0), -EAGAIN);
 	pump();
 	cr_assert_eq(drain(SB), (uint64_t)more * PAYLOAD_MAX());
+	check_quiescent();
+}
+
+/* Writes collected while the window is closed come before the FIN: it waits
+ * for the credit that sends them, as TCP's FIN follows its send buffer. */
+Test(proto, fin_waits_for_collected_writes)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 4;
+	conn_up(&prm);
+	open_both();
+	for (uint32_t i = 0; i < prm.window; i++)
+		put_all(SA, 50, 0);
+	put_all(SA, 7, 0);
+	put_all(SA, 9, 0);
+	cr_assert_eq(P[SA].pending_len, 16);
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), -EAGAIN);
+	cr_assert_eq(P[SA].tx_state, SV_TX_OPEN);
+	pump();
+	cr_assert_eq(drain(SB), 4 * 50);
+	pump(); /* B's UPDATE: the collected bytes go */
+	cr_assert_eq(P[SA].pending_slot, -1);
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
+	pump();
+	cr_assert_eq(drain(SB), 16);
+	cr_assert_eq(get(SB, 10, 0), 0, "EOF after the data");
+	check_quiescent();
+}
+
+/* Coalesced small writes do not need a credit to start a buffer: with the
+ * window closed the writer fills one more buffer, which goes (as full) when
+ * credits come; only then does it block. */
+Test(proto, coalesce_fills_a_buffer_while_the_window_is_closed)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	prm.window = 2;
+	conn_up(&prm);
+	open_both();
+	long taken = 0, r;
+	while ((r = put(SA, 8, 0)) > 0)
+		taken += r;
+	cr_assert_eq(r, -EAGAIN);
+	cr_assert_eq(ndata(SA), 2, "the window's two messages");
+	cr_assert_eq(P[SA].pending_len, PAYLOAD_MAX() / 8 * 8, "and one full buffer collected");
+	cr_assert_eq(taken, (long)TXO[SA]);
+	pump();
+	uint64_t got = 0;
+	for (int round = 0; round < 10 && got < TXO[SA]; round++) {
+		got += drain(SB);
+		pump();
+		NOW += prm.ack_timeout_us;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+	}
+	cr_assert_eq(got, TXO[SA]);
+	cr_assert_eq(ndata(SA), 3, "the collected buffer went as one message");
+	cr_assert_eq(data_msg(SA, 2)->h.len, PAYLOAD_MAX() / 8 * 8);
+	check_quiescent();
+}
+
+/* NODELAY writes collected while the window is closed go, in order, as soon
+ * as credits come, without waiting for a timer. */
+Test(proto, nodelay_collected_writes_go_with_credits)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 2;
+	conn_up(&prm);
+	open_both();
+	for (int i = 0; i < 40; i++)
+		put_all(SA, 1 + i % 5, 0);
+	cr_assert_eq(ndata(SA), 2, "two went with the window's credits");
+	cr_assert_gt(P[SA].pending_len, 0);
+	pump();
+	uint64_t got = 0;
+	for (int round = 0; round < 10 && got < TXO[SA]; round++) {
+		got += drain(SB);
+		pump();
+	}
+	cr_assert_eq(got, TXO[SA], "everything arrived without the timer");
+	cr_assert_eq(P[SA].st.flushes_timer, 0);
 	check_quiescent();
 }
 
@@ -628,7 +720,7 @@ Test(proto, fin_uses_reserve_when_window_is_full)
 	open_both();
 	for (uint32_t i = 0; i < prm.window; i++)
 		put_all(SA, 50, 0);
-	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
+	cr_assert_eq(put(SA, 100, 0), -EAGAIN);
 	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
 	cr_assert_eq(last_of(SA)->h.type, SV_MSG_FIN);
 	cr_assert_eq(last_of(SA)->h.seq, TXO[SA]);
@@ -1600,8 +1692,17 @@ Test(proto, asymmetric_windows)
 			pump();
 		}
 	}
-	drain(SA);
-	drain(SB);
+	/* What was collected without a credit goes as the reads give
+	 * credits back. */
+	for (int k = 0; k < 8 && (RXO[SB] < TXO[SA] || RXO[SA] < TXO[SB]); k++) {
+		drain(SA);
+		drain(SB);
+		pump();
+		NOW += pa.ack_timeout_us;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+	}
 	cr_assert_eq(RXO[SB], TXO[SA]);
 	cr_assert_eq(RXO[SA], TXO[SB]);
 	cr_assert_gt(TXO[SA], 16 * 10 * 3);
@@ -1786,7 +1887,7 @@ Test(proto, large_write_takes_what_the_credits_allow)
 	cr_assert_gt(r, 0, "a partial write takes what fits: %ld", r);
 	cr_assert_leq(r, (long)(2 * PAYLOAD_MAX()));
 	cr_assert_eq(ndata(SA), 4);
-	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
+	cr_assert_eq(put(SA, PAYLOAD_MAX(), 0), -EAGAIN);
 	pump();
 	cr_assert_eq(drain(SB), TXO[SA]);
 	check_quiescent();
@@ -2565,7 +2666,7 @@ static void check_owed(int s, uint64_t from)
 	if (len)
 		cr_assert_arr_eq(buf, STREAM[s] + from, len, "%c: the bytes given back differ",
 				 side_name(s));
-	cr_assert_eq(P[s].back_seq, TXO[s]);
+	cr_assert_leq(P[s].back_seq, TXO[s]); /* the rest never went over the QP */
 }
 
 Test(proto, back_returns_exactly_what_was_not_read)
@@ -2683,15 +2784,24 @@ ParameterizedTest(uint32_t *w, proto, back_full_windows)
 		pump();
 	}
 	for (int s = 0; s < 2; s++) {
-		cr_assert_eq(put(s, 1, 0), -EAGAIN, "%c: the window is full", side_name(s));
+		cr_assert_eq(put(s, PAYLOAD_MAX(), 0), -EAGAIN, "%c: the window is full",
+			     side_name(s));
 		cr_assert_eq(P[1 - s].rxq_count, *w, "%c holds a window of unread data",
 			     side_name(1 - s));
+		/* A small write is collected: it never goes over the QP, but
+		 * follows the returned bytes on TCP. */
+		put_all(s, 3, 0);
+		cr_assert_eq(P[s].pending_len, 3);
 	}
 	const uint8_t *pre[2] = {NULL, NULL};
 	size_t pl[2] = {0, 0};
 	back_exchange(SA, pre, pl);
 	check_owed(SA, 0);
 	check_owed(SB, 0);
+	/* A's 3 bytes follow its returns on TCP; B's went over the QP with
+	 * the credits A's BACK gave back. */
+	cr_assert_eq(P[SA].back_seq, TXO[SA] - 3);
+	cr_assert_eq(P[SB].back_seq, TXO[SB]);
 	check_quiescent();
 }
 
