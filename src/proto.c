@@ -479,6 +479,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		if (r < 0)
 			return r;
 	}
+	bool window_closed = !can_send_data(p);
 	if (p->pending_slot < 0) {
 		uint32_t slot;
 		if (take_slot(p, &slot) < 0) {
@@ -488,9 +489,11 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		p->pending_slot = (int32_t)slot;
 		p->pending_len = 0;
 		p->pending_deadline = now_us + p->prm.coalesce_timeout_us;
-	} else {
+	} else if (p->prm.coalesce) {
 		p->st.coalesced_writes++;
 	}
+	if (window_closed)
+		p->st.collected_writes++;
 	uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
 	iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, 0, total);
 	p->pending_len += (uint32_t)total;

@@ -113,7 +113,10 @@ struct sv_proto_stats {
 	uint64_t credit_stalls;            /* sends that found no credit */
 	uint64_t updates_sent;             /* pure UPDATE messages */
 	uint64_t acks_piggybacked;         /* credit reports carried by DATA */
-	uint64_t coalesced_writes;         /* writes appended to a pending buffer */
+	uint64_t coalesced_writes;         /* writes appended to a pending buffer
+					    * by Nagle-style coalescing */
+	uint64_t collected_writes;         /* small writes taken into a send buffer
+					    * while the window was closed */
 	uint64_t flushes_timer, flushes_full, flushes_large, flushes_recv,
 		flushes_close, flushes_idle, flushes_nodelay;
 };

@@ -1005,7 +1005,7 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"libsovia stats [%s] %s -> %s %s state=%s fallback=%s "
 		"rdma_tx_bytes=%llu rdma_rx_bytes=%llu tcp_tx_bytes=%llu tcp_rx_bytes=%llu "
 		"rdma_tx_msgs=%llu rdma_rx_msgs=%llu zcopy_tx_bytes=%llu credit_stalls=%llu "
-		"acks_sent=%llu acks_piggybacked=%llu coalesced_writes=%llu "
+		"acks_sent=%llu acks_piggybacked=%llu coalesced_writes=%llu collected_writes=%llu "
 		"flushes=timer:%llu,full:%llu,large:%llu,recv:%llu,close:%llu,idle:%llu,nodelay:%llu "
 		"switches=to_rdma:%llu,to_tcp:%llu gave_back_bytes=%llu got_back_bytes=%llu "
 		"regcache=hits:%llu,misses:%llu,stale:%llu,uncached:%llu "
@@ -1018,6 +1018,7 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		(unsigned long long)p->rx_msgs, (unsigned long long)p->tx_zcopy_bytes,
 		(unsigned long long)p->credit_stalls, (unsigned long long)p->updates_sent,
 		(unsigned long long)p->acks_piggybacked, (unsigned long long)p->coalesced_writes,
+		(unsigned long long)p->collected_writes,
 		(unsigned long long)p->flushes_timer, (unsigned long long)p->flushes_full,
 		(unsigned long long)p->flushes_large, (unsigned long long)p->flushes_recv,
 		(unsigned long long)p->flushes_close, (unsigned long long)p->flushes_idle,

@@ -598,6 +598,8 @@ ParameterizedTest(struct cw_param *cw, proto, credit_window)
 	cr_assert_eq(put(SA, 1, 0), 1);
 	cr_assert_eq(P[SA].st.credit_stalls, 2);
 	cr_assert_eq(P[SA].pending_len, 1, "the small write waits in a send buffer");
+	cr_assert_eq(P[SA].st.collected_writes, 1);
+	cr_assert_eq(P[SA].st.coalesced_writes, 0, "NODELAY: nothing coalesced");
 	cr_assert_eq(put(SA, 100, 0), -EAGAIN, "a large write stays behind the collected byte");
 	cr_assert_eq(ndata(SA), cw->window, "a stalled send posts nothing");
 	cr_assert_eq(P[SA].credits, cw->reserve);
@@ -699,6 +701,8 @@ Test(proto, nodelay_collected_writes_go_with_credits)
 		put_all(SA, 1 + i % 5, 0);
 	cr_assert_eq(ndata(SA), 2, "two went with the window's credits");
 	cr_assert_gt(P[SA].pending_len, 0);
+	cr_assert_eq(P[SA].st.collected_writes, 38);
+	cr_assert_eq(P[SA].st.coalesced_writes, 0, "NODELAY: nothing coalesced");
 	pump();
 	uint64_t got = 0;
 	for (int round = 0; round < 10 && got < TXO[SA]; round++) {
