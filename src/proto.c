@@ -190,6 +190,12 @@ static void consumed(struct sv_proto *p, bool small)
 	p->unreported_small += small;
 }
 
+/* The clock: the caller's reading, or the transport's if it had none. */
+static uint64_t clock_of(const struct sv_proto *p, uint64_t now_us)
+{
+	return now_us != SV_NOW_UNREAD ? now_us : p->xp.now();
+}
+
 /* Decide whether our reposted buffers must be reported now. */
 static int ack_policy(struct sv_proto *p, uint64_t now)
 {
@@ -210,10 +216,11 @@ static int ack_policy(struct sv_proto *p, uint64_t now)
 	 * fired after nearly every message (docs/protocol.md, section 6). */
 	uint64_t t = p->prm.ack_timeout_us;
 	if (p->unreported_small > 0) {
+		now = clock_of(p, now);
 		if (!p->ack_deadline || p->ack_deadline > now + t)
 			p->ack_deadline = now + t;
 	} else if (p->unreported_data > 0 && !p->ack_deadline) {
-		p->ack_deadline = now + SV_ACK_BULK_FACTOR * t;
+		p->ack_deadline = clock_of(p, now) + SV_ACK_BULK_FACTOR * t;
 	}
 	return 0;
 }
@@ -488,7 +495,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		}
 		p->pending_slot = (int32_t)slot;
 		p->pending_len = 0;
-		p->pending_deadline = now_us + p->prm.coalesce_timeout_us;
+		p->pending_deadline = 0; /* armed below if the buffer stays */
 	} else if (p->prm.coalesce) {
 		p->st.coalesced_writes++;
 	}
@@ -508,6 +515,8 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	/* The data is taken either way; a flush short of credit stays pending. */
 	if (r < 0 && r != -EAGAIN)
 		return r;
+	if (p->pending_slot >= 0 && !p->pending_deadline)
+		p->pending_deadline = clock_of(p, now_us) + p->prm.coalesce_timeout_us;
 	return (long)total;
 }
 
@@ -733,7 +742,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 	 * window was closed, and what Nagle held for the last completion. */
 	if (p->pending_slot >= 0 && can_send_data(p)) {
 		bool full = p->pending_len >= p->tx_payload_max;
-		bool late = now_us >= p->pending_deadline;
+		bool late = clock_of(p, now_us) >= p->pending_deadline;
 		bool free_to_go = !p->cork && !p->pending_hold;
 		enum sv_flush_reason why = full ? SV_FLUSH_FULL
 				       : late ? SV_FLUSH_TIMER
@@ -1084,6 +1093,11 @@ uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us)
 {
 	if (p->error)
 		return 0;
+	if (now_us == SV_NOW_UNREAD) {
+		if (!p->ack_deadline && p->pending_slot < 0)
+			return 0; /* no timer armed: no clock needed */
+		now_us = clock_of(p, now_us);
+	}
 	if (p->ack_deadline && now_us >= p->ack_deadline) {
 		p->ack_deadline = 0;
 		if (p->unreported_data > 0 && send_update(p) < 0)

@@ -75,9 +75,18 @@ struct sv_xport_ops {
 			 int iovcnt);
 };
 
+/* For the now_us argument of the calls below: the caller has not read the
+ * clock; the core reads it through the transport only if it needs it (a
+ * system call under emulation, about 0.8 us: paid by every write before). */
+#define SV_NOW_UNREAD 0u
+
 struct sv_xport {
 	const struct sv_xport_ops *ops;
 	void *ctx;
+	/* The clock, in microseconds (monotonic, never 0). Read only when a
+	 * caller passed SV_NOW_UNREAD and a timer must be armed or checked;
+	 * may be NULL for a caller that always passes the time. */
+	uint64_t (*now)(void);
 };
 
 /* ---- Parameters, statistics --------------------------------------------- */

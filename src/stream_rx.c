@@ -229,7 +229,8 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 			break;
 		}
 		struct sv_proto *p = &s->proto;
-		uint64_t now = waited_at ? waited_at : sv_now_us();
+		/* The clock only if a timer or the wait needs it. */
+		uint64_t now = waited_at ? waited_at : SV_NOW_UNREAD;
 		waited_at = 0;
 		if (s->proto_ready && !s->error)
 			sv_stream_progress_at(s, now);
@@ -273,6 +274,8 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 			break;
 		}
 		bool on_tcp = !(s->proto_ready && p->rx_on_qp && !p->back_sent);
+		if (now == SV_NOW_UNREAD)
+			now = sv_now_us();
 		int w = sv_stream_wait_at(s, on_tcp ? POLLIN : 0, timeout_at, &now);
 		waited_at = now;
 		if (w < 0) {

@@ -97,7 +97,9 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			own = true;
 			break;
 		}
-		uint64_t now = waited_at ? waited_at : sv_now_us();
+		/* The clock only if a timer needs it (SV_NOW_UNREAD): a
+		 * write that goes out at once reads none. */
+		uint64_t now = waited_at ? waited_at : SV_NOW_UNREAD;
 		waited_at = 0;
 		if (s->proto_ready && !s->error)
 			sv_stream_progress_at(s, now);

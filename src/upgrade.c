@@ -122,6 +122,7 @@ static int attach_qp(struct sv_stream *s)
 		return r;
 	}
 	struct sv_xport xp = sv_verbs_xport(s->verbs);
+	xp.now = sv_now_us; /* for SV_NOW_UNREAD callers (stream_tx.c) */
 	r = sv_proto_init(&s->proto, &prm, &xp);
 	if (r < 0) {
 		sv_verbs_destroy(s->verbs);

@@ -8,6 +8,8 @@
 . "$(dirname "$0")/lib.sh"
 export SOVIA_WINDOW=4 SOVIA_BUF_SIZE=4096 SOVIA_REG_THRESHOLD=64k
 BYTES=${SOVIA_IT_BIDIR:-20000000}
+# A run takes seconds; one in CI once made no progress for 300 s.
+hang_watch 200 sovia-bidir
 LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-bidir" -s "$IP" 5031 "$BYTES" -d 1500 \
 	>"$WORK/server.out" 2>"$WORK/server.err" &
 srv=$!

@@ -19,7 +19,26 @@ fail() {
 		echo "--- ${f##*/}:" >&2
 		tail -${SOVIA_FAIL_LINES:-15} "$f" | cut -c1-400 >&2
 	done
+	if [ -s "$WORK/hang.log" ]; then
+		echo "--- hang.log (hang_watch):" >&2
+		head -500 "$WORK/hang.log" | cut -c1-300 >&2
+	fi
 	exit 1
+}
+
+# A hang should leave evidence: if processes named $2 still run after $1
+# seconds, record where each thread of each one is (gdb) in
+# $WORK/hang.log, which fail() shows. Call it before the programs start.
+hang_watch() {
+	(
+		sleep "$1"
+		for p in $(pgrep -x "$2"); do
+			echo "== pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+			grep -E "^(State|Threads)" "/proc/$p/status" 2>/dev/null
+			timeout 120 gdb -p "$p" -batch -ex "thread apply all bt full" 2>&1 |
+				grep -v "^\[New LWP\|^Using host libthread_db\|^warning:"
+		done >"$WORK/hang.log" 2>&1
+	) &
 }
 note() { echo "== $*"; }
 

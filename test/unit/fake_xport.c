@@ -212,6 +212,15 @@ static const struct sv_xport_ops fake_ops = {
 	.post_send = op_post_send,
 };
 
+uint64_t fake_clock_us = 1;
+unsigned fake_clock_reads;
+
+static uint64_t fake_now(void)
+{
+	fake_clock_reads++;
+	return fake_clock_us;
+}
+
 /* ---- Set-up ------------------------------------------------------------- */
 
 static void ep_init(struct fake_ep *ep, uint32_t nrecv, uint32_t nsend, uint32_t buf_size)
@@ -284,7 +293,7 @@ void fake_pair_destroy(struct fake_pair *fp)
 
 struct sv_xport fake_xport(struct fake_ep *ep)
 {
-	return (struct sv_xport){.ops = &fake_ops, .ctx = ep};
+	return (struct sv_xport){.ops = &fake_ops, .ctx = ep, .now = fake_now};
 }
 
 /* ---- Completions -------------------------------------------------------- */

@@ -136,4 +136,9 @@ int fake_inject(struct fake_ep *ep, const void *bytes, uint32_t nbytes, uint32_t
 int fake_inject_msg(struct fake_ep *ep, const struct sv_hdr *h, const void *payload,
 		    uint32_t plen, uint32_t byte_len);
 
+/* The transports' clock (struct sv_xport.now): what it says (tests set it)
+ * and how often the core read it (only for SV_NOW_UNREAD callers). */
+extern uint64_t fake_clock_us;
+extern unsigned fake_clock_reads;
+
 #endif

@@ -631,6 +631,45 @@ ParameterizedTest(struct cw_param *cw, proto, credit_window)
 	check_quiescent();
 }
 
+/* A caller that has not read the clock (SV_NOW_UNREAD) costs a reading only
+ * where a timer is armed or checked: a write that goes out at once reads
+ * none (a clock_gettime is a system call under emulation). */
+Test(proto, clock_read_only_for_timers)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	unsigned reads = fake_clock_reads;
+	/* Idle connection: the write goes at once; no timer, no clock. */
+	struct iovec iov = {STREAM[SA], 10};
+	cr_assert_eq(sv_proto_send(&P[SA], &iov, 1, 0, SV_NOW_UNREAD), 10);
+	TXO[SA] += 10;
+	cr_assert_eq(sv_proto_timers(&P[SA], SV_NOW_UNREAD), 0, "nothing armed");
+	cr_assert_eq(fake_clock_reads, reads, "no clock read for an immediate send");
+	/* Not idle now: the next small write opens a buffer and arms the
+	 * coalescing timer from the transport's clock, read once. */
+	fake_clock_us = 50000;
+	iov = (struct iovec){STREAM[SA] + TXO[SA], 10};
+	cr_assert_eq(sv_proto_send(&P[SA], &iov, 1, 0, SV_NOW_UNREAD), 10);
+	TXO[SA] += 10;
+	cr_assert_eq(fake_clock_reads, reads + 1);
+	cr_assert_eq(sv_proto_flush_deadline(&P[SA]), 50000 + prm.coalesce_timeout_us);
+	iov = (struct iovec){STREAM[SA] + TXO[SA], 10};
+	cr_assert_eq(sv_proto_send(&P[SA], &iov, 1, 0, SV_NOW_UNREAD), 10, "appended");
+	TXO[SA] += 10;
+	cr_assert_eq(fake_clock_reads, reads + 1, "appending arms nothing");
+	/* The armed timer is checked against the clock, and fires on time. */
+	cr_assert_eq(sv_proto_timers(&P[SA], SV_NOW_UNREAD), 50000 + prm.coalesce_timeout_us);
+	cr_assert_eq(P[SA].pending_len, 20, "not due yet");
+	fake_clock_us = 50000 + prm.coalesce_timeout_us;
+	sv_proto_timers(&P[SA], SV_NOW_UNREAD);
+	cr_assert_eq(P[SA].pending_slot, -1, "the timer sent the buffer");
+	cr_assert_eq(P[SA].st.flushes_timer, 1);
+	pump();
+	cr_assert_eq(drain(SB), 30);
+	check_quiescent();
+}
+
 /* Writes collected while the window is closed come before the FIN: it waits
  * for the credit that sends them, as TCP's FIN follows its send buffer. */
 Test(proto, fin_waits_for_collected_writes)
