@@ -35,7 +35,7 @@ hang_watch() {
 		for p in $(pgrep -x "$2"); do
 			echo "== pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
 			grep -E "^(State|Threads)" "/proc/$p/status" 2>/dev/null
-			timeout 120 gdb -p "$p" -batch -ex "thread apply all bt full" 2>&1 |
+			timeout 120 gdb -p "$p" -batch -ex "thread apply all bt" 2>&1 |
 				grep -v "^\[New LWP\|^Using host libthread_db\|^warning:"
 		done >"$WORK/hang.log" 2>&1
 	) &
