@@ -305,6 +305,15 @@ static bool tx_idle(const struct sv_proto *p)
 
 static int flush_pending(struct sv_proto *p, enum sv_flush_reason why);
 
+/* A FIN that waited (sv_proto_shutdown_tx) goes once it can. */
+static int fin_if_wanted(struct sv_proto *p)
+{
+	if (!p->fin_wanted || p->error)
+		return 0;
+	int r = sv_proto_send_fin(p, SV_NOW_UNREAD);
+	return r == -EAGAIN ? 0 : r;
+}
+
 /* The last unacknowledged data is done with: push what waited for it. */
 static int flush_if_idle(struct sv_proto *p)
 {
@@ -363,7 +372,8 @@ int sv_proto_flush(struct sv_proto *p, enum sv_flush_reason why, uint64_t now_us
 	(void)now_us;
 	if (p->error)
 		return p->error;
-	return flush_pending(p, why);
+	int r = flush_pending(p, why);
+	return r < 0 ? r : fin_if_wanted(p);
 }
 
 static int tx_check(const struct sv_proto *p)
@@ -544,6 +554,8 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us)
 		return 0;
 	/* Nagle: the last in-flight data completed, push what waited for it. */
 	int fr = flush_if_idle(p);
+	if (fr == 0)
+		fr = fin_if_wanted(p); /* a free send buffer */
 	if (fr < 0)
 		return fr;
 	/* A report that found no free send buffer may go now. */
@@ -754,6 +766,9 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 				return r;
 		}
 	}
+	r = fin_if_wanted(p);
+	if (r < 0)
+		return r;
 	return ack_policy(p, now_us);
 }
 
@@ -935,7 +950,19 @@ int sv_proto_send_to_tcp(struct sv_proto *p, uint64_t now_us)
 int sv_proto_send_fin(struct sv_proto *p, uint64_t now_us)
 {
 	(void)now_us;
-	return end_tx(p, SV_MSG_FIN, SV_TX_FIN);
+	int r = end_tx(p, SV_MSG_FIN, SV_TX_FIN);
+	if (r == 0)
+		p->fin_wanted = false;
+	return r;
+}
+
+int sv_proto_shutdown_tx(struct sv_proto *p, uint64_t now_us)
+{
+	int r = sv_proto_send_fin(p, now_us);
+	if (r != -EAGAIN)
+		return r;
+	p->fin_wanted = true;
+	return 0;
 }
 
 int sv_proto_send_reset(struct sv_proto *p)
@@ -1109,5 +1136,7 @@ uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us)
 		if (flush_pending(p, SV_FLUSH_TIMER) == -EAGAIN)
 			p->pending_deadline = now_us + p->prm.coalesce_timeout_us;
 	}
+	if (fin_if_wanted(p) < 0)
+		return 0;
 	return sv_proto_next_deadline(p);
 }

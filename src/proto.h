@@ -187,6 +187,8 @@ struct sv_proto {
 	uint64_t pending_deadline; /* when the coalescing timer fires */
 	bool cork;               /* TCP_CORK: hold small writes */
 	bool pending_hold;       /* the last write into it had MSG_MORE */
+	bool fin_wanted;         /* shut down while writes still wait for a
+				  * credit: the FIN follows them */
 	uint32_t peer_nrecv;     /* the peer's receive buffers: our credits' ceiling */
 	uint32_t zc_inflight;    /* zero-copy sends not yet completed */
 
@@ -298,6 +300,12 @@ int sv_proto_send_to_rdma(struct sv_proto *p, uint64_t tcp_end_seq, uint64_t now
 int sv_proto_send_to_tcp(struct sv_proto *p, uint64_t now_us);
 int sv_proto_send_fin(struct sv_proto *p, uint64_t now_us);
 int sv_proto_send_reset(struct sv_proto *p);
+/* shutdown(SHUT_WR): the FIN after the data, without waiting, as TCP's
+ * shutdown queues its FIN behind its send buffer. If the FIN cannot go yet
+ * (collected writes wait for a data credit, or no control credit is free)
+ * it is sent as soon as it can: on a completion, a message, a timer or a
+ * flush. 0, -EPIPE if already shut, or p->error. */
+int sv_proto_shutdown_tx(struct sv_proto *p, uint64_t now_us);
 
 /* Detaching (docs/protocol.md, "The way back"): after it, the connection is
  * plain TCP on both ends, nothing held by libsovia.

@@ -209,15 +209,13 @@ int sv_stream_shutdown(struct sv_stream *s, int how)
 	if (how == SHUT_WR || how == SHUT_RDWR) {
 		struct sv_proto *p = &s->proto;
 		if (s->proto_ready && p->tx_state == SV_TX_OPEN) {
-			/* FIN after the data, over the QP; wait for a credit. */
-			for (;;) {
-				sv_stream_progress(s);
-				r = sv_proto_send_fin(p, sv_now_us());
-				if (r != -EAGAIN || s->error)
-					break;
-				if (sv_stream_wait(s, 0, 0) < 0)
-					break;
-			}
+			/* FIN after the data, over the QP. It never waits (as
+			 * TCP's shutdown does not): with writes still waiting
+			 * for credits, it follows them when credits come. A
+			 * reader that waited here instead would deadlock an
+			 * echo: the peer waits for it to read. */
+			sv_stream_progress(s);
+			r = sv_proto_shutdown_tx(p, SV_NOW_UNREAD);
 		}
 		s->tx_shut = true;
 	}

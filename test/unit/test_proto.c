@@ -728,6 +728,51 @@ Test(proto, coalesce_fills_a_buffer_while_the_window_is_closed)
 	check_quiescent();
 }
 
+/* shutdown(SHUT_WR) never waits: with collected writes still waiting for a
+ * credit, the FIN follows them by itself once the peer reads. (A shutdown
+ * that waited deadlocked an echo: the epoll echo client of bed.examples
+ * blocked in shutdown while the server waited for it to read the echo.) */
+Test(proto, shutdown_does_not_wait_for_collected_writes)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 4;
+	conn_up(&prm);
+	open_both();
+	for (uint32_t i = 0; i < prm.window; i++)
+		put_all(SA, 50, 0);
+	put_all(SA, 7, 0);
+	cr_assert_eq(sv_proto_shutdown_tx(&P[SA], NOW), 0, "shutdown returns at once");
+	cr_assert_eq(P[SA].tx_state, SV_TX_OPEN, "the FIN waits for the collected bytes");
+	cr_assert(P[SA].fin_wanted);
+	pump();
+	cr_assert_eq(drain(SB), 4 * 50);
+	pump(); /* B's UPDATE: the collected bytes go, then the FIN */
+	cr_assert_eq(P[SA].tx_state, SV_TX_FIN);
+	cr_assert_not(P[SA].fin_wanted);
+	cr_assert_eq(last_of(SA)->h.type, SV_MSG_FIN);
+	cr_assert_eq(last_of(SA)->h.seq, TXO[SA]);
+	cr_assert_eq(drain(SB), 7);
+	cr_assert_eq(get(SB, 10, 0), 0, "EOF after the data");
+	cr_assert_eq(sv_proto_shutdown_tx(&P[SA], NOW), -EPIPE, "shut already");
+	check_quiescent();
+}
+
+/* With nothing waiting, shutdown sends the FIN at once. */
+Test(proto, shutdown_sends_fin_at_once)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 30, 0);
+	cr_assert_eq(sv_proto_shutdown_tx(&P[SA], NOW), 0);
+	cr_assert_eq(P[SA].tx_state, SV_TX_FIN);
+	cr_assert_not(P[SA].fin_wanted);
+	pump();
+	cr_assert_eq(drain(SB), 30);
+	cr_assert_eq(get(SB, 10, 0), 0, "EOF after the data");
+	check_quiescent();
+}
+
 /* NODELAY writes collected while the window is closed go, in order, as soon
  * as credits come, without waiting for a timer. */
 Test(proto, nodelay_collected_writes_go_with_credits)
