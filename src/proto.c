@@ -1,6 +1,7 @@
 /* The SOVIA protocol core. See proto.h for the contract and
  * docs/protocol.md for the wire format and the ACK/coalescing policy. */
 #include "proto.h"
+#include "proto_int.h"
 
 #include "bytebuf.h"
 #include "copy.h"
@@ -35,7 +36,7 @@ void sv_hdr_decode(const uint8_t in[SV_HDR_SIZE], struct sv_hdr *h)
 
 /* ---- Helpers ----------------------------------------------------------- */
 
-static uint32_t nrecv(const struct sv_proto *p)
+uint32_t sv_pr_nrecv(const struct sv_proto *p)
 {
 	return sv_proto_nrecv(&p->prm);
 }
@@ -89,7 +90,7 @@ static int iov_slice(const struct iovec *iov, int iovcnt, size_t skip, size_t n,
 	return k;
 }
 
-static void fail(struct sv_proto *p, int err)
+void sv_pr_fail(struct sv_proto *p, int err)
 {
 	if (!p->error)
 		p->error = err;
@@ -98,7 +99,7 @@ static void fail(struct sv_proto *p, int err)
 
 /* Fill and post one message from send buffer `slot`: header + `len` payload
  * bytes already in place after it, plus an optional zero-copy iovec. */
-static int post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, uint32_t len,
+int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, uint32_t len,
 		const struct iovec *zc, int zccnt)
 {
 	struct sv_hdr h = {
@@ -116,7 +117,7 @@ static int post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, u
 	if (r < 0) {
 		/* The transport is broken; the slot is ours again. */
 		p->free_slots[p->nfree++] = slot;
-		fail(p, r);
+		sv_pr_fail(p, r);
 		return r;
 	}
 	/* The report went out: the peer may use those buffers now. */
@@ -145,7 +146,7 @@ static int post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, u
 	return 0;
 }
 
-static int take_slot(struct sv_proto *p, uint32_t *slot)
+int sv_pr_take_slot(struct sv_proto *p, uint32_t *slot)
 {
 	if (!p->nfree)
 		return -EAGAIN;
@@ -159,12 +160,12 @@ static int send_control(struct sv_proto *p, uint8_t type, uint64_t seq, uint32_t
 	uint32_t slot;
 	if (p->error)
 		return p->error;
-	if (p->credits < need || take_slot(p, &slot) < 0)
+	if (p->credits < need || sv_pr_take_slot(p, &slot) < 0)
 		return -EAGAIN;
-	return post(p, slot, type, seq, 0, NULL, 0);
+	return sv_pr_post(p, slot, type, seq, 0, NULL, 0);
 }
 
-static bool can_send_data(const struct sv_proto *p)
+bool sv_pr_can_send_data(const struct sv_proto *p)
 {
 	return p->credits > p->prm.reserve && p->nfree > 0;
 }
@@ -184,7 +185,7 @@ static int send_update(struct sv_proto *p)
 /* A buffer whose data the application consumed (or that the protocol
  * treats so) waits to be reported; small says whether it held less than
  * coalesce_size, which sets the delayed-ACK timer (ack_policy). */
-static void consumed(struct sv_proto *p, bool small)
+void sv_pr_consumed(struct sv_proto *p, bool small)
 {
 	p->unreported_data++;
 	p->unreported_small += small;
@@ -197,7 +198,7 @@ static uint64_t clock_of(const struct sv_proto *p, uint64_t now_us)
 }
 
 /* Decide whether our reposted buffers must be reported now. */
-static int ack_policy(struct sv_proto *p, uint64_t now)
+int sv_pr_ack_policy(struct sv_proto *p, uint64_t now)
 {
 	if (p->error || !p->unreported)
 		return 0;
@@ -303,8 +304,6 @@ static bool tx_idle(const struct sv_proto *p)
 	return p->inflight == 0 && p->snd_una == p->snd_nxt;
 }
 
-static int flush_pending(struct sv_proto *p, enum sv_flush_reason why);
-
 /* A FIN that waited (sv_proto_shutdown_tx) goes once it can. */
 static int fin_if_wanted(struct sv_proto *p)
 {
@@ -319,11 +318,11 @@ static int flush_if_idle(struct sv_proto *p)
 {
 	if (!tx_idle(p) || p->pending_slot < 0 || p->cork || p->pending_hold)
 		return 0;
-	int r = flush_pending(p, SV_FLUSH_IDLE);
+	int r = sv_pr_flush_pending(p, SV_FLUSH_IDLE);
 	return r == -EAGAIN ? 0 : r;
 }
 
-static int flush_pending(struct sv_proto *p, enum sv_flush_reason why)
+int sv_pr_flush_pending(struct sv_proto *p, enum sv_flush_reason why)
 {
 	if (p->pending_slot < 0)
 		return 0;
@@ -337,7 +336,7 @@ static int flush_pending(struct sv_proto *p, enum sv_flush_reason why)
 	p->pending_len = 0;
 	p->pending_deadline = 0;
 	p->pending_hold = false;
-	int r = post(p, slot, SV_MSG_DATA, p->snd_nxt, len, NULL, 0);
+	int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, len, NULL, 0);
 	if (r < 0)
 		return r;
 	p->snd_nxt += len;
@@ -372,7 +371,7 @@ int sv_proto_flush(struct sv_proto *p, enum sv_flush_reason why, uint64_t now_us
 	(void)now_us;
 	if (p->error)
 		return p->error;
-	int r = flush_pending(p, why);
+	int r = sv_pr_flush_pending(p, why);
 	return r < 0 ? r : fin_if_wanted(p);
 }
 
@@ -398,14 +397,14 @@ static long send_copy(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 {
 	size_t done = 0;
 	while (done < total) {
-		if (!can_send_data(p))
+		if (!sv_pr_can_send_data(p))
 			break;
 		uint32_t slot;
-		take_slot(p, &slot);
+		sv_pr_take_slot(p, &slot);
 		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
 		uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, slot);
 		iov_gather(buf + SV_HDR_SIZE, iov, iovcnt, done, n);
-		int r = post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, NULL, 0);
+		int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, NULL, 0);
 		if (r < 0)
 			return done ? (long)done : r;
 		p->snd_nxt += n;
@@ -423,15 +422,15 @@ static long send_zcopy(struct sv_proto *p, const struct iovec *iov, int iovcnt, 
 {
 	size_t done = 0;
 	while (done < total) {
-		if (!can_send_data(p))
+		if (!sv_pr_can_send_data(p))
 			break;
 		struct iovec part[8];
 		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
 		int k = iov_slice(iov, iovcnt, done, n, part, 8);
 		n = iov_total(part, k); /* fewer bytes if the slice needed > 8 entries */
 		uint32_t slot;
-		take_slot(p, &slot);
-		int r = post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, part, k);
+		sv_pr_take_slot(p, &slot);
+		int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, part, k);
 		if (r < 0)
 			return done ? (long)done : r;
 		p->snd_nxt += n;
@@ -455,14 +454,14 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		return 0;
 
 	if (total >= p->prm.zcopy_threshold) {
-		r = flush_pending(p, SV_FLUSH_LARGE);
+		r = sv_pr_flush_pending(p, SV_FLUSH_LARGE);
 		if (r < 0)
 			return r;
 		return send_zcopy(p, iov, iovcnt, total);
 	}
 	bool small = total < p->prm.coalesce_size && total <= p->tx_payload_max;
 	if (!small) {
-		r = flush_pending(p, p->prm.coalesce ? SV_FLUSH_LARGE : SV_FLUSH_NODELAY);
+		r = sv_pr_flush_pending(p, p->prm.coalesce ? SV_FLUSH_LARGE : SV_FLUSH_NODELAY);
 		if (r < 0)
 			return r;
 		long n = send_copy(p, iov, iovcnt, total);
@@ -476,10 +475,10 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		 * collected below, as TCP keeps writes in its send buffer
 		 * while the peer's window is closed, and goes when credits
 		 * come (sv_proto_on_recv). */
-		r = flush_pending(p, SV_FLUSH_NODELAY);
+		r = sv_pr_flush_pending(p, SV_FLUSH_NODELAY);
 		if (r < 0 && r != -EAGAIN)
 			return r;
-		if (p->pending_slot < 0 && can_send_data(p)) {
+		if (p->pending_slot < 0 && sv_pr_can_send_data(p)) {
 			long n = send_copy(p, iov, iovcnt, total);
 			if (n > 0)
 				p->st.flushes_nodelay++;
@@ -492,14 +491,14 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	 * closed, and it goes when credits come. */
 	uint32_t climit = p->tx_payload_max; /* TCP's MSS: a full buffer goes at once */
 	if (p->pending_slot >= 0 && p->pending_len + total > climit) {
-		r = flush_pending(p, SV_FLUSH_FULL);
+		r = sv_pr_flush_pending(p, SV_FLUSH_FULL);
 		if (r < 0)
 			return r;
 	}
-	bool window_closed = !can_send_data(p);
+	bool window_closed = !sv_pr_can_send_data(p);
 	if (p->pending_slot < 0) {
 		uint32_t slot;
-		if (take_slot(p, &slot) < 0) {
+		if (sv_pr_take_slot(p, &slot) < 0) {
 			p->st.credit_stalls++;
 			return -EAGAIN;
 		}
@@ -517,11 +516,11 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	p->pending_hold = (flags & MSG_MORE) != 0; /* the latest write says */
 
 	if (p->pending_len >= climit)
-		r = flush_pending(p, SV_FLUSH_FULL);
+		r = sv_pr_flush_pending(p, SV_FLUSH_FULL);
 	else if (!p->prm.coalesce && !(flags & MSG_MORE))
-		r = flush_pending(p, SV_FLUSH_NODELAY);
+		r = sv_pr_flush_pending(p, SV_FLUSH_NODELAY);
 	else if (tx_idle(p) && !p->cork && !(flags & MSG_MORE))
-		r = flush_pending(p, SV_FLUSH_IDLE);
+		r = sv_pr_flush_pending(p, SV_FLUSH_IDLE);
 	/* The data is taken either way; a flush short of credit stays pending. */
 	if (r < 0 && r != -EAGAIN)
 		return r;
@@ -559,39 +558,23 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us)
 	if (fr < 0)
 		return fr;
 	/* A report that found no free send buffer may go now. */
-	return ack_policy(p, now_us);
+	return sv_pr_ack_policy(p, now_us);
 }
 
 /* ---- Receiving --------------------------------------------------------- */
 
-/* Once every returned byte is in (our stream up to our BACK's seq), the
- * bytes that never went over the QP follow them on TCP. */
-static int owed_tail(struct sv_proto *p)
-{
-	if (!p->tail_len || !p->back_sent || !p->peer_back || p->owed_nxt != p->back_seq)
-		return 0;
-	if (sv_bytes_append(&p->owed, &p->owed_len, &p->owed_cap, p->tail, p->tail_len) < 0) {
-		fail(p, -ENOMEM);
-		return -ENOMEM;
-	}
-	free(p->tail);
-	p->tail = NULL;
-	p->tail_len = p->tail_cap = 0;
-	return 0;
-}
-
 static int malformed(struct sv_proto *p)
 {
-	fail(p, -ECONNRESET);
+	sv_pr_fail(p, -ECONNRESET);
 	return -ECONNRESET;
 }
 
 /* A control message's buffer is free again at once. */
-static int repost_control(struct sv_proto *p, uint32_t buf)
+int sv_pr_repost_control(struct sv_proto *p, uint32_t buf)
 {
 	int r = p->xp.ops->post_recv(p->xp.ctx, buf);
 	if (r < 0) {
-		fail(p, r);
+		sv_pr_fail(p, r);
 		return r;
 	}
 	p->unreported++;
@@ -599,11 +582,11 @@ static int repost_control(struct sv_proto *p, uint32_t buf)
 }
 
 /* Keep bytes of the peer's stream to give back. */
-static int ret_append(struct sv_proto *p, const void *data, size_t len)
+int sv_pr_ret_append(struct sv_proto *p, const void *data, size_t len)
 {
 	int r = sv_bytes_append(&p->ret_buf, &p->ret_len, &p->ret_cap, data, len);
 	if (r < 0)
-		fail(p, r);
+		sv_pr_fail(p, r);
 	return r;
 }
 
@@ -611,7 +594,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 {
 	if (p->error)
 		return p->error;
-	if (buf >= nrecv(p) || byte_len < SV_HDR_SIZE)
+	if (buf >= sv_pr_nrecv(p) || byte_len < SV_HDR_SIZE)
 		return malformed(p);
 	struct sv_hdr h;
 	sv_hdr_decode(p->xp.ops->recv_buf(p->xp.ctx, buf), &h);
@@ -647,18 +630,18 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 			return malformed(p);
 		if (p->back_sent) {
 			/* Sent before the peer saw our BACK: it goes back. */
-			r = ret_append(p, (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) +
+			r = sv_pr_ret_append(p, (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) +
 						  SV_HDR_SIZE, h.len);
 			if (r == 0)
-				r = repost_control(p, buf);
-			consumed(p, h.len < p->prm.coalesce_size);
+				r = sv_pr_repost_control(p, buf);
+			sv_pr_consumed(p, h.len < p->prm.coalesce_size);
 			p->rcv_nxt += h.len;
 			p->rcv_read += h.len;
 			p->st.rx_data_msgs++;
 			p->st.rx_bytes += h.len;
 			break;
 		}
-		struct sv_rx_slot *s = &p->rxq[(p->rxq_head + p->rxq_count) % nrecv(p)];
+		struct sv_rx_slot *s = &p->rxq[(p->rxq_head + p->rxq_count) % sv_pr_nrecv(p)];
 		s->buf = buf;
 		s->off = 0;
 		s->len = h.len;
@@ -671,7 +654,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 	case SV_MSG_UPDATE:
 		if (h.len != 0)
 			return malformed(p);
-		r = repost_control(p, buf);
+		r = sv_pr_repost_control(p, buf);
 		break;
 	case SV_MSG_TO_RDMA:
 		/* Only while the peer's bytes go to TCP, once per switch. */
@@ -680,7 +663,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		p->peer_to_rdma = true;
 		p->peer_to_rdma_seq = h.seq;
 		p->rcv_nxt = h.seq;
-		r = repost_control(p, buf);
+		r = sv_pr_repost_control(p, buf);
 		break;
 	case SV_MSG_TO_TCP:
 		if (h.len != 0 || !qp_part || p->rx_fin || p->rx_switch_pending ||
@@ -692,14 +675,14 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 			p->rx_on_qp = false; /* nothing left before it: on TCP now */
 			p->rx_switch_pending = false;
 		}
-		r = repost_control(p, buf);
+		r = sv_pr_repost_control(p, buf);
 		break;
 	case SV_MSG_FIN:
 		if (h.len != 0 || !qp_part || p->rx_fin || h.seq != p->rcv_nxt)
 			return malformed(p);
 		p->rx_fin = true;
 		p->rx_fin_seq = h.seq;
-		r = repost_control(p, buf);
+		r = sv_pr_repost_control(p, buf);
 		break;
 	case SV_MSG_BACK: {
 		/* After the peer's data (and its FIN, if any), over the QP. */
@@ -717,9 +700,9 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		p->peer_back_seq = h.seq;
 		p->peer_back_x = x;
 		p->owed_nxt = x;
-		r = repost_control(p, buf);
+		r = sv_pr_repost_control(p, buf);
 		if (r == 0)
-			r = owed_tail(p);
+			r = sv_pr_owed_tail(p);
 		break;
 	}
 	case SV_MSG_RETURN: {
@@ -730,18 +713,18 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 		if (sv_bytes_append(&p->owed, &p->owed_len, &p->owed_cap,
 				    (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) + SV_HDR_SIZE,
 				    h.len) < 0) {
-			fail(p, -ENOMEM);
+			sv_pr_fail(p, -ENOMEM);
 			return -ENOMEM;
 		}
 		p->owed_nxt += h.len;
-		r = repost_control(p, buf);
+		r = sv_pr_repost_control(p, buf);
 		if (r == 0)
-			r = owed_tail(p);
-		consumed(p, true); /* like consumed data: the ACK policy reports it */
+			r = sv_pr_owed_tail(p);
+		sv_pr_consumed(p, true); /* like consumed data: the ACK policy reports it */
 		break;
 	}
 	case SV_MSG_RESET:
-		fail(p, -ECONNRESET);
+		sv_pr_fail(p, -ECONNRESET);
 		return -ECONNRESET;
 	default:
 		return malformed(p);
@@ -752,7 +735,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 	/* New credits may release data that waited for them: a full buffer,
 	 * one whose timer has fired, NODELAY writes collected while the
 	 * window was closed, and what Nagle held for the last completion. */
-	if (p->pending_slot >= 0 && can_send_data(p)) {
+	if (p->pending_slot >= 0 && sv_pr_can_send_data(p)) {
 		bool full = p->pending_len >= p->tx_payload_max;
 		bool late = clock_of(p, now_us) >= p->pending_deadline;
 		bool free_to_go = !p->cork && !p->pending_hold;
@@ -761,7 +744,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 				       : !p->prm.coalesce ? SV_FLUSH_NODELAY
 							  : SV_FLUSH_IDLE;
 		if (full || late || (free_to_go && (p->inflight == 0 || !p->prm.coalesce))) {
-			r = flush_pending(p, why);
+			r = sv_pr_flush_pending(p, why);
 			if (r < 0 && r != -EAGAIN)
 				return r;
 		}
@@ -769,7 +752,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 	r = fin_if_wanted(p);
 	if (r < 0)
 		return r;
-	return ack_policy(p, now_us);
+	return sv_pr_ack_policy(p, now_us);
 }
 
 bool sv_proto_to_rdma_pending(const struct sv_proto *p)
@@ -826,7 +809,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		return p->error;
 	/* SOVIA: a receive call pushes out what we hold back. */
 	if (p->pending_slot >= 0) {
-		int r = flush_pending(p, SV_FLUSH_RECV);
+		int r = sv_pr_flush_pending(p, SV_FLUSH_RECV);
 		if (r < 0 && r != -EAGAIN)
 			return r;
 	}
@@ -864,7 +847,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		if (peek) {
 			if (took < avail)
 				break;
-			idx = (idx + 1) % nrecv(p);
+			idx = (idx + 1) % sv_pr_nrecv(p);
 			left--;
 			continue;
 		}
@@ -875,12 +858,12 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		/* The buffer is consumed: give it back to the peer. */
 		int r = p->xp.ops->post_recv(p->xp.ctx, s->buf);
 		if (r < 0) {
-			fail(p, r);
+			sv_pr_fail(p, r);
 			return done ? (long)done : r; /* never lose bytes already copied */
 		}
 		p->unreported++;
-		consumed(p, s->len < p->prm.coalesce_size);
-		p->rxq_head = (p->rxq_head + 1) % nrecv(p);
+		sv_pr_consumed(p, s->len < p->prm.coalesce_size);
+		p->rxq_head = (p->rxq_head + 1) % sv_pr_nrecv(p);
 		p->rxq_count--;
 		idx = p->rxq_head;
 		left = p->rxq_count;
@@ -890,7 +873,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		p->rx_switch_pending = false;
 	}
 	if (!peek) {
-		int r = ack_policy(p, now_us);
+		int r = sv_pr_ack_policy(p, now_us);
 		if (r < 0 && !done)
 			return r;
 	}
@@ -931,7 +914,7 @@ static int end_tx(struct sv_proto *p, uint8_t type, enum sv_tx_state next)
 	int r = tx_check(p);
 	if (r < 0)
 		return r;
-	r = flush_pending(p, SV_FLUSH_CLOSE);
+	r = sv_pr_flush_pending(p, SV_FLUSH_CLOSE);
 	if (r < 0)
 		return r;
 	r = send_control(p, type, p->snd_nxt, 2);
@@ -972,131 +955,8 @@ int sv_proto_send_reset(struct sv_proto *p)
 	int r = 0;
 	if (!p->error)
 		r = send_control(p, SV_MSG_RESET, p->snd_nxt, 1);
-	fail(p, -ECONNRESET);
+	sv_pr_fail(p, -ECONNRESET);
 	return r == -EAGAIN ? 0 : r;
-}
-
-/* ---- Detaching ---------------------------------------------------------- */
-
-int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len,
-		       uint64_t now_us)
-{
-	(void)now_us;
-	if (p->error)
-		return p->error;
-	if (p->back_sent || (p->tx_state != SV_TX_OPEN && p->tx_state != SV_TX_FIN) ||
-	    !p->rx_on_qp || p->peer_to_rdma || p->rx_switch_pending || prefix_len > p->rcv_read)
-		return -EINVAL;
-	int r = flush_pending(p, SV_FLUSH_CLOSE);
-	if (r < 0 && r != -EAGAIN)
-		return r;
-	if (p->credits < 2 || p->nfree + (p->pending_slot >= 0) == 0)
-		return -EAGAIN;
-	if (p->pending_slot >= 0) {
-		/* Writes collected without a data credit (both windows may be
-		 * full): they never go over the QP, but follow the bytes
-		 * given back on TCP (owed_tail). */
-		const uint8_t *b = (const uint8_t *)p->xp.ops->send_buf(
-					   p->xp.ctx, (uint32_t)p->pending_slot) +
-				   SV_HDR_SIZE;
-		if (sv_bytes_append(&p->tail, &p->tail_len, &p->tail_cap, b, p->pending_len) < 0) {
-			fail(p, -ENOMEM);
-			return -ENOMEM;
-		}
-		p->free_slots[p->nfree++] = (uint32_t)p->pending_slot;
-		p->pending_slot = -1;
-		p->pending_len = 0;
-		p->pending_deadline = 0;
-		p->pending_hold = false;
-	}
-	uint64_t x = p->rcv_read - prefix_len;
-	/* What our application has not read moves out of the receive buffers,
-	 * which go back to the peer at once (their credits ride on the BACK):
-	 * with both windows full, the returns could not go otherwise. */
-	if (prefix_len && ret_append(p, prefix, prefix_len) < 0)
-		return p->error;
-	while (p->rxq_count) {
-		struct sv_rx_slot *rs = &p->rxq[p->rxq_head];
-		const uint8_t *src = (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, rs->buf) +
-				     SV_HDR_SIZE + rs->off;
-		if (ret_append(p, src, rs->len - rs->off) < 0)
-			return p->error;
-		p->rcv_read += rs->len - rs->off;
-		r = repost_control(p, rs->buf);
-		if (r < 0)
-			return r;
-		consumed(p, rs->len < p->prm.coalesce_size);
-		p->rxq_head = (p->rxq_head + 1) % nrecv(p);
-		p->rxq_count--;
-	}
-	uint32_t slot = 0;
-	take_slot(p, &slot); /* one is free: checked above */
-	sv_put64((uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE, x);
-	uint64_t seq = p->snd_nxt;
-	r = post(p, slot, SV_MSG_BACK, seq, SV_BACK_PAYLOAD, NULL, 0);
-	if (r < 0)
-		return r;
-	p->back_sent = true;
-	p->back_seq = seq;
-	p->back_x = x;
-	p->ret_nxt = x;
-	p->tx_state = SV_TX_BACK;
-	return owed_tail(p);
-}
-
-bool sv_proto_back_wanted(const struct sv_proto *p)
-{
-	return p->peer_back && !p->back_sent && !p->error;
-}
-
-int sv_proto_send_returns(struct sv_proto *p, uint64_t now_us)
-{
-	if (p->error)
-		return p->error;
-	if (!p->back_sent || !p->peer_back)
-		return -EAGAIN;
-	if (p->back_x + p->ret_len != p->peer_back_seq) {
-		/* Everything the peer sent before its BACK arrived before it. */
-		fail(p, -EPROTO);
-		return -EPROTO;
-	}
-	while (p->ret_nxt < p->peer_back_seq) {
-		if (!can_send_data(p)) {
-			p->st.credit_stalls++;
-			return -EAGAIN;
-		}
-		uint32_t slot = 0;
-		take_slot(p, &slot);
-		uint64_t want = p->peer_back_seq - p->ret_nxt;
-		uint32_t n = want < p->tx_payload_max ? (uint32_t)want : p->tx_payload_max;
-		memcpy((uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE,
-		       p->ret_buf + (p->ret_nxt - p->back_x), n);
-		int r = post(p, slot, SV_MSG_RETURN, p->ret_nxt, n, NULL, 0);
-		if (r < 0)
-			return r;
-		p->ret_nxt += n;
-	}
-	return ack_policy(p, now_us);
-}
-
-void sv_proto_owed(const struct sv_proto *p, const void **buf, size_t *len)
-{
-	*buf = p->owed ? p->owed + p->owed_off : NULL;
-	*len = p->owed_len - p->owed_off;
-}
-
-void sv_proto_owed_consume(struct sv_proto *p, size_t n)
-{
-	p->owed_off += n;
-	if (p->owed_off == p->owed_len)
-		p->owed_off = p->owed_len = 0;
-}
-
-bool sv_proto_back_done(const struct sv_proto *p)
-{
-	return p->back_sent && p->peer_back && p->ret_nxt == p->peer_back_seq &&
-	       p->owed_nxt == p->back_seq && !p->tail_len &&
-	       p->nfree + (p->pending_slot >= 0) == sv_proto_nsend(&p->prm);
 }
 
 /* ---- Timers ------------------------------------------------------------ */
@@ -1133,7 +993,7 @@ uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us)
 			p->ack_deadline = now_us + p->prm.ack_timeout_us;
 	}
 	if (p->pending_slot >= 0 && now_us >= p->pending_deadline) {
-		if (flush_pending(p, SV_FLUSH_TIMER) == -EAGAIN)
+		if (sv_pr_flush_pending(p, SV_FLUSH_TIMER) == -EAGAIN)
 			p->pending_deadline = now_us + p->prm.coalesce_timeout_us;
 	}
 	if (fin_if_wanted(p) < 0)
