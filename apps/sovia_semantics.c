@@ -12,6 +12,9 @@
  *   2. MSG_DONTWAIT and O_NONBLOCK: EAGAIN with nothing to read.
  *   3. FIONREAD counts what arrived; MSG_PEEK leaves it there.
  *   4. MSG_WAITALL gets all of 100,000 bytes sent in small pieces.
+ *   4b. With TCP_NODELAY, non-blocking 64-byte writes to a reader that
+ *      sleeps are taken until EAGAIN, at least 64 KiB of them (a TCP
+ *      socket's send buffer takes that much); every one arrives.
  *   5. A signal whose handler lacks SA_RESTART fails a blocking read with
  *      EINTR; with SA_RESTART the read goes on and returns the data.
  *   6. After the peer closed: EPIPE without a signal under MSG_NOSIGNAL,
@@ -182,6 +185,23 @@ static void server(int fd)
 	for (size_t i = 0; i < sizeof(big); i++)
 		CHECK(big[i] == (char)(i * 7), "MSG_WAITALL byte %zu", i);
 	step("MSG_WAITALL: 100000 bytes from 100 pieces");
+	/* 4b: not reading while the client queues small writes; then count
+	 * them up to its end chunk ('Z', then how many it wrote). */
+	usleep(500000);
+	long got = 0, sent = -1;
+	for (;;) {
+		char c64[64];
+		recv_exact(fd, c64, sizeof(c64));
+		if (c64[0] == 'Z') {
+			memcpy(&sent, c64 + 8, sizeof(sent));
+			break;
+		}
+		for (int k = 0; k < 64; k++)
+			CHECK(c64[k] == 'a', "queued write %ld, byte %d", got, k);
+		got++;
+	}
+	CHECK(got == sent, "%ld queued 64-byte writes arrived, the client wrote %ld", got, sent);
+	step("64-byte NODELAY writes queued while we slept: all arrived");
 	/* 5: the client signals us while we sleep in read() */
 	handle(SIGUSR2, on_usr2, 0);
 	pid_t pid = getpid();
@@ -248,6 +268,31 @@ static void client(int fd)
 		if (off % 10000 == 0)
 			usleep(2000);
 	}
+	/* 4b: the server sleeps; small NODELAY writes are taken until EAGAIN
+	 * (at most 1 MiB: a reader that wakes meanwhile keeps room free). */
+	char chunk[64];
+	memset(chunk, 'a', sizeof(chunk));
+	long n = 0;
+	for (;;) {
+		ssize_t w = send(fd, chunk, sizeof(chunk), MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0) {
+			CHECK(errno == EAGAIN || errno == EWOULDBLOCK, "a queued 64-byte write");
+			break;
+		}
+		if (w < (ssize_t)sizeof(chunk)) /* the kernel may take part of one */
+			send_all(fd, chunk + w, sizeof(chunk) - (size_t)w);
+		if (++n == 16384)
+			break;
+	}
+	CHECK(n * 64 >= 65536, "only %ld 64-byte NODELAY writes were taken before EAGAIN", n);
+	memset(chunk, 0, sizeof(chunk));
+	chunk[0] = 'Z';
+	memcpy(chunk + 8, &n, sizeof(n));
+	send_all(fd, chunk, sizeof(chunk));
+	printf("%s: %ld 64-byte NODELAY writes taken before EAGAIN\n", me, n);
+	step("64-byte NODELAY writes queued while the reader slept");
 	/* 5 */
 	pid_t pid;
 	recv_exact(fd, &pid, sizeof(pid));
