@@ -307,6 +307,25 @@ static uint64_t drain(int s)
 	}
 }
 
+/* Both sides read until each has everything the other sent (at most
+ * `rounds` rounds): writes collected without a credit go as the reads give
+ * credits back. With tick_us, each round also advances the clock by it and
+ * fires the timers; without, a test shows nothing needed them. */
+static void settle(uint64_t tick_us, int rounds)
+{
+	for (int k = 0; k < rounds && (RXO[SB] < TXO[SA] || RXO[SA] < TXO[SB]); k++) {
+		drain(SA);
+		drain(SB);
+		pump();
+		if (tick_us) {
+			NOW += tick_us;
+			sv_proto_timers(&P[SA], NOW);
+			sv_proto_timers(&P[SB], NOW);
+			pump();
+		}
+	}
+}
+
 /* Move both directions onto the QP: A's TO_RDMA first, then B's. */
 static void open_both(void)
 {
@@ -713,16 +732,8 @@ Test(proto, coalesce_fills_a_buffer_while_the_window_is_closed)
 	cr_assert_eq(P[SA].pending_len, PAYLOAD_MAX() / 8 * 8, "and one full buffer collected");
 	cr_assert_eq(taken, (long)TXO[SA]);
 	pump();
-	uint64_t got = 0;
-	for (int round = 0; round < 10 && got < TXO[SA]; round++) {
-		got += drain(SB);
-		pump();
-		NOW += prm.ack_timeout_us;
-		sv_proto_timers(&P[SA], NOW);
-		sv_proto_timers(&P[SB], NOW);
-		pump();
-	}
-	cr_assert_eq(got, TXO[SA]);
+	settle(prm.ack_timeout_us, 10);
+	cr_assert_eq(RXO[SB], TXO[SA]);
 	cr_assert_eq(ndata(SA), 3, "the collected buffer went as one message");
 	cr_assert_eq(data_msg(SA, 2)->h.len, PAYLOAD_MAX() / 8 * 8);
 	check_quiescent();
@@ -788,12 +799,8 @@ Test(proto, nodelay_collected_writes_go_with_credits)
 	cr_assert_eq(P[SA].st.collected_writes, 38);
 	cr_assert_eq(P[SA].st.coalesced_writes, 0, "NODELAY: nothing coalesced");
 	pump();
-	uint64_t got = 0;
-	for (int round = 0; round < 10 && got < TXO[SA]; round++) {
-		got += drain(SB);
-		pump();
-	}
-	cr_assert_eq(got, TXO[SA], "everything arrived without the timer");
+	settle(0, 10);
+	cr_assert_eq(RXO[SB], TXO[SA], "everything arrived without the timer");
 	cr_assert_eq(P[SA].st.flushes_timer, 0);
 	check_quiescent();
 }
@@ -1780,17 +1787,7 @@ Test(proto, asymmetric_windows)
 			pump();
 		}
 	}
-	/* What was collected without a credit goes as the reads give
-	 * credits back. */
-	for (int k = 0; k < 8 && (RXO[SB] < TXO[SA] || RXO[SA] < TXO[SB]); k++) {
-		drain(SA);
-		drain(SB);
-		pump();
-		NOW += pa.ack_timeout_us;
-		sv_proto_timers(&P[SA], NOW);
-		sv_proto_timers(&P[SB], NOW);
-		pump();
-	}
+	settle(pa.ack_timeout_us, 8);
 	cr_assert_eq(RXO[SB], TXO[SA]);
 	cr_assert_eq(RXO[SA], TXO[SB]);
 	cr_assert_gt(TXO[SA], 16 * 10 * 3);
