@@ -4,9 +4,11 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 int sv_log_threshold = SV_LOG_WARN;
@@ -19,11 +21,21 @@ static const char *const level_names[] = {
 	[SV_LOG_DEBUG] = "debug",
 };
 
-static void log_vwrite(const char *prefix, const char *fmt, va_list ap)
+static void log_vwrite(const char *prefix, bool with_time, const char *fmt, va_list ap)
 {
 	char buf[512];
 	int saved = errno;
-	int n = snprintf(buf, sizeof(buf), "libsovia[%d]: %s: ", (int)getpid(), prefix);
+	int n;
+	if (with_time) {
+		/* Debug lines carry a monotonic time: where an upgrade spends
+		 * its time shows only that way. */
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		n = snprintf(buf, sizeof(buf), "libsovia[%d]: %s: %lld.%06ld ", (int)getpid(), prefix,
+			     (long long)ts.tv_sec, ts.tv_nsec / 1000);
+	} else {
+		n = snprintf(buf, sizeof(buf), "libsovia[%d]: %s: ", (int)getpid(), prefix);
+	}
 	if (n < 0)
 		n = 0;
 	int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
@@ -40,7 +52,7 @@ void sv_log_write(enum sv_log_level level, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	log_vwrite(level_names[level], fmt, ap);
+	log_vwrite(level_names[level], level == SV_LOG_DEBUG, fmt, ap);
 	va_end(ap);
 }
 
@@ -48,7 +60,7 @@ void sv_fatal(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	log_vwrite("fatal", fmt, ap);
+	log_vwrite("fatal", false, fmt, ap);
 	va_end(ap);
 	abort();
 }
