@@ -86,6 +86,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 		return "shut-down-before-upgrade";
 	case SV_FB_QP_LOST:
 		return "qp-lost";
+	case SV_FB_CALLED_OFF:
+		return "called-off-by-peer";
 	case SV_FB_CREDENTIALS:
 		return "credentials";
 	}
@@ -501,9 +503,13 @@ void sv_stream_break(struct sv_stream *s, int err)
 		/* Nothing ever went over the QP: TCP simply carries on. */
 		s->state = SV_CONN_FALLBACK;
 		/* EACCES: the kernel refused our writes to the RDMA device's
-		 * files (preload/creds.c); anything else: the QP's resources. */
+		 * files (preload/creds.c); ECONNRESET: the peer disconnected
+		 * (its client shut down on TCP before the QP was up); anything
+		 * else: the QP failed on its own. */
 		if (s->fallback == SV_FB_NONE)
-			s->fallback = err == -EACCES ? SV_FB_CREDENTIALS : SV_FB_RESOURCES;
+			s->fallback = err == -EACCES	   ? SV_FB_CREDENTIALS
+				      : err == -ECONNRESET ? SV_FB_CALLED_OFF
+							   : SV_FB_QP_LOST;
 		sv_stream_wake(s);
 		return;
 	}

@@ -51,6 +51,9 @@ enum sv_fallback {
 	SV_FB_UNSUPPORTED,  /* a call libsovia cannot serve moved it back */
 	SV_FB_SHUTDOWN,     /* the sender shut down before the QP was up */
 	SV_FB_QP_LOST,      /* the QP died before any data went over it */
+	SV_FB_CALLED_OFF,   /* the QP was disconnected before any data went over
+			     * it: the peer's client had finished on TCP (or
+			     * the RDMA device went away) */
 	SV_FB_CREDENTIALS,  /* the kernel refuses our RDMA files to this process's
 			     * credentials (changed since they were opened, or
 			     * opened by the parent before a fork) */
