@@ -9,7 +9,10 @@
  * steps in lock-step; each side exits non-zero at the first surprise:
  *
  *   1. SO_RCVTIMEO: a read with nothing sent fails with EAGAIN.
- *   2. MSG_DONTWAIT and O_NONBLOCK: EAGAIN with nothing to read.
+ *   2. MSG_DONTWAIT and O_NONBLOCK: EAGAIN with nothing to read. Also
+ *      when O_NONBLOCK was set by a raw system call (no fcntl wrapper saw
+ *      it, as when another process sharing the file sets it) right after
+ *      a blocking read waited, and when set by ioctl(FIONBIO).
  *   3. FIONREAD counts what arrived; MSG_PEEK leaves it there.
  *   4. MSG_WAITALL gets all of 100,000 bytes sent in small pieces.
  *   4b. With TCP_NODELAY, non-blocking 64-byte writes to a reader that
@@ -42,6 +45,7 @@
 #include <sys/ioctl.h>
 #include <sys/select.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -160,6 +164,12 @@ static void server(int fd)
 	CHECK(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0, "SO_RCVTIMEO");
 	step("SO_RCVTIMEO read with nothing sent: EAGAIN");
 	say(fd, '1');
+	/* 2: two answers late enough that the client's reads wait for them */
+	for (int i = 0; i < 2; i++) {
+		expect(fd, 'q');
+		usleep(50000);
+		say(fd, 'a');
+	}
 	/* 3 */
 	expect(fd, '3');
 	int n = 0;
@@ -249,6 +259,25 @@ static void client(int fd)
 	r = read(fd, buf, sizeof(buf));
 	CHECK(r < 0 && errno == EAGAIN, "O_NONBLOCK read gave %zd", r);
 	CHECK(fcntl(fd, F_SETFL, fl) == 0, "blocking again");
+	/* A blocking read that waits, then O_NONBLOCK behind the wrappers'
+	 * back: the read must still fail with EAGAIN, not sleep (SIGALRM's
+	 * default action ends a read that sleeps anyway, failing the step). */
+	say(fd, 'q');
+	expect(fd, 'a');
+	CHECK(syscall(SYS_fcntl, fd, F_SETFL, fl | O_NONBLOCK) == 0, "raw O_NONBLOCK");
+	alarm(30);
+	r = read(fd, buf, sizeof(buf));
+	alarm(0);
+	CHECK(r < 0 && errno == EAGAIN, "read after a raw O_NONBLOCK gave %zd", r);
+	CHECK(syscall(SYS_fcntl, fd, F_SETFL, fl) == 0, "raw blocking again");
+	say(fd, 'q');
+	expect(fd, 'a');
+	int on = 1;
+	CHECK(ioctl(fd, FIONBIO, &on) == 0, "FIONBIO on");
+	r = read(fd, buf, sizeof(buf));
+	CHECK(r < 0 && errno == EAGAIN, "read after FIONBIO gave %zd", r);
+	on = 0;
+	CHECK(ioctl(fd, FIONBIO, &on) == 0, "FIONBIO off");
 	step("MSG_DONTWAIT and O_NONBLOCK with nothing to read: EAGAIN");
 	/* 3 */
 	char all[5000];

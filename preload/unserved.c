@@ -294,8 +294,29 @@ SV_EXPORT int dup3(int fd, int fd2, int flags)
 	return share_end(f, fd, SV_REAL(dup3)(fd, fd2, flags));
 }
 
+/* O_NONBLOCK set or cleared on a stream's fd: the stream remembers only
+ * "blocking" and checks before it sleeps, so this is for promptness (a
+ * call on a fd made non-blocking returns EAGAIN without spinning first). */
+static void mode_changed(int fd)
+{
+	struct sv_fd *f = sv_fd_get(fd);
+	if (!f)
+		return;
+	if (f->ops == &sv_stream_ops)
+		sv_stream_mode_changed(f->priv);
+	sv_fd_put(f);
+}
+
 static int fcntl_common(int (*real)(int, int, ...), int fd, int cmd, void *arg)
 {
+	if (cmd == F_SETFL && !sv_passthrough()) {
+		int r = real(fd, cmd, arg);
+		int saved = errno;
+		if (r == 0)
+			mode_changed(fd);
+		errno = saved;
+		return r;
+	}
 	if (cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC)
 		return real(fd, cmd, arg);
 	struct sv_fd *f = share_begin(fd);
@@ -349,6 +370,14 @@ SV_EXPORT int ioctl(int fd, unsigned long req, ...)
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	if (req == FIONBIO && !sv_passthrough()) {
+		int r = SV_REAL(ioctl)(fd, req, arg);
+		int saved = errno;
+		if (r == 0)
+			mode_changed(fd);
+		errno = saved;
+		return r;
+	}
 	if (sv_passthrough() || (req != FIONREAD && req != SIOCINQ))
 		return SV_REAL(ioctl)(fd, req, arg);
 	struct sv_fd *f = sv_fd_get(fd);

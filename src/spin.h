@@ -38,6 +38,17 @@ uint32_t sv_spin_budget(uint32_t avg_us, uint32_t max_us);
 #define SV_SPIN_READER_US 50u
 uint32_t sv_spin_reader(uint32_t budget_us);
 
+/* A pass of the spin is a look at the completion queue. The clock is read
+ * every SV_SPIN_CLOCK_PASSES passes and the CPU offered to others
+ * (sched_yield) every SV_SPIN_YIELD_PASSES: both are system calls where
+ * the clock has no vDSO (the bed's HPET: 0.93 us a read, 1.33 us a yield).
+ * Doing both on every pass cost a 64 B ping-pong 1.5-3.5 us one way (one
+ * bed run, three rounds interleaved: 14.5-16.2 us with a read and a yield
+ * every 16 passes, 17.3-19.7 us with both on every pass). The yield still
+ * comes every few microseconds for a peer that shares the CPU. */
+#define SV_SPIN_CLOCK_PASSES 32u
+#define SV_SPIN_YIELD_PASSES 64u
+
 /* The average after a wait of sample_us. Never 0 (0 means "none yet"). */
 uint32_t sv_spin_average(uint32_t avg_us, uint64_t sample_us, uint32_t max_us);
 

@@ -276,12 +276,28 @@ long sv_stream_app_error(struct sv_stream *s, bool sending)
 	return sending ? -EPIPE : 0;
 }
 
-bool sv_stream_blocking(const struct sv_stream *s, int flags)
+static bool mode_blocking(struct sv_stream *s)
+{
+	int fl = fcntl(s->fd, F_GETFL);
+	bool b = fl >= 0 && !(fl & O_NONBLOCK);
+	atomic_store_explicit(&s->seen_blocking, b, memory_order_relaxed);
+	return b;
+}
+
+bool sv_stream_blocking(struct sv_stream *s, int flags)
 {
 	if (flags & MSG_DONTWAIT)
 		return false;
-	int fl = fcntl(s->fd, F_GETFL);
-	return fl >= 0 && !(fl & O_NONBLOCK);
+	/* A ping-pong's every read waits: in the guest an fcntl is a 0.55 us
+	 * system call. */
+	if (atomic_load_explicit(&s->seen_blocking, memory_order_relaxed))
+		return true;
+	return mode_blocking(s);
+}
+
+void sv_stream_mode_changed(struct sv_stream *s)
+{
+	atomic_store_explicit(&s->seen_blocking, false, memory_order_relaxed);
 }
 
 /* A blocking socket call interrupted by a signal: the kernel restarts it
@@ -336,8 +352,9 @@ static void sv_stream_slept(struct sv_stream *s, uint64_t from, uint64_t to, boo
 
 /* Poll the CQ for sv_stream_spin_us (spin.h) before sleeping. The lock is
  * let go between looks so the application's other threads get in. Returns
- * true when something came (or changed); *now is the clock at the last look
- * (start if there was none), for the caller to go on with. */
+ * true when something came (or changed); *now is the clock as last read
+ * (every SV_SPIN_CLOCK_PASSES looks; start if never), for the caller to go
+ * on with. */
 static bool spin(struct sv_stream *s, uint64_t *now, uint64_t deadline)
 {
 	uint32_t budget = sv_stream_spin_us(s);
@@ -346,8 +363,8 @@ static bool spin(struct sv_stream *s, uint64_t *now, uint64_t deadline)
 	uint64_t gen = s->wake_gen, until = *now + budget;
 	if (deadline && deadline < until)
 		until = deadline;
-	for (bool first = true;; first = false) {
-		if (!first)
+	for (unsigned pass = 0;; pass++) {
+		if (pass && pass % SV_SPIN_CLOCK_PASSES == 0)
 			*now = sv_now_us();
 		int r = sv_verbs_poll(s->verbs, &s->proto, *now);
 		if (r < 0)
@@ -358,7 +375,8 @@ static bool spin(struct sv_stream *s, uint64_t *now, uint64_t deadline)
 			return false;
 		s->app_calls++; /* busy here: the helper leaves the CQ to us */
 		pthread_mutex_unlock(&s->lock);
-		sched_yield();
+		if (pass % SV_SPIN_YIELD_PASSES == SV_SPIN_YIELD_PASSES - 1)
+			sched_yield();
 		pthread_mutex_lock(&s->lock);
 		if (!s->verbs || s->error)
 			return true;
@@ -371,7 +389,21 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline)
 	return sv_stream_wait_at(s, tcp_events, deadline, &now);
 }
 
+static int wait_common(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *at,
+		       bool app);
+
 int sv_stream_wait_at(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *at)
+{
+	return wait_common(s, tcp_events, deadline, at, false);
+}
+
+int sv_stream_app_wait(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *at)
+{
+	return wait_common(s, tcp_events, deadline, at, true);
+}
+
+static int wait_common(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *at,
+		       bool app)
 {
 	struct pollfd pfd[3];
 	int n = 0, chan = -1, tcp = -1;
@@ -412,6 +444,10 @@ int sv_stream_wait_at(struct sv_stream *s, short tcp_events, uint64_t deadline, 
 	if (deadline)
 		timeout = deadline > now ? (int)((deadline - now + 999) / 1000) : 0;
 
+	if (app && !mode_blocking(s)) {
+		*at = now;
+		return -EAGAIN; /* made non-blocking since it was last seen */
+	}
 	s->waiters++;
 	uint64_t slept_from = now;
 	pthread_mutex_unlock(&s->lock);
@@ -453,7 +489,7 @@ int sv_stream_progress(struct sv_stream *s)
 	return sv_stream_progress_at(s, sv_now_us());
 }
 
-int sv_stream_progress_at(struct sv_stream *s, uint64_t now)
+static int progress_common(struct sv_stream *s, uint64_t now, bool timers)
 {
 	if (!s->verbs || s->error)
 		return s->error;
@@ -462,7 +498,8 @@ int sv_stream_progress_at(struct sv_stream *s, uint64_t now)
 		sv_stream_break(s, r);
 		return s->error;
 	}
-	sv_proto_timers(&s->proto, now);
+	if (timers)
+		sv_proto_timers(&s->proto, now);
 	if (s->state == SV_CONN_DETACHING || sv_proto_back_wanted(&s->proto)) {
 		sv_stream_back_progress(s);
 		if (s->error)
@@ -478,6 +515,16 @@ int sv_stream_progress_at(struct sv_stream *s, uint64_t now)
 	if (r > 0)
 		sv_stream_wake(s);
 	return 0;
+}
+
+int sv_stream_progress_at(struct sv_stream *s, uint64_t now)
+{
+	return progress_common(s, now, true);
+}
+
+int sv_stream_progress_before_send(struct sv_stream *s, uint64_t now)
+{
+	return progress_common(s, now, s->proto.pending_slot >= 0);
 }
 
 void sv_stream_break(struct sv_stream *s, int err)

@@ -127,6 +127,11 @@ struct sv_stream {
 	 * returned bytes: a wait with no write since that read is a
 	 * reader's, not a wait for a reply (sv_spin_reader). */
 	atomic_uint writes, writes_seen;
+	/* The fd was in blocking mode when last looked at (fcntl F_GETFL).
+	 * Only "blocking" is remembered: a wait checks it again before it
+	 * sleeps in the kernel, so a mode changed behind our back (another
+	 * process sharing the open file) costs at most a spin. */
+	atomic_bool seen_blocking;
 	uint64_t app_calls;  /* the application's calls that may poll the CQ */
 	/* Receive and send calls that returned EAGAIN (epoll's edge rules,
 	 * src/readiness.h). */
@@ -250,6 +255,9 @@ int sv_stream_detach(struct sv_stream *s);
 /* FIONREAD: the bytes readable now (ours, and the kernel's when TCP carries
  * the receive side). */
 long sv_stream_inq(struct sv_stream *s);
+/* The fd's mode may have changed (fcntl F_SETFL, ioctl FIONBIO): the next
+ * call looks at it again. */
+void sv_stream_mode_changed(struct sv_stream *s);
 /* In a fork's child: the parent's streams are not the child's. */
 void sv_stream_atfork_child(void);
 

@@ -16,6 +16,11 @@ int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline);
  * some clocks (the bed's HPET: 3.4 us), and a ping-pong's read waits once
  * per message. */
 int sv_stream_wait_at(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *now);
+/* sv_stream_wait_at for a send or receive call of the application that
+ * found the fd blocking (sv_stream_blocking): before it sleeps in the
+ * kernel it checks the mode again, and returns -EAGAIN if the fd is
+ * non-blocking now. */
+int sv_stream_app_wait(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *now);
 
 /* Wake every thread sleeping in sv_stream_wait on this stream. */
 void sv_stream_wake(struct sv_stream *s);
@@ -26,13 +31,19 @@ int sv_stream_progress(struct sv_stream *s);
 /* The same, with the clock already read (one read per call on the data
  * path: without a vDSO clock source, as under emulation, each is a syscall). */
 int sv_stream_progress_at(struct sv_stream *s, uint64_t now);
+/* The same for a send, which checks the delayed ACK after posting: the
+ * data it posts carries the ACK that timer would send, and checking it
+ * first would read the clock for nothing. The timers run here only for a
+ * coalesced buffer (due, it goes before the new bytes are added). */
+int sv_stream_progress_before_send(struct sv_stream *s, uint64_t now);
 
 /* The QP is unusable: deliver what it already carried, then fall back to
  * TCP for the rest (or report err). */
 void sv_stream_break(struct sv_stream *s, int err);
 
-/* Is the fd in blocking mode for this call? */
-bool sv_stream_blocking(const struct sv_stream *s, int flags);
+/* Is the fd in blocking mode for this call? Blocking as last seen: no
+ * fcntl for a blocking fd's calls (the application's waits check again). */
+bool sv_stream_blocking(struct sv_stream *s, int flags);
 
 /* Both directions settled on the QP: the connection is "rdma". */
 void sv_stream_maybe_rdma(struct sv_stream *s);

@@ -276,7 +276,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		bool on_tcp = !(s->proto_ready && p->rx_on_qp && !p->back_sent);
 		if (now == SV_NOW_UNREAD)
 			now = sv_now_us();
-		int w = sv_stream_wait_at(s, on_tcp ? POLLIN : 0, timeout_at, &now);
+		int w = sv_stream_app_wait(s, on_tcp ? POLLIN : 0, timeout_at, &now);
 		waited_at = now;
 		if (w < 0) {
 			r = w;

@@ -102,7 +102,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		uint64_t now = waited_at ? waited_at : SV_NOW_UNREAD;
 		waited_at = 0;
 		if (s->proto_ready && !s->error)
-			sv_stream_progress_at(s, now);
+			sv_stream_progress_before_send(s, now); /* timers: below */
 		if (s->error) {
 			r = sv_stream_app_error(s, true);
 			own = true;
@@ -169,13 +169,17 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		uint64_t at = sv_now_us(), until = timeout_at;
 		if (detaching && (!until || until > at + 10000))
 			until = at + 10000;
-		int w = sv_stream_wait_at(s, m == TX_TCP || detaching ? POLLOUT : 0, until, &at);
+		int w = sv_stream_app_wait(s, m == TX_TCP || detaching ? POLLOUT : 0, until, &at);
 		waited_at = at;
 		if (w < 0) {
 			r = w;
 			break;
 		}
 	}
+	/* The delayed ACK after the send: the data posted carried any ACK
+	 * that was due, so a ping-pong's reply reads no clock for it. */
+	if (s->proto_ready && !s->error && s->proto.ack_deadline)
+		sv_proto_timers(&s->proto, SV_NOW_UNREAD);
 	if (on_qp) {
 		/* Zero copy: the application may reuse its buffer only once
 		 * the data is out of it. */
