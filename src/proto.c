@@ -787,9 +787,17 @@ static uint64_t rx_limit(const struct sv_proto *p)
 	return lim;
 }
 
+/* Bytes the peer sent before its FIN: after the FIN every one of them is
+ * here (RC delivers in order), so they stay readable whatever happens to
+ * the connection afterwards; an error is reported once they are read. */
+static bool rx_held_after_error(const struct sv_proto *p)
+{
+	return p->rx_fin && p->rcv_read < p->rx_fin_seq;
+}
+
 uint64_t sv_proto_readable(const struct sv_proto *p)
 {
-	if (!p->rx_on_qp || p->error || p->back_sent)
+	if (!p->rx_on_qp || (p->error && !rx_held_after_error(p)) || p->back_sent)
 		return 0;
 	uint64_t end = rx_limit(p);
 	if (end > p->rcv_nxt)
@@ -805,10 +813,10 @@ bool sv_proto_rx_on_tcp(const struct sv_proto *p)
 long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int flags,
 		   uint64_t now_us)
 {
-	if (p->error)
+	if (p->error && !rx_held_after_error(p))
 		return p->error;
 	/* SOVIA: a receive call pushes out what we hold back. */
-	if (p->pending_slot >= 0) {
+	if (p->pending_slot >= 0 && !p->error) {
 		int r = sv_pr_flush_pending(p, SV_FLUSH_RECV);
 		if (r < 0 && r != -EAGAIN)
 			return r;
@@ -855,14 +863,17 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		p->rcv_read += took;
 		if (s->off < s->len)
 			break;
-		/* The buffer is consumed: give it back to the peer. */
-		int r = p->xp.ops->post_recv(p->xp.ctx, s->buf);
-		if (r < 0) {
-			sv_pr_fail(p, r);
-			return done ? (long)done : r; /* never lose bytes already copied */
+		/* The buffer is consumed: give it back to the peer (not to a
+		 * broken connection: only its last bytes are read). */
+		if (!p->error) {
+			int r = p->xp.ops->post_recv(p->xp.ctx, s->buf);
+			if (r < 0) {
+				sv_pr_fail(p, r);
+				return done ? (long)done : r; /* never lose bytes already copied */
+			}
+			p->unreported++;
+			sv_pr_consumed(p, s->len < p->prm.coalesce_size);
 		}
-		p->unreported++;
-		sv_pr_consumed(p, s->len < p->prm.coalesce_size);
 		p->rxq_head = (p->rxq_head + 1) % sv_pr_nrecv(p);
 		p->rxq_count--;
 		idx = p->rxq_head;

@@ -671,6 +671,18 @@ static int wc_failed(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc
 	/* The expected aftermath of a break, or of the end. */
 	if (wc->status == IBV_WC_WR_FLUSH_ERR && (p->error || finished(p)))
 		return 0;
+	if (wc->status == IBV_WC_WR_FLUSH_ERR && p->rx_fin && p->inflight == 0 &&
+	    p->tx_state == SV_TX_OPEN) {
+		/* The peer sent its FIN and then went (closed, or exited, and
+		 * its QP with it) while we may still send: nothing of ours was
+		 * in flight, so nothing is lost. What it sent stays readable to
+		 * its EOF; our sending has no QP any more (ECONNRESET, as a TCP
+		 * peer's RST would give). Taking this for a break hid the last
+		 * bytes and the EOF from poll and read: iperf3's server waited
+		 * for the client's IPERF_DONE byte for ever (bed.iperf3). */
+		p->tx_state = SV_TX_RESET;
+		return 0;
+	}
 	sv_dbg("verbs: QP %u: %s %u failed: %s (vendor error 0x%x)", v->qp ? v->qp->qp_num : 0,
 	       kind == SV_WR_SEND ? "send slot" : "receive buffer", idx,
 	       ibv_wc_status_str(wc->status), wc->vendor_err);

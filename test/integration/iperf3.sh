@@ -18,6 +18,7 @@ run() { # $1: up (the client sends) or down (-R: the server sends), $2: port
 	local dir=$1 port=$2 rev=""
 	[ "$dir" = down ] && rev=-R
 	rm -f "$WORK/"*.err
+	hang_watch 200 iperf3 # a run takes seconds: stacks if it is still there
 	LD_PRELOAD=$LIB timeout 600 iperf3 -s -1 -p "$port" >"$WORK/server.out" 2>"$WORK/server.err" &
 	local srv=$!
 	wait_port "$port"

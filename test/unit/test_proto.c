@@ -1631,6 +1631,29 @@ Test(proto, fin_after_data)
 	check_quiescent();
 }
 
+/* The peer's FIN came after its bytes; then our end of the connection
+ * broke (here our own reset; in verbs.c a QP torn down under us). The bytes
+ * before the FIN are all here: they are read first, then the error. */
+Test(proto, bytes_before_fin_survive_a_break)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 300, 0);
+	cr_assert_eq(sv_proto_shutdown_tx(&P[SA], NOW), 0);
+	pump();
+	cr_assert(P[SB].rx_fin);
+	cr_assert_eq(get(SB, 100, 0), 100);
+	cr_assert_eq(sv_proto_send_reset(&P[SB]), 0);
+	cr_assert_eq(P[SB].error, -ECONNRESET);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 200);
+	cr_assert_eq(get(SB, 150, 0), 150);
+	cr_assert_eq(get(SB, 100, 0), 50);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 0);
+	cr_assert_eq(get(SB, 100, 0), -ECONNRESET, "the error once the bytes are read");
+	cr_assert_eq(put(SB, 10, 0), -ECONNRESET);
+}
+
 Test(proto, peer_reset)
 {
 	struct sv_proto_params prm = prm_default();
@@ -2217,7 +2240,15 @@ ParameterizedTest(struct bad_case *bc, proto, malformed_resets)
 	cr_assert_eq(r, -ECONNRESET, "%s: on_recv returned %d", bad_names[bc->kind], r);
 	cr_assert_eq(P[SB].error, -ECONNRESET, "%s", bad_names[bc->kind]);
 
-	/* Every later call reports the reset, and nothing crashes. */
+	/* After a valid FIN the bytes before it are read first (as TCP reads
+	 * what it queued before an RST); then every call reports the reset,
+	 * and nothing crashes. */
+	if (bc->kind == BAD_FIN_TWICE || bc->kind == BAD_DATA_AFTER_FIN) {
+		cr_assert_eq(sv_proto_readable(&P[SB]), 10, "%s", bad_names[bc->kind]);
+		cr_assert_eq(get(SB, 100, MSG_PEEK), 10);
+		cr_assert_eq(get(SB, 100, 0), 10);
+		cr_assert_eq(sv_proto_readable(&P[SB]), 0);
+	}
 	cr_assert_eq(get(SB, 100, 0), -ECONNRESET);
 	cr_assert_eq(get(SB, 100, MSG_PEEK), -ECONNRESET);
 	cr_assert_eq(put(SB, 10, 0), -ECONNRESET);
