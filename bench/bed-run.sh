@@ -110,6 +110,7 @@ kv() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
 
 # ---- raw verbs: perftest ----
 perftest_one() { # tool size -> sets PT_LINE (the client's result line) or fails
+	next_port # a port of its own: the socket variants' servers keep theirs
 	local tool=$1 size=$2 log=$RAW/verbs.$1.$2
 	local -a args=(-d "$DEV" -s "$size" -p "$PORT" -F)
 	if [ "$tool" = ib_send_lat ]; then
@@ -140,36 +141,46 @@ perftest_one() { # tool size -> sets PT_LINE (the client's result line) or fails
 	[ -n "$PT_LINE" ]
 }
 
-note "raw verbs (perftest) on $DEV at $IP"
-for tool in ib_send_bw ib_write_bw; do
-	variant=verbs-send
-	[ "$tool" = ib_write_bw ] && variant=verbs-write
-	for s in "${BW_SIZES[@]}"; do
+# ---- raw verbs (perftest) and the socket variants (sovia-bench) ----
+# Size by size: each size is measured for raw verbs and for every socket
+# variant back to back, so the ratios compare runs seconds apart. The
+# bed's speed drifts by 10% and more over the minutes a whole sweep takes
+# (docs/benchmarks.md), and variant after variant put minutes between the
+# two numbers of a ratio.
+verbs_bw() { # size
+	local tool variant bw
+	for tool in ib_send_bw ib_write_bw; do
+		variant=verbs-send
+		[ "$tool" = ib_write_bw ] && variant=verbs-write
 		# #bytes #iterations BW_peak BW_average MsgRate (MB = 2^20 bytes)
-		if perftest_one "$tool" "$s" && bw=$(echo "$PT_LINE" | awk '{print $4}') &&
+		if perftest_one "$tool" "$1" && bw=$(echo "$PT_LINE" | awk '{print $4}') &&
 			awk -v b="$bw" 'BEGIN {exit !(b > 0)}'; then
-			row "$variant" bw "$s" ok "$bw" "" "" "" "" "" "$tool"
-			echo "$tool $s: $bw MiB/s"
+			row "$variant" bw "$1" ok "$bw" "" "" "" "" "" "$tool"
+			echo "$tool $1: $bw MiB/s"
 		else
-			row "$variant" bw "$s" failed "" "" "" "" "" "" "$tool failed (raw/verbs.$tool.$s.*)"
-			echo "$tool $s: FAILED"
+			row "$variant" bw "$1" failed "" "" "" "" "" "" "$tool failed (raw/verbs.$tool.$1.*)"
+			echo "$tool $1: FAILED"
 		fi
 	done
-done
-for s in "${LAT_SIZES[@]}"; do
-	if perftest_one ib_send_lat "$s"; then
+}
+verbs_lat() { # size
+	local med p99
+	if perftest_one ib_send_lat "$1"; then
 		# #bytes #iters t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec)
 		med=$(echo "$PT_LINE" | awk '{print $5}')
 		p99=$(echo "$PT_LINE" | awk '{print $8}')
-		row verbs-send lat "$s" ok "" "$med" "$p99" "" "" "" ib_send_lat
-		echo "ib_send_lat $s: median $med us, p99 $p99 us"
+		row verbs-send lat "$1" ok "" "$med" "$p99" "" "" "" ib_send_lat
+		echo "ib_send_lat $1: median $med us, p99 $p99 us"
 	else
-		row verbs-send lat "$s" failed "" "" "" "" "" "" "ib_send_lat failed (raw/verbs.ib_send_lat.$s.*)"
-		echo "ib_send_lat $s: FAILED"
+		row verbs-send lat "$1" failed "" "" "" "" "" "" "ib_send_lat failed (raw/verbs.ib_send_lat.$1.*)"
+		echo "ib_send_lat $1: FAILED"
 	fi
-done
+}
 
-# ---- the socket variants through sovia-bench ----
+# Every socket variant's server runs for the whole sweep, on its own port.
+declare -A SRV_PID SRV_PORT
+LIVE=() # the variants whose server is up
+
 # Test $2 of variant $1 over sizes $3..: one client process per size, each
 # under its own bound, so a hang costs that size only; a row for every size
 # (failed ones included).
@@ -178,10 +189,14 @@ bench_client() { # variant test sizes...
 	shift 2
 	local bound=$(( (${WARMUP%.*} + ${SECS%.*} + 2) * 4 + 60 ))
 	for s in "$@"; do
-		local log=$RAW/$v.client-$t.$s
-		local -a args=(-H "$IP" -p "$PORT" -t "$t" -w "$WARMUP" -d "$SECS" -s "$s")
+		local log=$RAW/$v.client-$t.$s port=${SRV_PORT[$v]:-0}
+		if [ -z "${SRV_PID[$v]:-}" ]; then
+			row "$v" "$t" "$s" failed "" "" "" "" "" "" "server down"
+			continue
+		fi
+		local -a args=(-H "$IP" -p "$port" -t "$t" -w "$WARMUP" -d "$SECS" -s "$s")
 		[ "$t" = lat ] && args+=(-n "$LAT_ITERS")
-		[ "$t" = conn ] && args=(-H "$IP" -p "$PORT" -t conn -d "$CONN_SECS")
+		[ "$t" = conn ] && args=(-H "$IP" -p "$port" -t conn -d "$CONN_SECS")
 		# shellcheck disable=SC2046
 		timeout -k 10 "$bound" env $(variant_env "$v") "$BENCH" client "${args[@]}" >"$log.out" 2>"$log.err"
 		local rc=$?
@@ -194,7 +209,7 @@ bench_client() { # variant test sizes...
 			[ -n "$why" ] || why="client exit $rc"
 			echo "$v $t $s: FAILED ($why; raw/${log##*/}.err)"
 			# A hung connection may hold the one-at-a-time server: restart it.
-			[ "$rc" = 124 ] && { stop_server; start_server "$v" || true; }
+			[ "$rc" = 124 ] && { stop_server "$v"; start_server "$v" || true; }
 			row "$v" "$t" "$s" failed "" "" "" "" "" "" "$why"
 			continue
 		fi
@@ -208,28 +223,33 @@ bench_client() { # variant test sizes...
 	done
 }
 
-# The variant's server on a new port (logs appended: a restart keeps the
-# earlier output); sets SRV.
-SRV=""
+# Variant $1's server on a new port (logs appended: a restart keeps the
+# earlier output).
 start_server() { # variant
-	local srvlog=$RAW/$1.server
+	local srvlog=$RAW/$1.server pid
 	next_port
 	echo "--- server on port $PORT" >>"$srvlog.out"
 	# shellcheck disable=SC2046
 	timeout -k 10 3000 env $(variant_env "$1") "$BENCH" server -b "$IP" -p "$PORT" >>"$srvlog.out" 2>>"$srvlog.err" &
-	SRV=$!
-	wait_listening "$srvlog.out" 90 "$SRV" && return 0
+	pid=$!
+	if wait_listening "$srvlog.out" 90 "$pid"; then
+		SRV_PID[$1]=$pid SRV_PORT[$1]=$PORT
+		return 0
+	fi
 	echo "$1: server did not start (raw/$1.server.err):"
 	tail -5 "$srvlog.err"
-	stop_server
+	kill "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	unset "SRV_PID[$1]"
 	return 1
 }
-stop_server() {
-	[ -n "$SRV" ] || return 0
-	for _ in $(seq 100); do kill -0 "$SRV" 2>/dev/null || break; sleep 0.1; done
-	kill "$SRV" 2>/dev/null
-	wait "$SRV" 2>/dev/null
-	SRV=""
+stop_server() { # variant
+	local pid=${SRV_PID[$1]:-} _
+	[ -n "$pid" ] || return 0
+	for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+	kill "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	unset "SRV_PID[$1]"
 }
 
 fail_rows() { # variant why: a failed row for every test/size
@@ -240,7 +260,6 @@ fail_rows() { # variant why: a failed row for every test/size
 }
 
 for v in "${SOCK_VARIANTS[@]}"; do
-	note "$v (sovia-bench)"
 	if [ "$v" = rsockets ] && [ ! -e "$RSPRELOAD" ]; then
 		fail_rows rsockets "no $RSPRELOAD"
 		continue
@@ -249,22 +268,38 @@ for v in "${SOCK_VARIANTS[@]}"; do
 		fail_rows "$v" "server did not start"
 		continue
 	fi
-	bench_client "$v" bw "${BW_SIZES[@]}"
-	bench_client "$v" lat "${LAT_SIZES[@]}"
-	bench_client "$v" conn 0
-	# shellcheck disable=SC2046
-	timeout -k 10 60 env $(variant_env "$v") "$BENCH" client -H "$IP" -p "$PORT" -t quit >/dev/null 2>&1
-	stop_server
-	if [ "$v" = libsovia ]; then
-		# What carried the bytes: the client's connections, one line each.
-		grep -h "libsovia stats" "$RAW"/libsovia.client-bw.*.err "$RAW"/libsovia.client-lat.*.err 2>/dev/null |
-			grep ' client ' | sed 's/ rdma_rx_bytes=.* tcp_tx_bytes=/ tcp_tx_bytes=/; s/ tcp_rx_bytes=.*//' |
-			sed 's/^/   /'
-		echo "   conn test: $(grep -c 'libsovia stats' "$RAW/libsovia.client-conn.0.err" 2>/dev/null) client stats lines," \
-			"states: $(grep -h 'libsovia stats' "$RAW/libsovia.client-conn.0.err" 2>/dev/null | grep ' client ' |
-				sed -n 's/.* state=\([a-z-]*\).*/\1/p' | sort | uniq -c | tr '\n' ' ')"
-	fi
+	LIVE+=("$v")
 done
+
+note "bandwidth, size by size: raw verbs on $DEV at $IP, then ${LIVE[*]}"
+for s in "${BW_SIZES[@]}"; do
+	verbs_bw "$s"
+	for v in "${LIVE[@]}"; do bench_client "$v" bw "$s"; done
+done
+note "latency, size by size: raw verbs, then ${LIVE[*]}"
+for s in "${LAT_SIZES[@]}"; do
+	verbs_lat "$s"
+	for v in "${LIVE[@]}"; do bench_client "$v" lat "$s"; done
+done
+note "connection set-up: ${LIVE[*]}"
+for v in "${LIVE[@]}"; do bench_client "$v" conn 0; done
+for v in "${LIVE[@]}"; do
+	if [ -n "${SRV_PID[$v]:-}" ]; then
+		# shellcheck disable=SC2046
+		timeout -k 10 60 env $(variant_env "$v") "$BENCH" client -H "$IP" -p "${SRV_PORT[$v]}" -t quit >/dev/null 2>&1
+	fi
+	stop_server "$v"
+done
+if [ -n "$(ls "$RAW"/libsovia.client-*.err 2>/dev/null)" ]; then
+	# What carried the bytes: the client's connections, one line each.
+	note "libsovia: what carried the bytes"
+	grep -h "libsovia stats" "$RAW"/libsovia.client-bw.*.err "$RAW"/libsovia.client-lat.*.err 2>/dev/null |
+		grep ' client ' | sed 's/ rdma_rx_bytes=.* tcp_tx_bytes=/ tcp_tx_bytes=/; s/ tcp_rx_bytes=.*//' |
+		sed 's/^/   /'
+	echo "   conn test: $(grep -c 'libsovia stats' "$RAW/libsovia.client-conn.0.err" 2>/dev/null) client stats lines," \
+		"states: $(grep -h 'libsovia stats' "$RAW/libsovia.client-conn.0.err" 2>/dev/null | grep ' client ' |
+			sed -n 's/.* state=\([a-z-]*\).*/\1/p' | sort | uniq -c | tr '\n' ' ')"
+fi
 
 # ---- iperf3 (full run only; optional): one stream, 128 KiB writes ----
 if [ "$IPERF" = 1 ] && command -v iperf3 >/dev/null; then
