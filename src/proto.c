@@ -474,10 +474,13 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		 * own message if a credit is there. Without one it is
 		 * collected below, as TCP keeps writes in its send buffer
 		 * while the peer's window is closed, and goes when credits
-		 * come (sv_proto_on_recv). */
-		r = sv_pr_flush_pending(p, SV_FLUSH_NODELAY);
-		if (r < 0 && r != -EAGAIN)
-			return r;
+		 * come (sv_proto_on_recv). With the window closed the
+		 * collected buffer is tried once, after this write joined it. */
+		if (p->pending_slot >= 0 && sv_pr_can_send_data(p)) {
+			r = sv_pr_flush_pending(p, SV_FLUSH_NODELAY);
+			if (r < 0 && r != -EAGAIN)
+				return r;
+		}
 		if (p->pending_slot < 0 && sv_pr_can_send_data(p)) {
 			long n = send_copy(p, iov, iovcnt, total);
 			if (n > 0)
@@ -737,13 +740,17 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64
 	 * window was closed, and what Nagle held for the last completion. */
 	if (p->pending_slot >= 0 && sv_pr_can_send_data(p)) {
 		bool full = p->pending_len >= p->tx_payload_max;
-		bool late = clock_of(p, now_us) >= p->pending_deadline;
-		bool free_to_go = !p->cork && !p->pending_hold;
+		bool free_to_go = !p->cork && !p->pending_hold &&
+				  (p->inflight == 0 || !p->prm.coalesce);
+		/* The timer matters only for a buffer that would stay: the
+		 * clock is read for nothing else (a system call under
+		 * emulation, and callers may not have read it). */
+		bool late = !full && !free_to_go && clock_of(p, now_us) >= p->pending_deadline;
 		enum sv_flush_reason why = full ? SV_FLUSH_FULL
 				       : late ? SV_FLUSH_TIMER
 				       : !p->prm.coalesce ? SV_FLUSH_NODELAY
 							  : SV_FLUSH_IDLE;
-		if (full || late || (free_to_go && (p->inflight == 0 || !p->prm.coalesce))) {
+		if (full || late || free_to_go) {
 			r = sv_pr_flush_pending(p, why);
 			if (r < 0 && r != -EAGAIN)
 				return r;

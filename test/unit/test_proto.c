@@ -618,20 +618,24 @@ ParameterizedTest(struct cw_param *cw, proto, credit_window)
 	cr_assert_eq(P[SA].st.credit_stalls, 2);
 	cr_assert_eq(P[SA].pending_len, 1, "the small write waits in a send buffer");
 	cr_assert_eq(P[SA].st.collected_writes, 1);
+	cr_assert_eq(put(SA, 1, 0), 1, "a second small write joins it");
+	cr_assert_eq(P[SA].st.credit_stalls, 3, "one stall per write, not per flush tried");
+	cr_assert_eq(P[SA].pending_len, 2);
+	cr_assert_eq(P[SA].st.collected_writes, 2);
 	cr_assert_eq(P[SA].st.coalesced_writes, 0, "NODELAY: nothing coalesced");
-	cr_assert_eq(put(SA, 100, 0), -EAGAIN, "a large write stays behind the collected byte");
+	cr_assert_eq(put(SA, 100, 0), -EAGAIN, "a large write stays behind the collected bytes");
 	cr_assert_eq(ndata(SA), cw->window, "a stalled send posts nothing");
 	cr_assert_eq(P[SA].credits, cw->reserve);
 	check_quiescent();
 
-	/* B reads: credits come back and release the collected byte; the
+	/* B reads: credits come back and release the collected bytes; the
 	 * rest is reported by the timer. */
-	uint64_t sent = TXO[SA] - 1;
+	uint64_t sent = TXO[SA] - 2;
 	cr_assert_eq(drain(SB), sent);
 	pump();
-	cr_assert_eq(P[SA].pending_slot, -1, "the returned credits sent the collected byte");
-	cr_assert_eq(ndata(SA), cw->window + 1);
-	cr_assert_eq(drain(SB), 1);
+	cr_assert_eq(P[SA].pending_slot, -1, "the returned credits sent the collected bytes");
+	cr_assert_eq(ndata(SA), cw->window + 1, "both in one message");
+	cr_assert_eq(drain(SB), 2);
 	pump();
 	NOW += prm.ack_timeout_us;
 	sv_proto_timers(&P[SA], NOW);
@@ -687,6 +691,42 @@ Test(proto, clock_read_only_for_timers)
 	pump();
 	cr_assert_eq(drain(SB), 30);
 	check_quiescent();
+}
+
+/* Credits that release collected NODELAY bytes read no clock: only a buffer
+ * that would stay needs its timer looked at. A's messages stay in flight
+ * (their send completions held), so the credits, not an idle sender,
+ * release the byte. */
+Test(proto, credits_release_collected_bytes_without_a_clock_read)
+{
+	struct sv_proto_params prm = prm_default();
+	prm.window = 2;
+	prm.reserve = 3;
+	prm.ack_delay = 1;
+	prm.buf_size = 128;
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	pump();
+	put_all(SA, 10, 0);
+	pump();
+	cr_assert_eq(P[SA].inflight, 2);
+	cr_assert_eq(put(SA, 1, 0), 1, "collected: the window is closed");
+	cr_assert_eq(P[SA].pending_len, 1);
+	cr_assert_eq(drain(SB), 20);
+	for (int i = 0; i < 100 && fake_pending(&FP.ep[SB]); i++)
+		cr_assert_geq(fake_poll(&FP.ep[SB], &P[SB], NOW), 0); /* B's UPDATE goes */
+	unsigned reads = fake_clock_reads;
+	for (int i = 0; i < 100 && fake_pending(&FP.ep[SA]); i++)
+		cr_assert_geq(fake_poll(&FP.ep[SA], &P[SA], SV_NOW_UNREAD), 0);
+	cr_assert_eq(P[SA].pending_slot, -1, "the credits sent the collected byte");
+	cr_assert_eq(P[SA].st.flushes_idle, 0, "not as an idle sender's");
+	cr_assert_eq(fake_clock_reads, reads, "no clock read to release it");
+	FP.ep[SA].hold_send_done = false;
+	fake_release_sends(&FP.ep[SA], 10);
+	pump();
+	cr_assert_eq(drain(SB), 1);
 }
 
 /* Writes collected while the window is closed come before the FIN: it waits
