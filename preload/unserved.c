@@ -307,16 +307,20 @@ static void mode_changed(int fd)
 	sv_fd_put(f);
 }
 
+/* The result r of a call that may have changed fd's mode, passed on. */
+static int mode_call_done(int fd, int r)
+{
+	int saved = errno;
+	if (r == 0)
+		mode_changed(fd);
+	errno = saved;
+	return r;
+}
+
 static int fcntl_common(int (*real)(int, int, ...), int fd, int cmd, void *arg)
 {
-	if (cmd == F_SETFL && !sv_passthrough()) {
-		int r = real(fd, cmd, arg);
-		int saved = errno;
-		if (r == 0)
-			mode_changed(fd);
-		errno = saved;
-		return r;
-	}
+	if (cmd == F_SETFL && !sv_passthrough())
+		return mode_call_done(fd, real(fd, cmd, arg));
 	if (cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC)
 		return real(fd, cmd, arg);
 	struct sv_fd *f = share_begin(fd);
@@ -370,14 +374,8 @@ SV_EXPORT int ioctl(int fd, unsigned long req, ...)
 	va_start(ap, req);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
-	if (req == FIONBIO && !sv_passthrough()) {
-		int r = SV_REAL(ioctl)(fd, req, arg);
-		int saved = errno;
-		if (r == 0)
-			mode_changed(fd);
-		errno = saved;
-		return r;
-	}
+	if (req == FIONBIO && !sv_passthrough())
+		return mode_call_done(fd, SV_REAL(ioctl)(fd, req, arg));
 	if (sv_passthrough() || (req != FIONREAD && req != SIOCINQ))
 		return SV_REAL(ioctl)(fd, req, arg);
 	struct sv_fd *f = sv_fd_get(fd);

@@ -650,17 +650,20 @@ static void break_core(struct sv_proto *p, int err)
 		p->tx_state = SV_TX_RESET;
 }
 
-/* Both directions are done with the QP: the peer's FIN has arrived over
- * it, our sending has ended (FIN posted, or moved back to TCP), and no DATA
+/* The peer is done with the QP: its FIN has arrived over it, and no DATA
  * of ours is still in flight (completions come in order, so all of it
- * arrived). Disconnecting is then the normal end of the connection, and the
- * flushed work requests carry nothing anyone needs: an UPDATE, our FIN
- * after the peer no longer cared, receive buffers no message will fill. The
- * data the peer sent must stay readable up to its EOF: this is no reset. */
-static bool finished(const struct sv_proto *p)
+ * arrived). Our sending has ended (FIN posted, or moved back to TCP) or is
+ * still open: then the peer went first (closed, or exited and its QP with
+ * it). Either way a disconnect is the normal end, and the flushed work
+ * requests carry nothing anyone needs: an UPDATE, our FIN after the peer no
+ * longer cared, receive buffers no message will fill. The data the peer
+ * sent must stay readable up to its EOF: this is no reset. (Taking the
+ * open case for one hid the last bytes and the EOF from poll and read:
+ * iperf3's server waited for the client's IPERF_DONE byte for ever.) */
+static bool nothing_lost(const struct sv_proto *p)
 {
-	return p->rx_fin && (p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_TCP) &&
-	       p->inflight == 0;
+	return p->rx_fin && p->inflight == 0 &&
+	       (p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_TCP || p->tx_state == SV_TX_OPEN);
 }
 
 /* A failed work request. On an RC QP any failure moves the QP to the error
@@ -669,18 +672,9 @@ static int wc_failed(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc
 		     uint32_t kind, uint32_t idx)
 {
 	/* The expected aftermath of a break, or of the end. */
-	if (wc->status == IBV_WC_WR_FLUSH_ERR && (p->error || finished(p)))
-		return 0;
-	if (wc->status == IBV_WC_WR_FLUSH_ERR && p->rx_fin && p->inflight == 0 &&
-	    p->tx_state == SV_TX_OPEN) {
-		/* The peer sent its FIN and then went (closed, or exited, and
-		 * its QP with it) while we may still send: nothing of ours was
-		 * in flight, so nothing is lost. What it sent stays readable to
-		 * its EOF; our sending has no QP any more (ECONNRESET, as a TCP
-		 * peer's RST would give). Taking this for a break hid the last
-		 * bytes and the EOF from poll and read: iperf3's server waited
-		 * for the client's IPERF_DONE byte for ever (bed.iperf3). */
-		p->tx_state = SV_TX_RESET;
+	if (wc->status == IBV_WC_WR_FLUSH_ERR && (p->error || nothing_lost(p))) {
+		if (!p->error && p->tx_state == SV_TX_OPEN)
+			p->tx_state = SV_TX_RESET; /* no QP to send on: ECONNRESET */
 		return 0;
 	}
 	sv_dbg("verbs: QP %u: %s %u failed: %s (vendor error 0x%x)", v->qp ? v->qp->qp_num : 0,
