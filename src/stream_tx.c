@@ -89,6 +89,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	bool on_qp = false; /* some of the bytes went to the QP */
 	uint64_t timeout_at = 0; /* SO_SNDTIMEO: from the first wait on */
 	uint64_t waited_at = 0;  /* the clock at the end of the last wait */
+	bool polled = false;     /* the CQ was looked at since the last wait */
 	while (done < total || total == 0) {
 		struct iovec rest[64];
 		int restcnt = sv_iov_advance(iov, iovcnt, done, rest);
@@ -101,8 +102,19 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		 * write that goes out at once reads none. */
 		uint64_t now = waited_at ? waited_at : SV_NOW_UNREAD;
 		waited_at = 0;
-		if (s->proto_ready && !s->error)
+		/* On RDMA in both directions with nothing pending, the CQ
+		 * only when the core finds no credit or buffer (below): a
+		 * write that goes at once skips the poll. What the CQ holds
+		 * is handled by the next read or wait; a message that crossed
+		 * ours (a BACK, say) is one the protocol expects in flight.
+		 * A switch, a way back or a coalesced buffer (its timer, its
+		 * credits) is moved on first, as before every write. */
+		bool settled = s->state == SV_CONN_RDMA && !s->echo_owed &&
+			       s->proto.pending_slot < 0 && !sv_proto_back_wanted(&s->proto);
+		if (s->proto_ready && !s->error && !settled) {
 			sv_stream_progress_before_send(s, now); /* timers: below */
+			polled = true;
+		}
 		if (s->error) {
 			r = sv_stream_app_error(s, true);
 			own = true;
@@ -140,6 +152,12 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 					break;
 				continue;
 			}
+			if (r == -EAGAIN && !polled && s->proto_ready && !s->error) {
+				/* The credits or slots may be in the CQ. */
+				sv_stream_progress_before_send(s, now);
+				polled = true;
+				continue;
+			}
 			if (total == 0)
 				break;
 			if (r != -EAGAIN) {
@@ -171,6 +189,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			until = at + 10000;
 		int w = sv_stream_app_wait(s, m == TX_TCP || detaching ? POLLOUT : 0, until, &at);
 		waited_at = at;
+		polled = false;
 		if (w < 0) {
 			r = w;
 			break;
@@ -178,7 +197,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	}
 	/* The delayed ACK after the send: the data posted carried any ACK
 	 * that was due, so a ping-pong's reply reads no clock for it. */
-	if (s->proto_ready && !s->error && s->proto.ack_deadline)
+	if (s->proto_ready && !s->error && sv_proto_ack_armed(&s->proto))
 		sv_proto_timers(&s->proto, SV_NOW_UNREAD);
 	if (on_qp) {
 		/* Zero copy: the application may reuse its buffer only once
