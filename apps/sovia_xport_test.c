@@ -586,7 +586,7 @@ static int wait_more(struct conn *c)
 	if (now - c->last_progress > c->stall_us)
 		return -ETIMEDOUT;
 	uint64_t wait = 100000;
-	uint64_t dl = sv_proto_next_deadline(&c->p);
+	uint64_t dl = sv_proto_next_deadline(&c->p, now);
 	if (dl)
 		wait = dl <= now ? 0 : (dl - now < wait ? dl - now : wait);
 	struct timespec ts = {.tv_sec = (time_t)(wait / 1000000u),

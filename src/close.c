@@ -129,7 +129,7 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 			   !s->echo_owed && s->state != SV_CONN_SWITCHING;
 	}
 	if (!finished && now < s->linger_deadline_us) {
-		uint64_t next = sv_proto_next_deadline(p);
+		uint64_t next = sv_proto_next_deadline(p, now);
 		uint64_t tick = now + 10000; /* completions also wake us */
 		return next && next < tick ? next : tick;
 	}

@@ -128,6 +128,7 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 	p->unreported_data = 0;
 	p->unreported_small = 0;
 	p->ack_deadline = 0;
+	p->ack_lazy_us = 0;
 	p->credits--;
 	p->inflight += type == SV_MSG_DATA;
 	p->slot_kind[slot] = (uint8_t)(zccnt ? 2 : (type == SV_MSG_DATA ? 1 : 0));
@@ -197,6 +198,17 @@ static uint64_t clock_of(const struct sv_proto *p, uint64_t now_us)
 	return now_us != SV_NOW_UNREAD ? now_us : p->xp.now();
 }
 
+/* A clock reading starts the delayed-ACK timer armed without one. */
+static void ack_clock(struct sv_proto *p, uint64_t now)
+{
+	if (!p->ack_lazy_us)
+		return;
+	uint64_t d = now + p->ack_lazy_us;
+	if (!p->ack_deadline || d < p->ack_deadline)
+		p->ack_deadline = d;
+	p->ack_lazy_us = 0;
+}
+
 /* Decide whether our reposted buffers must be reported now. */
 int sv_pr_ack_policy(struct sv_proto *p, uint64_t now)
 {
@@ -214,14 +226,28 @@ int sv_pr_ack_policy(struct sv_proto *p, uint64_t now)
 	 * small message is among it (its sender's coalescing may wait for the
 	 * acknowledgment); for bulk DATA alone, SV_ACK_BULK_FACTOR times that:
 	 * rules 1 and 3 report bulk data, and at emulated speeds a 1 ms timer
-	 * fired after nearly every message (docs/protocol.md, section 6). */
+	 * fired after nearly every message (docs/protocol.md, section 6).
+	 *
+	 * Without a clock reading (a read that found its data at once) the
+	 * timer is armed lazily: its delay waits for the next reading, taken
+	 * anyway before anything sleeps (sv_proto_next_deadline) or at the
+	 * next timer check. A ping-pong's reply carries the ACK before that,
+	 * so its read reads no clock. */
 	uint64_t t = p->prm.ack_timeout_us;
-	if (p->unreported_small > 0) {
-		now = clock_of(p, now);
-		if (!p->ack_deadline || p->ack_deadline > now + t)
-			p->ack_deadline = now + t;
-	} else if (p->unreported_data > 0 && !p->ack_deadline) {
-		p->ack_deadline = clock_of(p, now) + SV_ACK_BULK_FACTOR * t;
+	uint64_t delay;
+	if (p->unreported_small > 0)
+		delay = t;
+	else if (p->unreported_data > 0 && !sv_proto_ack_armed(p))
+		delay = SV_ACK_BULK_FACTOR * t;
+	else
+		return 0;
+	if (now == SV_NOW_UNREAD) {
+		if (!p->ack_lazy_us || delay < p->ack_lazy_us)
+			p->ack_lazy_us = delay;
+	} else {
+		ack_clock(p, now);
+		if (!p->ack_deadline || p->ack_deadline > now + delay)
+			p->ack_deadline = now + delay;
 	}
 	return 0;
 }
@@ -979,8 +1005,9 @@ int sv_proto_send_reset(struct sv_proto *p)
 
 /* ---- Timers ------------------------------------------------------------ */
 
-uint64_t sv_proto_next_deadline(const struct sv_proto *p)
+uint64_t sv_proto_next_deadline(struct sv_proto *p, uint64_t now_us)
 {
+	ack_clock(p, now_us);
 	uint64_t d = 0;
 	if (p->ack_deadline)
 		d = p->ack_deadline;
@@ -999,10 +1026,11 @@ uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us)
 	if (p->error)
 		return 0;
 	if (now_us == SV_NOW_UNREAD) {
-		if (!p->ack_deadline && p->pending_slot < 0)
+		if (!sv_proto_ack_armed(p) && p->pending_slot < 0)
 			return 0; /* no timer armed: no clock needed */
 		now_us = clock_of(p, now_us);
 	}
+	ack_clock(p, now_us);
 	if (p->ack_deadline && now_us >= p->ack_deadline) {
 		p->ack_deadline = 0;
 		if (p->unreported_data > 0 && send_update(p) < 0)
@@ -1016,5 +1044,5 @@ uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us)
 	}
 	if (fin_if_wanted(p) < 0)
 		return 0;
-	return sv_proto_next_deadline(p);
+	return sv_proto_next_deadline(p, now_us);
 }

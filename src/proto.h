@@ -212,6 +212,10 @@ struct sv_proto {
 	uint32_t unreported_small;/* ... of which held less than coalesce_size: these
 				   * arm the delayed-ACK timer at ack_timeout_us */
 	uint64_t ack_deadline;   /* delayed-ACK timer, 0 when not armed */
+	uint64_t ack_lazy_us;    /* delayed-ACK timer armed without a clock: its
+				  * delay, which the next clock reading turns into
+				  * ack_deadline (sv_proto_timers, next_deadline);
+				  * 0 when none */
 	uint8_t *slot_kind;      /* per send buffer: 0 control, 1 DATA, 2 zero-copy DATA */
 	uint64_t snd_una;        /* stream bytes the peer has acknowledged */
 
@@ -349,7 +353,14 @@ bool sv_proto_back_done(const struct sv_proto *p);
  *
  * Timers: fire what is due at now_us. Returns the next deadline (0 = none). */
 uint64_t sv_proto_timers(struct sv_proto *p, uint64_t now_us);
-uint64_t sv_proto_next_deadline(const struct sv_proto *p);
+/* The next deadline (0 = none), for a caller that is about to sleep until
+ * it: now_us, a clock reading, starts a delayed-ACK timer armed without one. */
+uint64_t sv_proto_next_deadline(struct sv_proto *p, uint64_t now_us);
+/* Is the delayed-ACK timer armed (with or without a deadline yet)? */
+static inline bool sv_proto_ack_armed(const struct sv_proto *p)
+{
+	return p->ack_deadline || p->ack_lazy_us;
+}
 /* The coalescing timer's deadline while coalesced bytes wait, else 0. */
 uint64_t sv_proto_flush_deadline(const struct sv_proto *p);
 

@@ -437,7 +437,7 @@ static int wait_common(struct sv_stream *s, short tcp_events, uint64_t deadline,
 	int wake = n;
 	pfd[n++] = (struct pollfd){.fd = s->wake_fd, .events = POLLIN};
 
-	uint64_t next = s->proto_ready ? sv_proto_next_deadline(&s->proto) : 0;
+	uint64_t next = s->proto_ready ? sv_proto_next_deadline(&s->proto, now) : 0;
 	if (!deadline || (next && next < deadline))
 		deadline = next;
 	int timeout = -1;
@@ -850,7 +850,7 @@ static uint64_t idle_watch(struct sv_stream *s, uint64_t now, struct sv_watch_io
 		return now;
 	}
 	io->armed = true;
-	return sv_proto_next_deadline(&s->proto);
+	return sv_proto_next_deadline(&s->proto, now);
 }
 
 uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct sv_watch_io *io)
@@ -969,7 +969,7 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 			next = active ? active_look(s, now, io) : idle_watch(s, now, io);
 			break;
 		}
-		next = s->proto_ready ? sv_proto_next_deadline(&s->proto) : 0;
+		next = s->proto_ready ? sv_proto_next_deadline(&s->proto, now) : 0;
 		if (s->state == SV_CONN_SWITCHING) {
 			/* A switch takes a few round trips whose completions do
 			 * not wake the helper: look again every millisecond until

@@ -986,14 +986,14 @@ Test(proto, delayed_ack_by_timer)
 	pump();
 	size_t b0 = fake_count(&FP.ep[SB], 0);
 	uint32_t ac = P[SA].credits;
-	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 0, "nothing consumed: no timer");
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], NOW), 0, "nothing consumed: no timer");
 
 	NOW = 2000;
 	cr_assert_eq(get(SB, 1, 0), 1);
-	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 2000 + PRM.ack_timeout_us);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], NOW), 2000 + PRM.ack_timeout_us);
 	NOW = 2500;
 	cr_assert_eq(get(SB, 1, 0), 1);
-	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 2000 + PRM.ack_timeout_us,
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], NOW), 2000 + PRM.ack_timeout_us,
 		     "the timer runs from the first unreported consumption");
 
 	uint64_t dl = 2000 + PRM.ack_timeout_us;
@@ -1016,9 +1016,78 @@ Test(proto, delayed_ack_by_timer)
 	/* Disarmed: later timers send nothing. */
 	NOW += 10 * PRM.ack_timeout_us;
 	cr_assert_eq(sv_proto_timers(&P[SB], NOW), 0);
-	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 0);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], NOW), 0);
 	pump();
 	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1);
+	check_quiescent();
+}
+
+/* A read that found its data at once has no clock reading: the delayed ACK
+ * is armed without one, and the next reading starts it. A reply that
+ * carries the ACK disarms it first, so a ping-pong reads no clock. */
+Test(proto, delayed_ack_armed_without_a_clock)
+{
+	ack_conn();
+	uint64_t t = PRM.ack_timeout_us;
+	unsigned reads = fake_clock_reads;
+	put_all(SA, 1, 0);
+	pump();
+	struct iovec iov = {RBUF, 1};
+	cr_assert_eq(sv_proto_recv(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
+	verify_rx(SB, RBUF, 1);
+	RXO[SB] += 1;
+	cr_assert(sv_proto_ack_armed(&P[SB]));
+	cr_assert_eq(P[SB].ack_deadline, 0, "no deadline without a clock");
+	cr_assert_eq(fake_clock_reads, reads, "the read read no clock");
+
+	/* The reply carries the ACK and disarms the timer. */
+	iov = (struct iovec){STREAM[SB] + TXO[SB], 1};
+	cr_assert_eq(sv_proto_send(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
+	TXO[SB] += 1;
+	const struct fake_msg *m = last_of(SB);
+	cr_assert_eq(m->h.type, SV_MSG_DATA);
+	cr_assert_eq(m->h.ack, 1);
+	cr_assert_eq(m->h.credits, 1);
+	cr_assert(!sv_proto_ack_armed(&P[SB]));
+	cr_assert_eq(sv_proto_timers(&P[SB], SV_NOW_UNREAD), 0);
+	cr_assert_eq(fake_clock_reads, reads, "a ping-pong round reads no clock");
+	pump();
+	cr_assert_eq(drain(SA), 1);
+
+	/* Armed again, nothing to carry it: the next reading starts the
+	 * timer, later readings do not move it, and it fires on time. */
+	put_all(SA, 1, 0);
+	pump();
+	iov = (struct iovec){RBUF, 1};
+	cr_assert_eq(sv_proto_recv(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
+	verify_rx(SB, RBUF, 1);
+	RXO[SB] += 1;
+	size_t b0 = fake_count(&FP.ep[SB], 0);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], 7000), 7000 + t);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], 7500), 7000 + t);
+	cr_assert_eq(sv_proto_timers(&P[SB], 7000 + t - 1), 7000 + t);
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0, "nothing before the deadline");
+	cr_assert_eq(sv_proto_timers(&P[SB], 7000 + t), 0);
+	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1);
+	m = last_of(SB);
+	cr_assert_eq(m->h.type, SV_MSG_UPDATE);
+	cr_assert_eq(m->h.ack, 2);
+	pump();
+
+	/* A timer check without a reading reads the clock for it. */
+	put_all(SA, 1, 0);
+	pump();
+	iov = (struct iovec){RBUF, 1};
+	cr_assert_eq(sv_proto_recv(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
+	verify_rx(SB, RBUF, 1);
+	RXO[SB] += 1;
+	fake_clock_us = 9000;
+	reads = fake_clock_reads;
+	cr_assert_eq(sv_proto_timers(&P[SB], SV_NOW_UNREAD), 9000 + t);
+	cr_assert_eq(fake_clock_reads, reads + 1);
+	cr_assert_eq(sv_proto_timers(&P[SB], 9000 + t), 0);
+	cr_assert_eq(last_of(SB)->h.type, SV_MSG_UPDATE);
+	pump();
 	check_quiescent();
 }
 
@@ -1038,7 +1107,7 @@ Test(proto, ack_timer_longer_for_bulk_data)
 	NOW = 2000;
 	cr_assert_eq(get(SB, 2 * big, 0), (long)(2 * big));
 	cr_assert_eq(P[SB].unreported_data, 2);
-	cr_assert_eq(sv_proto_next_deadline(&P[SB]), 2000 + SV_ACK_BULK_FACTOR * t);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], NOW), 2000 + SV_ACK_BULK_FACTOR * t);
 	NOW = 2000 + t;
 	sv_proto_timers(&P[SB], NOW);
 	pump();
@@ -1050,7 +1119,7 @@ Test(proto, ack_timer_longer_for_bulk_data)
 	NOW = 2000 + 2 * t;
 	cr_assert_eq(get(SB, big - 1, 0), (long)(big - 1));
 	uint64_t dl = NOW + t;
-	cr_assert_eq(sv_proto_next_deadline(&P[SB]), dl);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], NOW), dl);
 	NOW = dl;
 	cr_assert_eq(sv_proto_timers(&P[SB], NOW), 0);
 	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 1);
@@ -1063,7 +1132,7 @@ Test(proto, ack_timer_longer_for_bulk_data)
 	pump();
 	cr_assert_eq(get(SB, big, 0), (long)big);
 	dl = NOW + SV_ACK_BULK_FACTOR * t;
-	cr_assert_eq(sv_proto_next_deadline(&P[SB]), dl);
+	cr_assert_eq(sv_proto_next_deadline(&P[SB], NOW), dl);
 	NOW = dl;
 	cr_assert_eq(sv_proto_timers(&P[SB], NOW), 0);
 	cr_assert_eq(fake_count(&FP.ep[SB], 0), b0 + 2);
@@ -1310,12 +1379,12 @@ Test(proto, coalesce_flush_timer)
 	uint64_t opened = NOW, dl = opened + prm.coalesce_timeout_us;
 	put_all(SA, 20, 0);
 	cr_assert_eq(ndata(SA), 1);
-	cr_assert_eq(sv_proto_next_deadline(&P[SA]), dl);
+	cr_assert_eq(sv_proto_next_deadline(&P[SA], NOW), dl);
 	NOW = dl - 1;
 	cr_assert_eq(sv_proto_timers(&P[SA], NOW), dl);
 	cr_assert_eq(ndata(SA), 1, "not before the deadline");
 	put_all(SA, 5, 0); /* appending does not move the deadline */
-	cr_assert_eq(sv_proto_next_deadline(&P[SA]), dl);
+	cr_assert_eq(sv_proto_next_deadline(&P[SA], NOW), dl);
 	NOW = dl;
 	cr_assert_eq(sv_proto_timers(&P[SA], NOW), 0);
 	cr_assert_eq(P[SA].st.flushes_timer, 1);
@@ -1899,7 +1968,7 @@ Test(proto, update_waits_for_a_send_buffer)
 	cr_assert_gt(fake_count(&FP.ep[SB], SV_MSG_UPDATE), u0,
 		     "the UPDATE due at consumption was dropped: B owes A %u buffers, "
 		     "next deadline %llu", P[SB].unreported,
-		     (unsigned long long)sv_proto_next_deadline(&P[SB]));
+		     (unsigned long long)sv_proto_next_deadline(&P[SB], NOW));
 	cr_assert_eq(P[SB].unreported_data, 0);
 	check_quiescent();
 }
