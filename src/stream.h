@@ -133,6 +133,9 @@ struct sv_stream {
 	 * process sharing the open file) costs at most a spin. */
 	atomic_bool seen_blocking;
 	uint64_t app_calls;  /* the application's calls that may poll the CQ */
+	/* Writes that found a coalesced buffer pending and did not look at
+	 * its timer (sv_stream_progress_before_send). */
+	uint32_t tx_unclocked;
 	/* Receive and send calls that returned EAGAIN (epoll's edge rules,
 	 * src/readiness.h). */
 	atomic_uint_least64_t rx_eagain, tx_eagain;

@@ -34,7 +34,9 @@ int sv_stream_progress_at(struct sv_stream *s, uint64_t now);
 /* The same for a send, which checks the delayed ACK after posting: the
  * data it posts carries the ACK that timer would send, and checking it
  * first would read the clock for nothing. The timers run here only for a
- * coalesced buffer (due, it goes before the new bytes are added). */
+ * coalesced buffer (due, it goes before the new bytes are added), and
+ * only in one write of SV_TX_TIMER_EVERY without a clock reading. */
+#define SV_TX_TIMER_EVERY 16
 int sv_stream_progress_before_send(struct sv_stream *s, uint64_t now);
 
 /* The QP is unusable: deliver what it already carried, then fall back to
