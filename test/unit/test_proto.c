@@ -1022,6 +1022,18 @@ Test(proto, delayed_ack_by_timer)
 	check_quiescent();
 }
 
+/* A sends one byte; B reads it as a read that found it at once would,
+ * without a clock reading. */
+static void byte_to_b_unclocked(void)
+{
+	put_all(SA, 1, 0);
+	pump();
+	struct iovec iov = {RBUF, 1};
+	cr_assert_eq(sv_proto_recv(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
+	verify_rx(SB, RBUF, 1);
+	RXO[SB] += 1;
+}
+
 /* A read that found its data at once has no clock reading: the delayed ACK
  * is armed without one, and the next reading starts it. A reply that
  * carries the ACK disarms it first, so a ping-pong reads no clock. */
@@ -1030,18 +1042,13 @@ Test(proto, delayed_ack_armed_without_a_clock)
 	ack_conn();
 	uint64_t t = PRM.ack_timeout_us;
 	unsigned reads = fake_clock_reads;
-	put_all(SA, 1, 0);
-	pump();
-	struct iovec iov = {RBUF, 1};
-	cr_assert_eq(sv_proto_recv(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
-	verify_rx(SB, RBUF, 1);
-	RXO[SB] += 1;
+	byte_to_b_unclocked();
 	cr_assert(sv_proto_ack_armed(&P[SB]));
 	cr_assert_eq(P[SB].ack_deadline, 0, "no deadline without a clock");
 	cr_assert_eq(fake_clock_reads, reads, "the read read no clock");
 
 	/* The reply carries the ACK and disarms the timer. */
-	iov = (struct iovec){STREAM[SB] + TXO[SB], 1};
+	struct iovec iov = {STREAM[SB] + TXO[SB], 1};
 	cr_assert_eq(sv_proto_send(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
 	TXO[SB] += 1;
 	const struct fake_msg *m = last_of(SB);
@@ -1056,12 +1063,7 @@ Test(proto, delayed_ack_armed_without_a_clock)
 
 	/* Armed again, nothing to carry it: the next reading starts the
 	 * timer, later readings do not move it, and it fires on time. */
-	put_all(SA, 1, 0);
-	pump();
-	iov = (struct iovec){RBUF, 1};
-	cr_assert_eq(sv_proto_recv(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
-	verify_rx(SB, RBUF, 1);
-	RXO[SB] += 1;
+	byte_to_b_unclocked();
 	size_t b0 = fake_count(&FP.ep[SB], 0);
 	cr_assert_eq(sv_proto_next_deadline(&P[SB], 7000), 7000 + t);
 	cr_assert_eq(sv_proto_next_deadline(&P[SB], 7500), 7000 + t);
@@ -1075,12 +1077,7 @@ Test(proto, delayed_ack_armed_without_a_clock)
 	pump();
 
 	/* A timer check without a reading reads the clock for it. */
-	put_all(SA, 1, 0);
-	pump();
-	iov = (struct iovec){RBUF, 1};
-	cr_assert_eq(sv_proto_recv(&P[SB], &iov, 1, 0, SV_NOW_UNREAD), 1);
-	verify_rx(SB, RBUF, 1);
-	RXO[SB] += 1;
+	byte_to_b_unclocked();
 	fake_clock_us = 9000;
 	reads = fake_clock_reads;
 	cr_assert_eq(sv_proto_timers(&P[SB], SV_NOW_UNREAD), 9000 + t);
