@@ -48,9 +48,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-#endif
+
+#include "ticks.h"
 
 #define MAGIC 0x53564231u /* "SVB1" */
 enum test { T_BW = 1, T_LAT = 2, T_CONN = 3, T_QUIT = 4 };
@@ -75,23 +74,10 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Round-trip timestamps: the TSC where there is one. clock_gettime may be
- * a system call (without a vDSO clock source, as under emulation: about
- * 0.9 us), and half of each of the two around a round trip fell inside
- * it; ib_send_lat reads the TSC as well. Ticks become seconds at a rate
- * measured against CLOCK_MONOTONIC over the whole run (tick_rate). */
-static inline uint64_t ticks(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	return __rdtsc();
-#else
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-#endif
-}
-
-/* Ticks per second between two (ticks, CLOCK_MONOTONIC) readings. */
+/* Round trips are timed in ticks (ticks.h): half of each of the two
+ * clock_gettime calls around a round trip fell inside it, where that is
+ * a system call; ib_send_lat reads the TSC as well. Ticks per second
+ * between two (ticks, CLOCK_MONOTONIC) readings: */
 static double tick_rate(uint64_t k0, double m0, uint64_t k1, double m1)
 {
 	return m1 > m0 && k1 > k0 ? (double)(k1 - k0) / (m1 - m0) : 0;

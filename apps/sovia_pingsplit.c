@@ -28,25 +28,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 
-static uint64_t mono_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static uint64_t ticks(void)
-{
-#if defined(__x86_64__)
-	return __rdtsc();
-#else
-	return mono_ns();
-#endif
-}
+#include "ticks.h"
 
 static int cmp_u64(const void *a, const void *b)
 {
