@@ -352,12 +352,14 @@ static void sv_stream_slept(struct sv_stream *s, uint64_t from, uint64_t to, boo
 
 /* Poll the CQ for sv_stream_spin_us (spin.h) before sleeping. The lock is
  * let go between looks so the application's other threads get in. Returns
- * true when something came (or changed); *now is the clock as last read
- * (every SV_SPIN_CLOCK_PASSES looks; start if never), for the caller to go
- * on with. */
-static bool spin(struct sv_stream *s, uint64_t *now, uint64_t deadline)
+ * true when something came (or changed); *drained tells whether the last
+ * look took completions (the CQ was emptied just now, lock held since).
+ * *now is the clock as last read (every SV_SPIN_CLOCK_PASSES looks; start
+ * if never), for the caller to go on with. */
+static bool spin(struct sv_stream *s, uint64_t *now, uint64_t deadline, bool *drained)
 {
 	uint32_t budget = sv_stream_spin_us(s);
+	*drained = false;
 	if (!budget || !s->verbs || s->error)
 		return false;
 	uint64_t gen = s->wake_gen, until = *now + budget;
@@ -369,8 +371,10 @@ static bool spin(struct sv_stream *s, uint64_t *now, uint64_t deadline)
 		int r = sv_verbs_poll(s->verbs, &s->proto, *now);
 		if (r < 0)
 			sv_stream_break(s, r);
-		if (r != 0 || s->wake_gen != gen)
+		if (r != 0 || s->wake_gen != gen) {
+			*drained = r > 0;
 			return true;
+		}
 		if (*now >= until || !s->verbs)
 			return false;
 		s->app_calls++; /* busy here: the helper leaves the CQ to us */
@@ -408,11 +412,12 @@ static int wait_common(struct sv_stream *s, short tcp_events, uint64_t deadline,
 	struct pollfd pfd[3];
 	int n = 0, chan = -1, tcp = -1;
 	uint64_t start = *at, now = start;
-	if (!tcp_events && spin(s, &now, deadline)) {
+	bool drained;
+	if (!tcp_events && spin(s, &now, deadline, &drained)) {
 		sv_stream_waited(s, now - start);
 		s->st.waits_spun++;
 		*at = now;
-		return 0;
+		return drained ? 1 : 0;
 	}
 	if (s->verbs && !s->error) {
 		/* Arm, then look once more: a completion that came before the
@@ -424,7 +429,7 @@ static int wait_common(struct sv_stream *s, short tcp_events, uint64_t deadline,
 			if (r != 0) {
 				s->st.waits_spun++;
 				*at = now;
-				return 0;
+				return r > 0 ? 1 : 0;
 			}
 		}
 		chan = n;
@@ -489,11 +494,11 @@ int sv_stream_progress(struct sv_stream *s)
 	return sv_stream_progress_at(s, sv_now_us());
 }
 
-static int progress_common(struct sv_stream *s, uint64_t now, bool timers)
+static int progress_common(struct sv_stream *s, uint64_t now, bool timers, bool poll_cq)
 {
 	if (!s->verbs || s->error)
 		return s->error;
-	int r = sv_verbs_poll(s->verbs, &s->proto, now);
+	int r = poll_cq ? sv_verbs_poll(s->verbs, &s->proto, now) : 0;
 	if (r < 0) {
 		sv_stream_break(s, r);
 		return s->error;
@@ -519,7 +524,12 @@ static int progress_common(struct sv_stream *s, uint64_t now, bool timers)
 
 int sv_stream_progress_at(struct sv_stream *s, uint64_t now)
 {
-	return progress_common(s, now, true);
+	return progress_common(s, now, true, true);
+}
+
+int sv_stream_progress_drained(struct sv_stream *s, uint64_t now)
+{
+	return progress_common(s, now, true, false);
 }
 
 int sv_stream_progress_before_send(struct sv_stream *s, uint64_t now)
@@ -537,7 +547,7 @@ int sv_stream_progress_before_send(struct sv_stream *s, uint64_t now)
 		timers = true;
 		s->tx_unclocked = 0;
 	}
-	return progress_common(s, now, timers);
+	return progress_common(s, now, timers, true);
 }
 
 void sv_stream_break(struct sv_stream *s, int err)

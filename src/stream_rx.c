@@ -223,6 +223,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 	long r;
 	uint64_t timeout_at = 0; /* SO_RCVTIMEO: from the first wait on */
 	uint64_t waited_at = 0;  /* the clock at the end of the last wait */
+	bool drained = false;    /* that wait emptied the CQ (it returned 1) */
 	for (;;) {
 		if (s->tcpbuf_len > s->tcpbuf_off && want) {
 			r = from_tcpbuf(s, iov, iovcnt, flags);
@@ -232,8 +233,13 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		/* The clock only if a timer or the wait needs it. */
 		uint64_t now = waited_at ? waited_at : SV_NOW_UNREAD;
 		waited_at = 0;
-		if (s->proto_ready && !s->error)
-			sv_stream_progress_at(s, now);
+		if (s->proto_ready && !s->error) {
+			if (drained)
+				sv_stream_progress_drained(s, now);
+			else
+				sv_stream_progress_at(s, now);
+		}
+		drained = false;
 		if (s->proto_ready && p->rx_on_qp && !p->back_sent) {
 			r = sv_proto_recv(p, iov, iovcnt, flags, now);
 			if (r < 0 && r != -EAGAIN && p->error) {
@@ -278,6 +284,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 			now = sv_now_us();
 		int w = sv_stream_app_wait(s, on_tcp ? POLLIN : 0, timeout_at, &now);
 		waited_at = now;
+		drained = w > 0;
 		if (w < 0) {
 			r = w;
 			break;
