@@ -38,6 +38,7 @@ if [ "$SMOKE" = 1 ]; then
 	BW_SIZES=(64 65536)
 	LAT_SIZES=(1 64)
 	WARMUP=1 SECS=1 LAT_ITERS=200 PERF_BW_BYTES=4194304 PERF_BW_MAX_ITERS=200 PERF_LAT_ITERS=100 CONN_SECS=1
+	PERF_LAT_ITERS_SMALL=100
 	IPERF=0 FTP=0
 else
 	BW_SIZES=(64 256 1024 4096 16384 65536 262144 1048576)
@@ -45,6 +46,7 @@ else
 	WARMUP=${SOVIA_BENCH_WARMUP:-5} SECS=${SOVIA_BENCH_SECS:-3} LAT_ITERS=100000
 	PERF_BW_BYTES=${SOVIA_BENCH_PERF_BYTES:-25165824} PERF_BW_MAX_ITERS=${SOVIA_BENCH_PERF_MAX_ITERS:-20000}
 	PERF_LAT_ITERS=${SOVIA_BENCH_PERF_LAT_ITERS:-1000}
+	PERF_LAT_ITERS_SMALL=${SOVIA_BENCH_PERF_LAT_ITERS_SMALL:-20000}
 	CONN_SECS=${SOVIA_BENCH_CONN_SECS:-3}
 	IPERF=${SOVIA_BENCH_IPERF:-1}
 	FTP=${SOVIA_BENCH_FTP:-1}
@@ -114,7 +116,14 @@ perftest_one() { # tool size -> sets PT_LINE (the client's result line) or fails
 	local tool=$1 size=$2 log=$RAW/verbs.$1.$2
 	local -a args=(-d "$DEV" -s "$size" -p "$PORT" -F)
 	if [ "$tool" = ib_send_lat ]; then
-		args+=(-n "$PERF_LAT_ITERS")
+		# Up to 1 KiB, as many round trips as take a second or so: 1000
+		# of 10-20 us are 20-40 ms, and one slow moment of the guest in
+		# them moved the 64 B median by 3-4 us (14.0 and 14.1 us in two
+		# full runs where 20000 read 9.9-11.2 in most A/Bs of the day).
+		# The socket variants time about 3 s each.
+		local n=$PERF_LAT_ITERS
+		[ "$size" -le 1024 ] && n=$PERF_LAT_ITERS_SMALL
+		args+=(-n "$n")
 	else
 		# Iterations, not perftest's duration mode: with large messages under
 		# emulation a duration run can end before its first completion.
