@@ -197,6 +197,8 @@ struct sv_proto {
 	bool rx_on_qp;           /* the peer's data comes over the QP now */
 	bool rx_switch_pending;  /* TO_TCP arrived: QP data ends at rx_switch_seq */
 	bool rx_fin;             /* FIN arrived: EOF at rx_fin_seq */
+	bool qp_ended;           /* a flushed work request was the normal end
+				  * (sv_proto_flush_is_end): so is every later one */
 	bool peer_to_rdma;       /* TO_RDMA arrived: TCP carries the peer's bytes up to
 				  * peer_to_rdma_seq, then our challenge, then
 				  * nothing; QP data after it waits for
@@ -257,6 +259,15 @@ int sv_proto_set_peer(struct sv_proto *p, uint32_t peer_nrecv, uint32_t peer_buf
  * resets the connection: the result is -ECONNRESET and p->error is set. */
 int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, uint64_t now_us);
 int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us);
+/* The transport got a work request back flushed: its QP is in the error
+ * state and everything still posted follows the same way. True when that
+ * is expected, the aftermath of a break (p->error) or the normal end (the
+ * peer's FIN arrived over the QP and none of our DATA is in flight); an
+ * open sending direction is then closed (writes get ECONNRESET) and every
+ * later flush is that same end. False: bytes may be lost, and the
+ * transport fails the connection. The slot or buffer itself is still
+ * reported as usual. */
+bool sv_proto_flush_is_end(struct sv_proto *p);
 
 /* Application send. MSG_MORE in flags holds the data like TCP_CORK.
  * Returns the bytes taken (> 0), -EAGAIN when nothing could be taken (no

@@ -650,33 +650,14 @@ static void break_core(struct sv_proto *p, int err)
 		p->tx_state = SV_TX_RESET;
 }
 
-/* The peer is done with the QP: its FIN has arrived over it, and no DATA
- * of ours is still in flight (completions come in order, so all of it
- * arrived). Our sending has ended (FIN posted, or moved back to TCP) or is
- * still open: then the peer went first (closed, or exited and its QP with
- * it). Either way a disconnect is the normal end, and the flushed work
- * requests carry nothing anyone needs: an UPDATE, our FIN after the peer no
- * longer cared, receive buffers no message will fill. The data the peer
- * sent must stay readable up to its EOF: this is no reset. (Taking the
- * open case for one hid the last bytes and the EOF from poll and read:
- * iperf3's server waited for the client's IPERF_DONE byte for ever.) */
-static bool nothing_lost(const struct sv_proto *p)
-{
-	return p->rx_fin && p->inflight == 0 &&
-	       (p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_TCP || p->tx_state == SV_TX_OPEN);
-}
-
 /* A failed work request. On an RC QP any failure moves the QP to the error
  * state, after which everything still posted completes with a flush error. */
 static int wc_failed(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc *wc,
 		     uint32_t kind, uint32_t idx)
 {
 	/* The expected aftermath of a break, or of the end. */
-	if (wc->status == IBV_WC_WR_FLUSH_ERR && (p->error || nothing_lost(p))) {
-		if (!p->error && p->tx_state == SV_TX_OPEN)
-			p->tx_state = SV_TX_RESET; /* no QP to send on: ECONNRESET */
+	if (wc->status == IBV_WC_WR_FLUSH_ERR && sv_proto_flush_is_end(p))
 		return 0;
-	}
 	sv_dbg("verbs: QP %u: %s %u failed: %s (vendor error 0x%x)", v->qp ? v->qp->qp_num : 0,
 	       kind == SV_WR_SEND ? "send slot" : "receive buffer", idx,
 	       ibv_wc_status_str(wc->status), wc->vendor_err);

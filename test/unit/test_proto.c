@@ -1760,6 +1760,57 @@ Test(proto, bytes_before_fin_survive_a_break)
 	cr_assert_eq(put(SB, 10, 0), -ECONNRESET);
 }
 
+/* The peer sent its bytes and its FIN, then disconnected: our QP goes to
+ * the error state and every receive buffer still posted comes back
+ * flushed, one completion each. Each is the same normal end. The first one
+ * closes our open direction; the second one used to find it RESET, not
+ * "nothing lost", and broke the connection (bed.semantics' TCP_NODELAY
+ * client ended "broken" about one exit in 25). */
+Test(proto, every_flush_after_the_peers_fin_is_the_end)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SB, 100, 0);
+	cr_assert_eq(sv_proto_shutdown_tx(&P[SB], NOW), 0);
+	pump();
+	cr_assert(P[SA].rx_fin);
+	cr_assert_eq(P[SA].inflight, 0);
+	cr_assert_eq(P[SA].tx_state, SV_TX_OPEN, "our direction still open: the peer went first");
+	for (int i = 0; i < 3; i++) {
+		cr_assert(sv_proto_flush_is_end(&P[SA]), "flush %d judged a loss", i + 1);
+		cr_assert_eq(P[SA].error, 0, "flush %d set an error", i + 1);
+		cr_assert_eq(P[SA].tx_state, SV_TX_RESET);
+	}
+	cr_assert_eq(put(SA, 10, 0), -ECONNRESET, "no QP to send on");
+	cr_assert_eq(sv_proto_readable(&P[SA]), 100);
+	cr_assert_eq(drain(SA), 100, "the peer's bytes stay readable");
+	cr_assert_eq(get(SA, 10, 0), 0, "then its EOF");
+}
+
+/* A flush is no normal end while bytes of ours may be lost with the QP:
+ * DATA still in flight, or no FIN from the peer. */
+Test(proto, a_flush_that_may_lose_bytes_is_not_the_end)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	cr_assert_not(sv_proto_flush_is_end(&P[SA]), "no FIN from the peer");
+	cr_assert_not(P[SA].qp_ended);
+	cr_assert_eq(sv_proto_shutdown_tx(&P[SB], NOW), 0);
+	pump();
+	cr_assert(P[SA].rx_fin);
+	put_all(SA, 10, 0); /* posted, its completion not yet reported */
+	cr_assert_eq(P[SA].inflight, 1);
+	cr_assert_not(sv_proto_flush_is_end(&P[SA]), "our DATA still in flight");
+	cr_assert_not(P[SA].qp_ended);
+	cr_assert_eq(P[SA].tx_state, SV_TX_OPEN, "the state is the transport's to break");
+	/* After a break every flush is its aftermath. */
+	cr_assert_eq(sv_proto_send_reset(&P[SA]), 0);
+	cr_assert_eq(P[SA].error, -ECONNRESET);
+	cr_assert(sv_proto_flush_is_end(&P[SA]));
+}
+
 Test(proto, peer_reset)
 {
 	struct sv_proto_params prm = prm_default();
