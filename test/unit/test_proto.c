@@ -1740,15 +1740,22 @@ Test(proto, fin_after_data)
 /* The peer's FIN came after its bytes; then our end of the connection
  * broke (here our own reset; in verbs.c a QP torn down under us). The bytes
  * before the FIN are all here: they are read first, then the error. */
-Test(proto, bytes_before_fin_survive_a_break)
+/* A connection up on the QP both ways where side s sent len bytes and
+ * then shut down: all of it delivered, the peer has the bytes and the FIN. */
+static void sent_then_fin(int s, size_t len)
 {
 	struct sv_proto_params prm = prm_default();
 	conn_up(&prm);
 	open_both();
-	put_all(SA, 300, 0);
-	cr_assert_eq(sv_proto_shutdown_tx(&P[SA], NOW), 0);
+	put_all(s, len, 0);
+	cr_assert_eq(sv_proto_shutdown_tx(&P[s], NOW), 0);
 	pump();
-	cr_assert(P[SB].rx_fin);
+	cr_assert(P[1 - s].rx_fin);
+}
+
+Test(proto, bytes_before_fin_survive_a_break)
+{
+	sent_then_fin(SA, 300);
 	cr_assert_eq(get(SB, 100, 0), 100);
 	cr_assert_eq(sv_proto_send_reset(&P[SB]), 0);
 	cr_assert_eq(P[SB].error, -ECONNRESET);
@@ -1768,13 +1775,7 @@ Test(proto, bytes_before_fin_survive_a_break)
  * client ended "broken" about one exit in 25). */
 Test(proto, every_flush_after_the_peers_fin_is_the_end)
 {
-	struct sv_proto_params prm = prm_default();
-	conn_up(&prm);
-	open_both();
-	put_all(SB, 100, 0);
-	cr_assert_eq(sv_proto_shutdown_tx(&P[SB], NOW), 0);
-	pump();
-	cr_assert(P[SA].rx_fin);
+	sent_then_fin(SB, 100);
 	cr_assert_eq(P[SA].inflight, 0);
 	cr_assert_eq(P[SA].tx_state, SV_TX_OPEN, "our direction still open: the peer went first");
 	for (int i = 0; i < 3; i++) {
