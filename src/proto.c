@@ -411,7 +411,13 @@ static int tx_check(const struct sv_proto *p)
 	case SV_TX_FIN:
 		return -EPIPE;
 	case SV_TX_RESET:
-		return p->error ? p->error : -ECONNRESET;
+		/* Without an error, the QP ended normally after the peer's FIN
+		 * (sv_proto_flush_is_end): the peer closed and its end is gone,
+		 * and TCP's writes to such a peer (CLOSE_WAIT, then its reset)
+		 * fail with EPIPE. */
+		if (p->error)
+			return p->error;
+		return p->qp_ended ? -EPIPE : -ECONNRESET;
 	case SV_TX_BACK:
 		return -EINVAL; /* detached: the stream layer writes on TCP */
 	}
@@ -620,7 +626,7 @@ bool sv_proto_flush_is_end(struct sv_proto *p)
 		return false;
 	p->qp_ended = true;
 	if (p->tx_state == SV_TX_OPEN)
-		p->tx_state = SV_TX_RESET; /* no QP to send on: ECONNRESET */
+		p->tx_state = SV_TX_RESET; /* no QP to send on: EPIPE (tx_check) */
 	return true;
 }
 

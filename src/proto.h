@@ -263,8 +263,8 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us);
  * state and everything still posted follows the same way. True when that
  * is expected, the aftermath of a break (p->error) or the normal end (the
  * peer's FIN arrived over the QP and none of our DATA is in flight); an
- * open sending direction is then closed (writes get ECONNRESET) and every
- * later flush is that same end. False: bytes may be lost, and the
+ * open sending direction is then closed (writes get EPIPE, as TCP's to a
+ * peer that closed) and every later flush is that same end. False: bytes may be lost, and the
  * transport fails the connection. The slot or buffer itself is still
  * reported as usual. */
 bool sv_proto_flush_is_end(struct sv_proto *p);

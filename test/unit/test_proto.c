@@ -1783,7 +1783,10 @@ Test(proto, every_flush_after_the_peers_fin_is_the_end)
 		cr_assert_eq(P[SA].error, 0, "flush %d set an error", i + 1);
 		cr_assert_eq(P[SA].tx_state, SV_TX_RESET);
 	}
-	cr_assert_eq(put(SA, 10, 0), -ECONNRESET, "no QP to send on");
+	/* TCP's writes to a peer that closed and reset fail with EPIPE
+	 * (bed.semantics checks the SIGPIPE): so do ours, every time. */
+	cr_assert_eq(put(SA, 10, 0), -EPIPE, "no QP to send on");
+	cr_assert_eq(put(SA, 10, 0), -EPIPE);
 	cr_assert_eq(sv_proto_readable(&P[SA]), 100);
 	cr_assert_eq(drain(SA), 100, "the peer's bytes stay readable");
 	cr_assert_eq(get(SA, 10, 0), 0, "then its EOF");
