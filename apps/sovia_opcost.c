@@ -16,12 +16,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+#include "ticks.h"
 
 __attribute__((noinline)) static int plus_one(int x)
 {

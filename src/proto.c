@@ -411,13 +411,12 @@ static int tx_check(const struct sv_proto *p)
 	case SV_TX_FIN:
 		return -EPIPE;
 	case SV_TX_RESET:
-		/* Without an error, the QP ended normally after the peer's FIN
-		 * (sv_proto_flush_is_end): the peer closed and its end is gone,
+		/* Without an error, the QP ended normally after the peer's FIN:
+		 * only sv_proto_flush_is_end sets RESET without one (every other
+		 * way sets p->error first). The peer closed and its end is gone,
 		 * and TCP's writes to such a peer (CLOSE_WAIT, then its reset)
 		 * fail with EPIPE. */
-		if (p->error)
-			return p->error;
-		return p->qp_ended ? -EPIPE : -ECONNRESET;
+		return p->error ? p->error : -EPIPE;
 	case SV_TX_BACK:
 		return -EINVAL; /* detached: the stream layer writes on TCP */
 	}

@@ -1737,9 +1737,6 @@ Test(proto, fin_after_data)
 	check_quiescent();
 }
 
-/* The peer's FIN came after its bytes; then our end of the connection
- * broke (here our own reset; in verbs.c a QP torn down under us). The bytes
- * before the FIN are all here: they are read first, then the error. */
 /* A connection up on the QP both ways where side s sent len bytes and
  * then shut down: all of it delivered, the peer has the bytes and the FIN. */
 static void sent_then_fin(int s, size_t len)
@@ -1753,6 +1750,9 @@ static void sent_then_fin(int s, size_t len)
 	cr_assert(P[1 - s].rx_fin);
 }
 
+/* The peer's FIN came after its bytes; then our end of the connection
+ * broke (here our own reset; in verbs.c a QP torn down under us). The bytes
+ * before the FIN are all here: they are read first, then the error. */
 Test(proto, bytes_before_fin_survive_a_break)
 {
 	sent_then_fin(SA, 300);
