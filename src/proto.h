@@ -210,6 +210,8 @@ struct sv_proto {
 	uint32_t rxq_head, rxq_count;
 	uint32_t peer_credits;   /* our view of the peer's credits towards us */
 	uint32_t unreported;     /* reposted buffers not yet reported */
+	int32_t rx_held;         /* the buffer the last receive call emptied, not
+				  * yet reposted (-1: none): sv_pr_rx_release */
 	uint32_t unreported_data;/* ... of which held data the application consumed */
 	uint32_t unreported_small;/* ... of which held less than coalesce_size: these
 				   * arm the delayed-ACK timer at ack_timeout_us */

@@ -66,6 +66,9 @@ int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len
 	 * with both windows full, the returns could not go otherwise. */
 	if (prefix_len && sv_pr_ret_append(p, prefix, prefix_len) < 0)
 		return p->error;
+	r = sv_pr_rx_release(p);
+	if (r < 0)
+		return r;
 	while (p->rxq_count) {
 		struct sv_rx_slot *rs = &p->rxq[p->rxq_head];
 		const uint8_t *src = (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, rs->buf) +

@@ -30,6 +30,8 @@ int sv_pr_ack_policy(struct sv_proto *p, uint64_t now);
 int sv_pr_flush_pending(struct sv_proto *p, enum sv_flush_reason why);
 /* Repost a receive buffer whose contents are done with. */
 int sv_pr_repost_control(struct sv_proto *p, uint32_t buf);
+/* Repost the buffer the last receive call emptied (p->rx_held), if any. */
+int sv_pr_rx_release(struct sv_proto *p);
 /* Append to the bytes we give back to the peer. */
 int sv_pr_ret_append(struct sv_proto *p, const void *data, size_t len);
 /* proto_back.c: once every returned byte is in, the bytes that never
