@@ -929,9 +929,10 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 		return now + 5000; /* connects take round trips: look every 5 ms */
 	}
 	if (s->upgrade_at) {
-		/* A client connection that waits out SOVIA_UPGRADE_DELAY_MS. A
-		 * close, a fork or exec (which call the upgrade off) or a
-		 * broken connection in the meantime: no upgrade. */
+		/* A client connection that waits out SOVIA_UPGRADE_DELAY_MS,
+		 * or to ask again after "no listener" (upgrade.c). A close, a
+		 * fork or exec (which call the upgrade off) or a broken
+		 * connection in the meantime: no upgrade. */
 		bool go = s->state == SV_CONN_TCP && !s->app_closed && !s->error;
 		if (go && now < s->upgrade_at) {
 			pthread_mutex_unlock(&s->lock);

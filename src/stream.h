@@ -109,7 +109,9 @@ struct sv_stream {
 	uint32_t chal_len;
 	uint64_t deadline_us; /* upgrade deadline */
 	uint64_t upgrade_at;  /* client: when the helper starts the upgrade
-			       * (SOVIA_UPGRADE_DELAY_MS); 0 = not waiting */
+			       * (SOVIA_UPGRADE_DELAY_MS, or a retry after
+			       * "no listener"); 0 = not waiting */
+	uint8_t connect_retries; /* client: requests asked again after "no listener" */
 	bool qp_lost;        /* the QP died while a switch waited for its echo */
 
 	/* TCP bytes read by the pump before the application asked for them. */
