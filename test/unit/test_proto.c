@@ -1184,7 +1184,7 @@ Test(proto, ack_piggybacked_on_data)
 	/* The read reposted its first buffer; the one it emptied last is held
 	 * until the next call (sv_pr_rx_release), so its credit comes later. */
 	cr_assert_eq(m->h.credits, 1, "the DATA carries the reposted buffer");
-	cr_assert_eq(P[SB].rx_held >= 0, true, "the read's last buffer is held back");
+	cr_assert(P[SB].rx_held >= 0, "the read's last buffer is held back");
 	cr_assert_eq(m->h.ack, 15);
 	cr_assert_eq(P[SB].st.acks_piggybacked, pb + 1);
 	cr_assert_eq(P[SB].st.updates_sent, 0);
@@ -2999,6 +2999,26 @@ Test(proto, back_returns_exactly_what_was_not_read)
 	size_t ol;
 	sv_proto_owed(&P[SA], &ob, &ol);
 	cr_assert_eq(ol, 0);
+}
+
+/* The buffer a read emptied last goes back with the BACK, its credit on
+ * it: after the BACK nothing else may come to report it. */
+Test(proto, back_reposts_the_held_buffer)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 100, 0);
+	pump();
+	cr_assert_eq(get(SB, 100, 0), 100);
+	cr_assert(P[SB].rx_held >= 0, "the read's buffer is held");
+	uint32_t posted = fake_posted(&FP.ep[SB]);
+	cr_assert_eq(sv_proto_send_back(&P[SB], NULL, 0, NOW), 0);
+	cr_assert_eq(P[SB].rx_held, -1);
+	cr_assert_eq(fake_posted(&FP.ep[SB]), posted + 1, "the BACK reposted it");
+	const struct fake_msg *m = last_of(SB);
+	cr_assert_eq(m->h.type, SV_MSG_BACK);
+	cr_assert_eq(m->h.credits, 1, "the BACK carries its credit");
 }
 
 /* Data the peer sent before it saw our BACK is given back too, and the
