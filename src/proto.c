@@ -417,7 +417,7 @@ static int tx_check(const struct sv_proto *p)
 		return -EPIPE;
 	case SV_TX_RESET:
 		/* Without an error, the QP ended normally after the peer's FIN:
-		 * only sv_proto_flush_is_end sets RESET without one (every other
+		 * only sv_proto_peer_ended sets RESET without one (every other
 		 * way sets p->error first). The peer closed and its end is gone,
 		 * and TCP's writes to such a peer (CLOSE_WAIT, then its reset)
 		 * fail with EPIPE. */
@@ -616,10 +616,10 @@ static bool nothing_lost(const struct sv_proto *p)
 	       (p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_TCP || p->tx_state == SV_TX_OPEN);
 }
 
-bool sv_proto_flush_is_end(struct sv_proto *p)
+bool sv_proto_peer_ended(struct sv_proto *p)
 {
 	if (p->error)
-		return true;
+		return false;
 	/* The first flush of the end closes an open direction, after which
 	 * nothing_lost no longer holds (RESET): the flag carries the verdict
 	 * to the rest of the flushed work requests. Without it the second one
@@ -632,6 +632,11 @@ bool sv_proto_flush_is_end(struct sv_proto *p)
 	if (p->tx_state == SV_TX_OPEN)
 		p->tx_state = SV_TX_RESET; /* no QP to send on: EPIPE (tx_check) */
 	return true;
+}
+
+bool sv_proto_flush_is_end(struct sv_proto *p)
+{
+	return p->error || sv_proto_peer_ended(p);
 }
 
 /* ---- Receiving --------------------------------------------------------- */

@@ -198,7 +198,7 @@ struct sv_proto {
 	bool rx_switch_pending;  /* TO_TCP arrived: QP data ends at rx_switch_seq */
 	bool rx_fin;             /* FIN arrived: EOF at rx_fin_seq */
 	bool qp_ended;           /* a flushed work request was the normal end
-				  * (sv_proto_flush_is_end): so is every later one */
+				  * (sv_proto_peer_ended): so is every later one */
 	bool peer_to_rdma;       /* TO_RDMA arrived: TCP carries the peer's bytes up to
 				  * peer_to_rdma_seq, then our challenge, then
 				  * nothing; QP data after it waits for
@@ -270,6 +270,10 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, uint64_t now_us);
  * transport fails the connection. The slot or buffer itself is still
  * reported as usual. */
 bool sv_proto_flush_is_end(struct sv_proto *p);
+/* The normal-end half of that judgement, for a disconnect (no error yet):
+ * true, with the same effects, when the peer's FIN arrived over the QP and
+ * none of our DATA is in flight, or a flush was judged so before. */
+bool sv_proto_peer_ended(struct sv_proto *p);
 
 /* Application send. MSG_MORE in flags holds the data like TCP_CORK.
  * Returns the bytes taken (> 0), -EAGAIN when nothing could be taken (no

@@ -663,13 +663,13 @@ void sv_stream_qp_down(struct sv_stream *s, int err)
 	bool tx_done = p->tx_state != SV_TX_OPEN || s->tx_shut;
 	/* Both directions finished, or the peer went first: its FIN came and
 	 * none of our DATA is in flight. The second is the judgement the
-	 * flushed work requests get (sv_proto_flush_is_end), made here too:
+	 * flushed work requests get (sv_proto_peer_ended), made here too:
 	 * the disconnect can come before they are in the CQ, and the poll
 	 * above then finds none. Judging it by tx_done alone broke such ends
 	 * whenever the flush was late (bed.semantics' TCP_NODELAY client,
 	 * 1 run in 40, "state=broken" with no failed work request). */
 	if (s->proto_ready && !p->peer_to_rdma &&
-	    ((p->rx_fin && tx_done) || (!p->error && sv_proto_flush_is_end(p)))) {
+	    ((p->rx_fin && tx_done) || sv_proto_peer_ended(p))) {
 		/* An ordinary end, nothing is lost. */
 		sv_stream_wake(s);
 		pthread_mutex_unlock(&s->lock);
