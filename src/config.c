@@ -35,7 +35,7 @@ static const struct setting settings[] = {
 	{"SOVIA_STATS", SETTING_BOOL, U32(stats), 0, 0, 1, "print statistics at exit"},
 	{"SOVIA_WINDOW", SETTING_U32, U32(window), 8, 4, 1024, "receive descriptors (credits)"},
 	{"SOVIA_BUF_SIZE", SETTING_BYTES, U32(buf_size), 131072, 1024, 1u << 20,
-	 "bytes per receive descriptor"},
+	 "payload bytes per message (a descriptor holds these and the 24-byte header)"},
 	{"SOVIA_ACK_DELAY", SETTING_U32, U32(ack_delay), 2, 1, 512,
 	 "consumed descriptors before an ACK"},
 	{"SOVIA_ACK_TIMEOUT_US", SETTING_U32, U32(ack_timeout_us), 1000, 10, 1000000,
@@ -182,18 +182,17 @@ int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
 		}
 		cfg->ack_delay = fixed;
 	}
-	/* Coalesced writes share one message: they must be shorter than a
-	 * buffer less its 24-byte header. The default follows a smaller
-	 * SOVIA_BUF_SIZE quietly; an explicit setting that does not fit is
-	 * reported. */
-	if (cfg->coalesce_size > cfg->buf_size - 24) {
+	/* Coalesced writes share one message: they must fit its payload. The
+	 * default follows a smaller SOVIA_BUF_SIZE quietly; an explicit
+	 * setting that does not fit is reported. */
+	if (cfg->coalesce_size > cfg->buf_size) {
 		if (getenv_fn("SOVIA_COALESCE_SIZE")) {
-			sv_err("SOVIA_COALESCE_SIZE=%u does not fit SOVIA_BUF_SIZE=%u with its "
-			       "24-byte header; using %u",
-			       cfg->coalesce_size, cfg->buf_size, cfg->buf_size - 24);
+			sv_err("SOVIA_COALESCE_SIZE=%u does not fit a message's payload "
+			       "(SOVIA_BUF_SIZE=%u); using %u",
+			       cfg->coalesce_size, cfg->buf_size, cfg->buf_size);
 			bad++;
 		}
-		cfg->coalesce_size = cfg->buf_size - 24;
+		cfg->coalesce_size = cfg->buf_size;
 	}
 	return bad;
 }
@@ -203,7 +202,12 @@ void sv_config_proto_params(const struct sv_config *cfg, struct sv_proto_params 
 	*prm = (struct sv_proto_params){
 		.window = cfg->window,
 		.reserve = SV_RESERVE,
-		.buf_size = cfg->buf_size,
+		/* SOVIA_BUF_SIZE counts payload: a write of a power of two
+		 * (what applications write) fills whole messages, where a
+		 * buffer of a power of two with the header in it left a
+		 * 24..192-byte tail message per write, each costing a credit
+		 * and a doorbell (docs/benchmarks.md). */
+		.buf_size = cfg->buf_size + SV_HDR_SIZE,
 		.ack_delay = cfg->ack_delay,
 		.ack_timeout_us = cfg->ack_timeout_us,
 		.coalesce = cfg->coalesce,

@@ -1,6 +1,7 @@
 /* Settings: defaults, valid values, and bad values (clear message, default kept). */
 #include "config.h"
 #include "log.h"
+#include "proto.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -138,7 +139,7 @@ Test(config, coalesce_size_capped_by_buffer)
 	env_set("SOVIA_BUF_SIZE", "4k");
 	env_set("SOVIA_COALESCE_SIZE", "8k");
 	cr_assert_eq(sv_config_load(&c, fake_getenv), 1);
-	cr_assert_eq(c.coalesce_size, 4096 - 24);
+	cr_assert_eq(c.coalesce_size, 4096);
 }
 
 /* The default (16 KiB) follows a smaller buffer without a complaint. */
@@ -148,7 +149,30 @@ Test(config, coalesce_default_follows_small_buffer)
 	cr_redirect_stderr();
 	env_set("SOVIA_BUF_SIZE", "4k");
 	cr_assert_eq(sv_config_load(&c, fake_getenv), 0);
-	cr_assert_eq(c.coalesce_size, 4096 - 24);
+	cr_assert_eq(c.coalesce_size, 4096);
+	fflush(stderr);
+	cr_assert_stderr_eq_str("");
+}
+
+/* SOVIA_BUF_SIZE is a message's payload: the descriptor the protocol
+ * registers holds it and the header, so a write of a power of two fills
+ * whole messages (a 256 KiB write is two 128 KiB messages, not three). */
+Test(config, buf_size_counts_payload)
+{
+	struct sv_config c;
+	struct sv_proto_params prm;
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 0);
+	sv_config_proto_params(&c, &prm);
+	cr_assert_eq(prm.buf_size, 131072 + SV_HDR_SIZE);
+	cr_assert_eq(prm.coalesce_size, 16384);
+
+	env_set("SOVIA_BUF_SIZE", "4k");
+	env_set("SOVIA_COALESCE_SIZE", "4k"); /* a whole payload fits: no complaint */
+	cr_redirect_stderr();
+	cr_assert_eq(sv_config_load(&c, fake_getenv), 0);
+	sv_config_proto_params(&c, &prm);
+	cr_assert_eq(prm.buf_size, 4096 + SV_HDR_SIZE);
+	cr_assert_eq(prm.coalesce_size, 4096);
 	fflush(stderr);
 	cr_assert_stderr_eq_str("");
 }
