@@ -215,6 +215,6 @@ void sv_config_proto_params(const struct sv_config *cfg, struct sv_proto_params 
 		.coalesce_timeout_us = cfg->coalesce_timeout_us,
 		.zcopy_threshold = cfg->reg_threshold,
 	};
-	if (prm->coalesce_size > prm->buf_size - SV_HDR_SIZE)
-		prm->coalesce_size = prm->buf_size - SV_HDR_SIZE;
+	/* coalesce_size fits the payload: sv_config_load keeps it at most
+	 * SOVIA_BUF_SIZE, and sv_config_defaults' values do. */
 }
