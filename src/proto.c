@@ -428,8 +428,10 @@ static int tx_check(const struct sv_proto *p)
 	return -EINVAL;
 }
 
-/* Copy path: whole messages of up to payload_max bytes each. */
-static long send_copy(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t total)
+/* Copy path: whole messages of up to payload_max bytes each, of the
+ * write's bytes from `skip` on (`total` of them). */
+static long send_copy(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t skip,
+		      size_t total)
 {
 	size_t done = 0;
 	while (done < total) {
@@ -439,7 +441,7 @@ static long send_copy(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 		sv_pr_take_slot(p, &slot);
 		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
 		uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, slot);
-		iov_gather(buf + SV_HDR_SIZE, iov, iovcnt, done, n);
+		iov_gather(buf + SV_HDR_SIZE, iov, iovcnt, skip + done, n);
 		int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, NULL, 0);
 		if (r < 0)
 			return done ? (long)done : r;
@@ -454,7 +456,8 @@ static long send_copy(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 }
 
 /* Zero-copy path: the payload stays in the caller's memory. */
-static long send_zcopy(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t total)
+static long send_zcopy(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t skip,
+		       size_t total)
 {
 	size_t done = 0;
 	while (done < total) {
@@ -462,7 +465,7 @@ static long send_zcopy(struct sv_proto *p, const struct iovec *iov, int iovcnt, 
 			break;
 		struct iovec part[8];
 		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
-		int k = iov_slice(iov, iovcnt, done, n, part, 8);
+		int k = iov_slice(iov, iovcnt, skip + done, n, part, 8);
 		n = iov_total(part, k); /* fewer bytes if the slice needed > 8 entries */
 		uint32_t slot;
 		sv_pr_take_slot(p, &slot);
@@ -479,32 +482,53 @@ static long send_zcopy(struct sv_proto *p, const struct iovec *iov, int iovcnt, 
 	return (long)done;
 }
 
-long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int flags,
-		   uint64_t now_us)
+/* The coalescing buffer is topped up before anything else, as TCP fills a
+ * segment before it starts the next: a write that does not fit in what is
+ * left of it, or one that goes as messages of its own, first takes that
+ * room, and the full buffer (or, for a large write, the buffer with the
+ * whole write in it) goes. Short of a credit it stays, and the write ends
+ * with the bytes it took: poll() reports POLLOUT while the buffer has room
+ * (stream_poll.c), a promise that a write takes some bytes. *took is what
+ * went into the buffer; the result is 0 to go on with the rest, or -errno
+ * (-EAGAIN: no credit for the buffer) to end the write here. */
+static int top_up(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t total,
+		  bool small, size_t *took)
 {
-	int r = tx_check(p);
-	if (r < 0)
-		return r;
-	size_t total = iov_total(iov, iovcnt);
-	if (total == 0)
+	*took = 0;
+	if (p->pending_slot < 0 || (small && p->pending_len + total <= p->tx_payload_max))
 		return 0;
-
-	if (total >= p->prm.zcopy_threshold) {
-		r = sv_pr_flush_pending(p, SV_FLUSH_LARGE);
-		if (r < 0)
-			return r;
-		return send_zcopy(p, iov, iovcnt, total);
+	size_t room = p->tx_payload_max - p->pending_len;
+	size_t n = total < room ? total : room;
+	if (n) {
+		uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
+		iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, 0, n);
+		p->pending_len += (uint32_t)n;
+		if (p->prm.coalesce)
+			p->st.coalesced_writes++;
+		else
+			p->st.collected_writes++; /* NODELAY: only a closed window holds bytes */
+		*took = n;
 	}
-	bool small = total < p->prm.coalesce_size && total <= p->tx_payload_max;
+	enum sv_flush_reason why = SV_FLUSH_FULL;
+	if (p->pending_len < p->tx_payload_max)
+		why = p->prm.coalesce ? SV_FLUSH_LARGE : SV_FLUSH_NODELAY;
+	return sv_pr_flush_pending(p, why);
+}
+
+/* The write's bytes from `skip` on, once nothing is pending in front of
+ * them that they could have joined. */
+static long send_rest(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t skip,
+		      size_t total, bool small, int flags, uint64_t now_us)
+{
+	if (skip + total >= p->prm.zcopy_threshold)
+		return send_zcopy(p, iov, iovcnt, skip, total);
 	if (!small) {
-		r = sv_pr_flush_pending(p, p->prm.coalesce ? SV_FLUSH_LARGE : SV_FLUSH_NODELAY);
-		if (r < 0)
-			return r;
-		long n = send_copy(p, iov, iovcnt, total);
+		long n = send_copy(p, iov, iovcnt, skip, total);
 		if (n > 0 && !p->prm.coalesce)
 			p->st.flushes_nodelay++;
 		return n;
 	}
+	int r = 0;
 	if (!p->prm.coalesce) {
 		/* TCP_NODELAY: what waits goes first, then this write as its
 		 * own message if a credit is there. Without one it is
@@ -518,22 +542,18 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 				return r;
 		}
 		if (p->pending_slot < 0 && sv_pr_can_send_data(p)) {
-			long n = send_copy(p, iov, iovcnt, total);
+			long n = send_copy(p, iov, iovcnt, skip, total);
 			if (n > 0)
 				p->st.flushes_nodelay++;
 			return n;
 		}
 	}
 
-	/* A small write: coalesce. A new buffer needs a free send buffer but
-	 * no credit: the writer goes on filling it while the window is
-	 * closed, and it goes when credits come. */
+	/* A small write: coalesce (top_up made sure it fits). A new buffer
+	 * needs a free send buffer but no credit: the writer goes on
+	 * filling it while the window is closed, and it goes when credits
+	 * come. */
 	uint32_t climit = p->tx_payload_max; /* TCP's MSS: a full buffer goes at once */
-	if (p->pending_slot >= 0 && p->pending_len + total > climit) {
-		r = sv_pr_flush_pending(p, SV_FLUSH_FULL);
-		if (r < 0)
-			return r;
-	}
 	bool window_closed = !sv_pr_can_send_data(p);
 	if (p->pending_slot < 0) {
 		uint32_t slot;
@@ -550,10 +570,11 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	if (window_closed)
 		p->st.collected_writes++;
 	uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
-	iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, 0, total);
+	iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, skip, total);
 	p->pending_len += (uint32_t)total;
 	p->pending_hold = (flags & MSG_MORE) != 0; /* the latest write says */
 
+	r = 0;
 	if (p->pending_len >= climit)
 		r = sv_pr_flush_pending(p, SV_FLUSH_FULL);
 	else if (!p->prm.coalesce && !(flags & MSG_MORE))
@@ -566,6 +587,30 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	if (p->pending_slot >= 0 && !p->pending_deadline)
 		p->pending_deadline = clock_of(p, now_us) + p->prm.coalesce_timeout_us;
 	return (long)total;
+}
+
+long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int flags,
+		   uint64_t now_us)
+{
+	int r = tx_check(p);
+	if (r < 0)
+		return r;
+	size_t total = iov_total(iov, iovcnt);
+	if (total == 0)
+		return 0;
+	/* Large: at or above the coalescing size (or more than a message),
+	 * sent at once, zero-copy from the registration threshold on. */
+	bool small = total < p->prm.coalesce_size && total <= p->tx_payload_max;
+	size_t took;
+	r = top_up(p, iov, iovcnt, total, small, &took);
+	if (r < 0)
+		return took ? (long)took : r;
+	if (took == total)
+		return (long)took;
+	long n = send_rest(p, iov, iovcnt, took, total - took, small, flags, now_us);
+	if (n < 0)
+		return took ? (long)took : n;
+	return (long)(took + (size_t)n);
 }
 
 bool sv_proto_zcopy_busy(const struct sv_proto *p)

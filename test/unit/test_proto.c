@@ -626,21 +626,30 @@ ParameterizedTest(struct cw_param *cw, proto, credit_window)
 	cr_assert_eq(P[SA].pending_len, 2);
 	cr_assert_eq(P[SA].st.collected_writes, 2);
 	cr_assert_eq(P[SA].st.coalesced_writes, 0, "NODELAY: nothing coalesced");
-	cr_assert_eq(put(SA, 100, 0), -EAGAIN, "a large write stays behind the collected bytes");
+	/* A large write takes the room the collected buffer has left, as
+	 * TCP's send buffer takes what fits: poll() said POLLOUT for that
+	 * room, so the write must not fail with EAGAIN. A full buffer takes
+	 * nothing. */
+	cr_assert_eq(put(SA, 100, 0), 100, "a large write joins the collected bytes");
+	cr_assert_eq(P[SA].pending_len, 102);
+	cr_assert_eq(put(SA, 100, 0), (long)PAYLOAD_MAX() - 102, "what room is left");
+	cr_assert_eq(P[SA].pending_len, PAYLOAD_MAX());
+	cr_assert_eq(put(SA, 100, 0), -EAGAIN, "a full buffer takes nothing");
+	cr_assert_eq(put(SA, 1, 0), -EAGAIN);
 	cr_assert_eq(ndata(SA), cw->window, "a stalled send posts nothing");
 	cr_assert_eq(P[SA].credits, cw->reserve);
 	check_quiescent();
 
 	/* B reads: credits come back and release the collected bytes; the
 	 * rest is reported by the timer. */
-	uint64_t sent = TXO[SA] - 2;
+	uint64_t sent = TXO[SA] - PAYLOAD_MAX();
 	cr_assert_eq(drain(SB), sent);
 	pump();
 	cr_assert_eq(P[SA].pending_slot, -1, "the returned credits sent the collected bytes");
-	cr_assert_eq(ndata(SA), cw->window + 1, "both in one message");
-	cr_assert_eq(drain(SB), 2);
+	cr_assert_eq(ndata(SA), cw->window + 1, "all in one message");
+	cr_assert_eq(drain(SB), PAYLOAD_MAX());
 	pump();
-	NOW += prm.ack_timeout_us;
+	NOW += SV_ACK_BULK_FACTOR * prm.ack_timeout_us; /* a full message is bulk (section 6) */
 	sv_proto_timers(&P[SA], NOW);
 	sv_proto_timers(&P[SB], NOW);
 	check_quiescent();
@@ -1324,18 +1333,47 @@ Test(proto, coalesce_flush_full_when_next_write_does_not_fit)
 		put_all(SA, 60, 0);
 	cr_assert_eq(ndata(SA), 1);
 	cr_assert_eq(P[SA].pending_len, 180, "held past coalesce_size");
-	put_all(SA, 60, 0); /* 180 + 60 > 232 */
+	/* 180 + 60 > 232: the write tops the buffer up to 232, which goes,
+	 * and its last 8 bytes start the next one. */
+	put_all(SA, 60, 0);
 	cr_assert_eq(P[SA].st.flushes_full, 1);
 	cr_assert_eq(ndata(SA), 2);
-	cr_assert_eq(data_msg(SA, 1)->h.len, 180);
-	cr_assert_eq(P[SA].pending_len, 60);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 232, "a full message, as TCP fills a segment");
+	cr_assert_eq(P[SA].pending_len, 8);
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	pump();
-	cr_assert_eq(drain(SB), 190);
+	cr_assert_eq(drain(SB), 242);
 	deliver_ack(SB);
 	cr_assert_eq(ndata(SA), 3);
-	cr_assert_eq(data_msg(SA, 2)->h.len, 60);
-	cr_assert_eq(drain(SB), 60);
+	cr_assert_eq(data_msg(SA, 2)->h.len, 8);
+	cr_assert_eq(data_msg(SA, 2)->h.seq, 242);
+	cr_assert_eq(drain(SB), 8);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
+	check_quiescent();
+}
+
+/* A large write that does not fit in the buffer's room fills it (one
+ * full message) and sends its rest at once as a message of its own: the
+ * rest of a large write is not held. */
+Test(proto, coalesce_large_write_tops_up_the_buffer)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 10, 0);
+	put_all(SA, 20, 0);
+	cr_assert_eq(P[SA].pending_len, 20);
+	put_all(SA, 300, 0); /* 20 + 300 > 232 */
+	cr_assert_eq(ndata(SA), 3);
+	cr_assert_eq(data_msg(SA, 1)->h.len, 232);
+	cr_assert_eq(data_msg(SA, 1)->h.seq, 10);
+	cr_assert_eq(data_msg(SA, 2)->h.len, 88);
+	cr_assert_eq(data_msg(SA, 2)->h.seq, 242);
+	cr_assert_eq(P[SA].st.flushes_full, 1);
+	cr_assert_eq(P[SA].pending_slot, -1, "the rest of a large write is not held");
+	pump();
+	cr_assert_eq(drain(SB), 330); /* verify_rx checks the bytes and their order */
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	check_quiescent();
 }
@@ -1370,13 +1408,11 @@ Test(proto, coalesce_flush_large_keeps_order)
 	put_all(SA, 10, 0);
 	put_all(SA, 20, 0);
 	cr_assert_eq(ndata(SA), 1);
-	put_all(SA, 100, 0); /* >= coalesce_size */
+	put_all(SA, 100, 0); /* >= coalesce_size; fits in the buffer's room */
 	cr_assert_eq(P[SA].st.flushes_large, 1);
-	cr_assert_eq(ndata(SA), 3, "the pending bytes, then the large write, at once");
-	cr_assert_eq(data_msg(SA, 1)->h.len, 20);
-	cr_assert_eq(data_msg(SA, 2)->h.len, 100);
+	cr_assert_eq(ndata(SA), 2, "the pending bytes and the large write, at once, together");
+	cr_assert_eq(data_msg(SA, 1)->h.len, 120);
 	cr_assert_eq(data_msg(SA, 1)->h.seq, 10);
-	cr_assert_eq(data_msg(SA, 2)->h.seq, 30);
 	cr_assert_eq(P[SA].pending_slot, -1);
 	pump();
 	cr_assert_eq(drain(SB), 130); /* verify_rx checks the order */
