@@ -41,7 +41,7 @@ static const struct setting settings[] = {
 	{"SOVIA_ACK_TIMEOUT_US", SETTING_U32, U32(ack_timeout_us), 1000, 10, 1000000,
 	 "delayed-ACK timer in microseconds"},
 	{"SOVIA_COALESCE", SETTING_BOOL, U32(coalesce), 1, 0, 1, "coalesce small writes"},
-	{"SOVIA_COALESCE_SIZE", SETTING_BYTES, U32(coalesce_size), 16384, 64, 1u << 20,
+	{"SOVIA_COALESCE_SIZE", SETTING_BYTES, U32(coalesce_size), 131072, 64, 1u << 20,
 	 "write size from which a write is not coalesced, in bytes"},
 	{"SOVIA_COALESCE_TIMEOUT_US", SETTING_U32, U32(coalesce_timeout_us), 2000, 1, 1000000,
 	 "coalescing timer in microseconds"},

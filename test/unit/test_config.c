@@ -45,7 +45,7 @@ Test(config, empty_environment_gives_defaults)
 	cr_assert_eq(c.window, 8);
 	cr_assert_eq(c.buf_size, 131072);
 	cr_assert_eq(c.ack_delay, 2);
-	cr_assert_eq(c.coalesce_size, 16384);
+	cr_assert_eq(c.coalesce_size, 131072);
 	cr_assert_eq(c.coalesce_timeout_us, 2000);
 	cr_assert(c.coalesce);
 	cr_assert_not(c.disable);
@@ -142,7 +142,7 @@ Test(config, coalesce_size_capped_by_buffer)
 	cr_assert_eq(c.coalesce_size, 4096);
 }
 
-/* The default (16 KiB) follows a smaller buffer without a complaint. */
+/* The default (128 KiB) follows a smaller buffer without a complaint. */
 Test(config, coalesce_default_follows_small_buffer)
 {
 	struct sv_config c;
@@ -164,7 +164,7 @@ Test(config, buf_size_counts_payload)
 	cr_assert_eq(sv_config_load(&c, fake_getenv), 0);
 	sv_config_proto_params(&c, &prm);
 	cr_assert_eq(prm.buf_size, 131072 + SV_HDR_SIZE);
-	cr_assert_eq(prm.coalesce_size, 16384);
+	cr_assert_eq(prm.coalesce_size, 131072);
 
 	env_set("SOVIA_BUF_SIZE", "4k");
 	env_set("SOVIA_COALESCE_SIZE", "4k"); /* a whole payload fits: no complaint */
