@@ -1352,32 +1352,6 @@ Test(proto, coalesce_flush_full_when_next_write_does_not_fit)
 	check_quiescent();
 }
 
-/* A large write that does not fit in the buffer's room fills it (one
- * full message) and sends its rest at once as a message of its own: the
- * rest of a large write is not held. */
-Test(proto, coalesce_large_write_tops_up_the_buffer)
-{
-	struct sv_proto_params prm = prm_coalesce();
-	conn_up(&prm);
-	open_both();
-	FP.ep[SA].hold_send_done = true;
-	put_all(SA, 10, 0);
-	put_all(SA, 20, 0);
-	cr_assert_eq(P[SA].pending_len, 20);
-	put_all(SA, 300, 0); /* 20 + 300 > 232 */
-	cr_assert_eq(ndata(SA), 3);
-	cr_assert_eq(data_msg(SA, 1)->h.len, 232);
-	cr_assert_eq(data_msg(SA, 1)->h.seq, 10);
-	cr_assert_eq(data_msg(SA, 2)->h.len, 88);
-	cr_assert_eq(data_msg(SA, 2)->h.seq, 242);
-	cr_assert_eq(P[SA].st.flushes_full, 1);
-	cr_assert_eq(P[SA].pending_slot, -1, "the rest of a large write is not held");
-	pump();
-	cr_assert_eq(drain(SB), 330); /* verify_rx checks the bytes and their order */
-	fake_release_sends(&FP.ep[SA], SIZE_MAX);
-	check_quiescent();
-}
-
 Test(proto, coalesce_flush_full_when_size_reached)
 {
 	struct sv_proto_params prm = prm_coalesce();
@@ -1399,6 +1373,10 @@ Test(proto, coalesce_flush_full_when_size_reached)
 	check_quiescent();
 }
 
+/* A large write (>= coalesce_size) joins the pending bytes: if it fits in
+ * the buffer's room, all of it, and the buffer goes at once; if not, it
+ * fills the buffer (one full message) and its rest goes at once as a
+ * message of its own: the rest of a large write is not held. */
 Test(proto, coalesce_flush_large_keeps_order)
 {
 	struct sv_proto_params prm = prm_coalesce();
@@ -1408,14 +1386,30 @@ Test(proto, coalesce_flush_large_keeps_order)
 	put_all(SA, 10, 0);
 	put_all(SA, 20, 0);
 	cr_assert_eq(ndata(SA), 1);
-	put_all(SA, 100, 0); /* >= coalesce_size; fits in the buffer's room */
+	put_all(SA, 100, 0); /* fits in the buffer's room */
 	cr_assert_eq(P[SA].st.flushes_large, 1);
 	cr_assert_eq(ndata(SA), 2, "the pending bytes and the large write, at once, together");
 	cr_assert_eq(data_msg(SA, 1)->h.len, 120);
 	cr_assert_eq(data_msg(SA, 1)->h.seq, 10);
 	cr_assert_eq(P[SA].pending_slot, -1);
+	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	pump();
-	cr_assert_eq(drain(SB), 130); /* verify_rx checks the order */
+	cr_assert_eq(drain(SB), 130); /* verify_rx checks the bytes and their order */
+	deliver_ack(SB);
+
+	put_all(SA, 10, 0); /* idle: goes at once */
+	put_all(SA, 20, 0);
+	cr_assert_eq(P[SA].pending_len, 20);
+	put_all(SA, 300, 0); /* 20 + 300 > 232 */
+	cr_assert_eq(ndata(SA), 5);
+	cr_assert_eq(data_msg(SA, 3)->h.len, 232, "a full message");
+	cr_assert_eq(data_msg(SA, 3)->h.seq, 140);
+	cr_assert_eq(data_msg(SA, 4)->h.len, 88);
+	cr_assert_eq(data_msg(SA, 4)->h.seq, 372);
+	cr_assert_eq(P[SA].st.flushes_full, 1);
+	cr_assert_eq(P[SA].pending_slot, -1, "the rest of a large write is not held");
+	pump();
+	cr_assert_eq(drain(SB), 330);
 	fake_release_sends(&FP.ep[SA], SIZE_MAX);
 	check_quiescent();
 }
