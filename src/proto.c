@@ -599,8 +599,11 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	if (total == 0)
 		return 0;
 	/* Large: at or above the coalescing size (or more than a message),
-	 * sent at once, zero-copy from the registration threshold on. */
-	bool small = total < p->prm.coalesce_size && total <= p->tx_payload_max;
+	 * sent at once; zero-copy from the registration threshold on, which
+	 * may lie below the coalescing size: such a write is large too, or
+	 * it would pass bytes that wait in the buffer. */
+	bool small = total < p->prm.coalesce_size && total <= p->tx_payload_max &&
+		     total < p->prm.zcopy_threshold;
 	size_t took;
 	r = top_up(p, iov, iovcnt, total, small, &took);
 	if (r < 0)

@@ -2509,6 +2509,10 @@ ParameterizedTestParameters(proto, soak)
 		{6, 32, 3, 16, 1024, 256, 2048, 20000, 1},
 		{7, 3, 5, 3, 200, 100, 400, 30000, 0},
 		{8, 8, 3, 8, 256, 200, 256, 30000, 1},
+		/* Zero copy below the coalescing size (as the default config has
+		 * with SOVIA_REG_THRESHOLD under SOVIA_COALESCE_SIZE). */
+		{9, 8, 3, 4, 256, 200, 100, 30000, 1},
+		{10, 4, 3, 2, 256, 232, 64, 30000, 0},
 	};
 	return cr_make_param_array(struct soak_param, params, sizeof(params) / sizeof(params[0]));
 }
