@@ -42,9 +42,24 @@ function secs(v, s,   k, d) { # the seconds a "ftp" row carries in its detail
 function secnum(x) { return (x == "-" || x == "failed") ? "" : x + 0 }
 function dat(x) { return x == "" ? "?" : x }
 function maxv(a, b) { return a == "" ? b : (b == "" ? a : (a > b ? a : b)) }
+function median(arr, n,   i, j, t) { # of arr[1..n] (sorts it)
+	for (i = 2; i <= n; i++)
+		for (j = i; j > 1 && arr[j - 1] + 0 > arr[j] + 0; j--) { t = arr[j]; arr[j] = arr[j - 1]; arr[j - 1] = t }
+	return n % 2 ? arr[(n + 1) / 2] : (arr[n / 2] + arr[n / 2 + 1]) / 2
+}
+function med_of(k, f,   i, n, a) { # the median of field f over the ok rounds of key k
+	n = 0
+	for (i = 1; i <= ns[k]; i++) if (rst[k, i] == "ok" && rv[k, i, f] != "") a[++n] = rv[k, i, f]
+	return n ? median(a, n) : ""
+}
 NR == 1 { next }
 {
 	k = $1 SUBSEP $2 SUBSEP $3
+	# A key measured in rounds (bed-run.sh: the bulk sizes) has a row per
+	# round; it is ok when a round is, with the medians of its ok rounds.
+	i = ++ns[k]
+	rst[k, i] = $4; rv[k, i, "bw"] = $5; rv[k, i, "cpu"] = $9; rv[k, i, "share"] = $10
+	if (i > 1 && st[k] == "ok" && $4 != "ok") next
 	st[k] = $4
 	val[k, "bw"] = $5; val[k, "med"] = $6; val[k, "p99"] = $7
 	val[k, "conn"] = $8; val[k, "cpu"] = $9; val[k, "share"] = $10
@@ -55,6 +70,14 @@ NR == 1 { next }
 	if ($2 == "ftp" && !(("ftp", $3) in seen)) { seen["ftp", $3] = 1; ftps[++nftp] = $3 }
 }
 END {
+	for (k in ns) {
+		if (ns[k] < 2) continue
+		rounds = 1
+		if (st[k] != "ok") continue
+		val[k, "bw"] = sprintf("%.3f", med_of(k, "bw"))
+		val[k, "cpu"] = med_of(k, "cpu") == "" ? "" : sprintf("%.4f", med_of(k, "cpu"))
+		val[k, "share"] = med_of(k, "share") == "" ? "" : sprintf("%.3f", med_of(k, "share"))
+	}
 	md = dir "/results.md"; rc = dir "/ratios.csv"
 	bwd = dir "/bandwidth.dat"; latd = dir "/latency.dat"
 	print "metric,size,libsovia_over_verbs,libsovia_over_rsockets,libsovia_over_tcp" > rc
@@ -87,7 +110,34 @@ END {
 	}
 	print "\nlibsovia/verbs divides by the higher of ib_send_bw and ib_write_bw." > md
 	print "RDMA share: the part of the libsovia client connection'"'"'s bytes (warm-up" > md
-	print "included) that its statistics (`SOVIA_STATS=1`) show on the QP.\n" > md
+	print "included) that its statistics (`SOVIA_STATS=1`) show on the QP." > md
+	if (rounds) {
+		print "Sizes measured in rounds (below): each variant'"'"'s median over its rounds" > md
+		print "(bandwidth, CPU per GB and RDMA share alike); the ratios are of the medians." > md
+	}
+	print "" > md
+	if (rounds) {
+		print "### Bulk bandwidth, round by round (MiB/s)\n" > md
+		print "Every variant once per round, the rounds one after another, so each" > md
+		print "round'"'"'s ratio compares runs seconds apart.\n" > md
+		print "| write size | round | verbs send | verbs write | TCP | rsockets | libsovia | libsovia/verbs | libsovia/rsockets |" > md
+		print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" > md
+		for (i = 1; i <= nbw; i++) {
+			s = bws[i]
+			n = 0
+			split("verbs-send verbs-write tcp rsockets libsovia", vs, " ")
+			for (j = 1; j <= 5; j++) if (ns[vs[j], "bw", s] > n) n = ns[vs[j], "bw", s]
+			if (n < 2) continue
+			for (r = 1; r <= n; r++) {
+				line = "| " hsize(s) " | " r
+				for (j = 1; j <= 5; j++) { k = vs[j] SUBSEP "bw" SUBSEP s; rb[j] = ""
+					if (r > ns[k]) c = "-"; else if (rst[k, r] != "ok") c = "failed"; else { c = rv[k, r, "bw"]; rb[j] = c + 0 }
+					line = line " | " c }
+				print line " | " show(ratio(rb[5], maxv(rb[1], rb[2]))) " | " show(ratio(rb[5], rb[4])) " |" > md
+			}
+		}
+		print "" > md
+	}
 
 	# Latency
 	print "## Ping-pong latency (one way = round trip / 2, microseconds, lower is better)\n" > md
