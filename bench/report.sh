@@ -75,8 +75,8 @@ END {
 		rounds = 1
 		if (st[k] != "ok") continue
 		val[k, "bw"] = sprintf("%.3f", med_of(k, "bw"))
-		val[k, "cpu"] = med_of(k, "cpu") == "" ? "" : sprintf("%.4f", med_of(k, "cpu"))
-		val[k, "share"] = med_of(k, "share") == "" ? "" : sprintf("%.3f", med_of(k, "share"))
+		m = med_of(k, "cpu"); val[k, "cpu"] = m == "" ? "" : sprintf("%.4f", m)
+		m = med_of(k, "share"); val[k, "share"] = m == "" ? "" : sprintf("%.3f", m)
 	}
 	md = dir "/results.md"; rc = dir "/ratios.csv"
 	bwd = dir "/bandwidth.dat"; latd = dir "/latency.dat"
@@ -122,15 +122,15 @@ END {
 		print "round'"'"'s ratio compares runs seconds apart.\n" > md
 		print "| write size | round | verbs send | verbs write | TCP | rsockets | libsovia | libsovia/verbs | libsovia/rsockets |" > md
 		print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" > md
+		nv = split("verbs-send verbs-write tcp rsockets libsovia", vs, " ")
 		for (i = 1; i <= nbw; i++) {
 			s = bws[i]
 			n = 0
-			split("verbs-send verbs-write tcp rsockets libsovia", vs, " ")
-			for (j = 1; j <= 5; j++) if (ns[vs[j], "bw", s] > n) n = ns[vs[j], "bw", s]
+			for (j = 1; j <= nv; j++) if (ns[vs[j], "bw", s] > n) n = ns[vs[j], "bw", s]
 			if (n < 2) continue
 			for (r = 1; r <= n; r++) {
 				line = "| " hsize(s) " | " r
-				for (j = 1; j <= 5; j++) { k = vs[j] SUBSEP "bw" SUBSEP s; rb[j] = ""
+				for (j = 1; j <= nv; j++) { k = vs[j] SUBSEP "bw" SUBSEP s; rb[j] = ""
 					if (r > ns[k]) c = "-"; else if (rst[k, r] != "ok") c = "failed"; else { c = rv[k, r, "bw"]; rb[j] = c + 0 }
 					line = line " | " c }
 				print line " | " show(ratio(rb[5], maxv(rb[1], rb[2]))) " | " show(ratio(rb[5], rb[4])) " |" > md

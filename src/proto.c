@@ -528,7 +528,6 @@ static long send_rest(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 			p->st.flushes_nodelay++;
 		return n;
 	}
-	int r = 0;
 	if (!p->prm.coalesce) {
 		/* TCP_NODELAY: what waits goes first, then this write as its
 		 * own message if a credit is there. Without one it is
@@ -537,7 +536,7 @@ static long send_rest(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 		 * come (sv_proto_on_recv). With the window closed the
 		 * collected buffer is tried once, after this write joined it. */
 		if (p->pending_slot >= 0 && sv_pr_can_send_data(p)) {
-			r = sv_pr_flush_pending(p, SV_FLUSH_NODELAY);
+			int r = sv_pr_flush_pending(p, SV_FLUSH_NODELAY);
 			if (r < 0 && r != -EAGAIN)
 				return r;
 		}
@@ -574,7 +573,7 @@ static long send_rest(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 	p->pending_len += (uint32_t)total;
 	p->pending_hold = (flags & MSG_MORE) != 0; /* the latest write says */
 
-	r = 0;
+	int r = 0;
 	if (p->pending_len >= climit)
 		r = sv_pr_flush_pending(p, SV_FLUSH_FULL);
 	else if (!p->prm.coalesce && !(flags & MSG_MORE))
