@@ -5,7 +5,8 @@
 # Prints a Markdown table (one way, us): perftest's minimum and typical
 # value, each socket variant's minimum and median, and libsovia/verbs for
 # the medians and for the minima (docs/benchmarks.md, "What limits 64 B
-# latency").
+# latency"). A libsovia run whose connection did not end on RDMA shows
+# "tcp" instead of numbers.
 #
 #   flock /tmp/bed.lock test/bed/sovia-bed --timeout 900 -- \
 #       bench/lat-rounds.sh [--build DIR] [--rounds N] [--sizes "1 64"]
@@ -77,13 +78,20 @@ perftest() {
 	echo "${out:-- -}"
 }
 
-# A socket variant at one size: "min median", or "- -".
+# A socket variant at one size: "min median", or "- -". For libsovia
+# (SOVIA_STATS=1) the connection must have ended on RDMA, or the numbers
+# would be kernel TCP's: "tcp tcp" then.
 sock() { # preload port size
-	local line
-	line=$(LD_PRELOAD=$1 SOVIA_UPGRADE_TIMEOUT_MS=30000 timeout -k 5 120 "$BENCH" client \
-		-H "$IP" -p "$2" -t lat -s "$3" -w 2 -d "$SECS" -n 100000 2>/dev/null |
+	local line err=$TMP/client.err
+	line=$(LD_PRELOAD=$1 SOVIA_STATS=1 SOVIA_UPGRADE_TIMEOUT_MS=30000 timeout -k 5 120 "$BENCH" \
+		client -H "$IP" -p "$2" -t lat -s "$3" -w 2 -d "$SECS" -n 100000 2>"$err" |
 		grep "^RESULT .*status=ok")
 	[ -n "$line" ] || { echo "- -"; return; }
+	if [ "$1" = "$LIB" ] && ! grep -q "libsovia stats .* client state=rdma " "$err"; then
+		echo "lat-rounds: libsovia at $3 B did not run on RDMA: $(grep "libsovia stats" "$err")" >&2
+		echo "tcp tcp"
+		return
+	fi
 	echo "$line" | awk '{for (i = 1; i <= NF; i++) {split($i, kv, "="); v[kv[1]] = kv[2]}
 		print v["min_us"], v["med_us"]}'
 }
