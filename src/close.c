@@ -1,6 +1,7 @@
 /* Closing: the application's close() returns at once; the helper thread
  * delivers what is still queued, sends FIN, and closes the QP and the TCP
  * socket (SOVIA's close thread). Process exit pushes everything out. */
+#include "real.h"
 #include "stream_int.h"
 
 #include "config.h"
@@ -36,7 +37,7 @@ int sv_stream_share(struct sv_stream *s)
 	if (!s->fd_private) {
 		/* The application may close any copy, this one first: the
 		 * stream keeps a copy of its own. */
-		int keep = fcntl(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
+		int keep = SV_REAL(fcntl)(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
 		if (keep < 0) {
 			r = -errno;
 		} else {
@@ -59,7 +60,7 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 {
 	pthread_mutex_lock(&s->lock);
 	int r = 0;
-	if (s->fd != appfd && close(appfd) < 0)
+	if (s->fd != appfd && SV_REAL(close)(appfd) < 0)
 		r = -errno; /* a copy: the stream has its own */
 	if (s->opens > 1) {
 		s->opens--; /* other copies keep the connection */
@@ -81,20 +82,20 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 		pthread_mutex_unlock(&s->lock);
 		if (helper_part)
 			sv_helper_watch(s); /* let the helper drop its part */
-		if (close(fd) < 0 && r == 0)
+		if (SV_REAL(close)(fd) < 0 && r == 0)
 			r = -errno;
 		return r;
 	}
 	if (s->fd == appfd) {
 		/* The application's fd number is free again at once; the
 		 * connection lives on a private copy until it is finished. */
-		int keep = fcntl(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
+		int keep = SV_REAL(fcntl)(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
 		if (keep < 0) {
 			r = -errno;
 			sv_warn("fd %d: cannot keep the connection for a lingering close (%d)",
 				s->fd, r);
 		} else {
-			if (close(s->fd) < 0)
+			if (SV_REAL(close)(s->fd) < 0)
 				r = -errno;
 			s->fd = keep;
 			s->fd_private = true;
@@ -144,9 +145,9 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 		if (!finished || s->error) {
 			/* Like TCP's abortive close: the peer sees a reset. */
 			struct linger lg = {.l_onoff = 1, .l_linger = 0};
-			setsockopt(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+			SV_REAL(setsockopt)(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 		}
-		close(s->fd);
+		SV_REAL(close)(s->fd);
 		s->fd = -1;
 	}
 	*done = true;

@@ -1,3 +1,4 @@
+#include "real.h"
 #include "helper.h"
 
 #include "guard.h"
@@ -58,7 +59,7 @@ static struct {
 static void wake_helper(void)
 {
 	uint64_t one = 1;
-	ssize_t r = write(h.wakefd, &one, sizeof(one));
+	ssize_t r = SV_REAL(write)(h.wakefd, &one, sizeof(one));
 	(void)r;
 }
 
@@ -93,8 +94,8 @@ static void chan_update(struct watch *w, int old_chan)
 {
 	if (old_chan >= 0 && old_chan != w->io.chan) {
 		if (w->chan_in_epoll)
-			epoll_ctl(h.epfd, EPOLL_CTL_DEL, old_chan, NULL);
-		close(old_chan);
+			SV_REAL(epoll_ctl)(h.epfd, EPOLL_CTL_DEL, old_chan, NULL);
+		SV_REAL(close)(old_chan);
 		w->chan_in_epoll = false;
 	}
 	if (!w->io.armed || w->io.chan < 0)
@@ -102,7 +103,7 @@ static void chan_update(struct watch *w, int old_chan)
 	/* One-shot: the application's own traffic wakes the helper at most
 	 * once per arming; it arms again only when the stream is idle. */
 	struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = w};
-	if (epoll_ctl(h.epfd, w->chan_in_epoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, w->io.chan, &e) == 0)
+	if (SV_REAL(epoll_ctl)(h.epfd, w->chan_in_epoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, w->io.chan, &e) == 0)
 		w->chan_in_epoll = true;
 	else
 		sv_dbg("helper: epoll_ctl on a completion channel: %s", strerror(errno));
@@ -112,8 +113,8 @@ static void watch_free(struct watch *w)
 {
 	if (w->io.chan >= 0) {
 		if (w->chan_in_epoll)
-			epoll_ctl(h.epfd, EPOLL_CTL_DEL, w->io.chan, NULL);
-		close(w->io.chan);
+			SV_REAL(epoll_ctl)(h.epfd, EPOLL_CTL_DEL, w->io.chan, NULL);
+		SV_REAL(close)(w->io.chan);
 	}
 	pthread_mutex_lock(&h.lock);
 	w->s->helper_watched = false;
@@ -206,11 +207,11 @@ static void init_rdma(void)
 		atomic_store(&h.rdma, err);
 		return;
 	}
-	int fl = fcntl(h.ch->fd, F_GETFL);
-	fcntl(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
-	fcntl(h.ch->fd, F_SETFD, FD_CLOEXEC);
+	int fl = SV_REAL(fcntl)(h.ch->fd, F_GETFL);
+	SV_REAL(fcntl)(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
+	SV_REAL(fcntl)(h.ch->fd, F_SETFD, FD_CLOEXEC);
 	struct epoll_event e = {.events = EPOLLIN, .data.u64 = EV_CM};
-	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.ch->fd, &e);
+	SV_REAL(epoll_ctl)(h.epfd, EPOLL_CTL_ADD, h.ch->fd, &e);
 	atomic_store(&h.rdma, 1);
 }
 
@@ -285,12 +286,12 @@ static void *helper_main(void *arg)
 			timeout = next > now ? (int)((next - now + 999) / 1000) : 0;
 		}
 		struct epoll_event evs[16];
-		int n = epoll_wait(h.epfd, evs, 16, timeout);
+		int n = SV_REAL(epoll_wait)(h.epfd, evs, 16, timeout);
 		run_jobs();
 		for (int i = 0; i < n; i++) {
 			if (evs[i].data.u64 == EV_WAKE) {
 				uint64_t v;
-				ssize_t r = read(h.wakefd, &v, sizeof(v));
+				ssize_t r = SV_REAL(read)(h.wakefd, &v, sizeof(v));
 				(void)r;
 			} else if (evs[i].data.u64 == EV_CM) {
 				if (h.ch)
@@ -317,7 +318,7 @@ static void start_once(void)
 	}
 	h.started = true;
 	struct epoll_event e = {.events = EPOLLIN, .data.u64 = EV_WAKE};
-	epoll_ctl(h.epfd, EPOLL_CTL_ADD, h.wakefd, &e);
+	SV_REAL(epoll_ctl)(h.epfd, EPOLL_CTL_ADD, h.wakefd, &e);
 
 	/* The helper must not take signals meant for the application. */
 	sigset_t all, old;
@@ -355,13 +356,13 @@ void sv_helper_atfork_child(void)
 	 * fd is closed (a shared channel would hand our events to the
 	 * parent), and everything starts afresh on first use. */
 	if (h.ch)
-		close(h.ch->fd);
+		SV_REAL(close)(h.ch->fd);
 	for (struct watch *w = h.watches; w; w = w->next)
 		if (w->io.chan >= 0)
-			close(w->io.chan); /* the parent's copies */
+			SV_REAL(close)(w->io.chan); /* the parent's copies */
 	if (h.started) {
-		close(h.epfd);
-		close(h.wakefd);
+		SV_REAL(close)(h.epfd);
+		SV_REAL(close)(h.wakefd);
 	}
 	h.started = false;
 	pthread_mutex_init(&h.lock, NULL);

@@ -45,6 +45,7 @@
  * using them; eviction takes idle entries from the cold end only, and an
  * entry dropped while held (stale, invalidated) is deregistered at its last
  * put. The lock is never held across a callback. */
+#include "real.h"
 #include "regcache.h"
 
 #include "log.h"
@@ -602,7 +603,7 @@ void sv_regcache_destroy(struct sv_regcache *rc)
 		e = next;
 	}
 	if (rc->pm_fd >= 0)
-		close(rc->pm_fd);
+		SV_REAL(close)(rc->pm_fd);
 	if (rc->pm_token)
 		munmap((void *)rc->pm_token, rc->pm_token_len);
 	pthread_mutex_destroy(&rc->lock);

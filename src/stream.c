@@ -1,5 +1,6 @@
 /* The stream's life: creation, waiting, the upgrade's steps, statistics.
  * The data paths are in stream_rx.c and stream_tx.c, closing in close.c. */
+#include "real.h"
 #include "stream_int.h"
 
 #include "config.h"
@@ -125,7 +126,7 @@ void sv_stream_atfork_child(void)
 	 * connections open as long as this child lives. */
 	for (struct sv_stream *s = all_streams; s; s = s->next_all)
 		if (s->fd_private && s->fd >= 0)
-			close(s->fd);
+			SV_REAL(close)(s->fd);
 	all_streams = NULL; /* never flushed nor freed here */
 }
 
@@ -157,7 +158,7 @@ static bool tcp_flag(int fd, int name)
 {
 	int v = 0;
 	socklen_t l = sizeof(v);
-	return getsockopt(fd, IPPROTO_TCP, name, &v, &l) == 0 && v != 0;
+	return SV_REAL(getsockopt)(fd, IPPROTO_TCP, name, &v, &l) == 0 && v != 0;
 }
 
 struct sv_stream *sv_stream_new(int fd, bool is_client)
@@ -203,9 +204,9 @@ void sv_stream_put(struct sv_stream *s)
 	if (s->proto_ready)
 		sv_proto_destroy(&s->proto);
 	if (s->wake_fd >= 0)
-		close(s->wake_fd);
+		SV_REAL(close)(s->wake_fd);
 	if (s->fd_private && s->fd >= 0)
-		close(s->fd); /* e.g. after the way back, the last copy gone */
+		SV_REAL(close)(s->fd); /* e.g. after the way back, the last copy gone */
 	free(s->tcpbuf);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
@@ -218,7 +219,7 @@ void sv_stream_wake(struct sv_stream *s)
 	s->wake_gen++; /* a poll between its judgement and its sleep sees it */
 	if (s->waiters) {
 		uint64_t one = 1;
-		ssize_t r = write(s->wake_fd, &one, sizeof(one));
+		ssize_t r = SV_REAL(write)(s->wake_fd, &one, sizeof(one));
 		(void)r; /* EAGAIN means it is signalled already */
 	}
 }
@@ -244,7 +245,7 @@ static uint64_t timeo_of(int fd, int name)
 {
 	struct timeval tv;
 	socklen_t l = sizeof(tv);
-	if (getsockopt(fd, SOL_SOCKET, name, &tv, &l) < 0)
+	if (SV_REAL(getsockopt)(fd, SOL_SOCKET, name, &tv, &l) < 0)
 		return 0;
 	return (uint64_t)tv.tv_sec * 1000000 + (uint64_t)tv.tv_usec;
 }
@@ -278,7 +279,7 @@ long sv_stream_app_error(struct sv_stream *s, bool sending)
 
 static bool mode_blocking(struct sv_stream *s)
 {
-	int fl = fcntl(s->fd, F_GETFL);
+	int fl = SV_REAL(fcntl)(s->fd, F_GETFL);
 	bool b = fl >= 0 && !(fl & O_NONBLOCK);
 	atomic_store_explicit(&s->seen_blocking, b, memory_order_relaxed);
 	return b;
@@ -456,7 +457,7 @@ static int wait_common(struct sv_stream *s, short tcp_events, uint64_t deadline,
 	s->waiters++;
 	uint64_t slept_from = now;
 	pthread_mutex_unlock(&s->lock);
-	int r = poll(pfd, (nfds_t)n, timeout);
+	int r = SV_REAL(poll)(pfd, (nfds_t)n, timeout);
 	int err = errno;
 	pthread_mutex_lock(&s->lock);
 	s->waiters--;
@@ -468,7 +469,7 @@ static int wait_common(struct sv_stream *s, short tcp_events, uint64_t deadline,
 	}
 	if ((pfd[wake].revents & POLLIN) && s->waiters == 0) {
 		uint64_t v;
-		ssize_t rr = read(s->wake_fd, &v, sizeof(v));
+		ssize_t rr = SV_REAL(read)(s->wake_fd, &v, sizeof(v));
 		(void)rr;
 	}
 	now = sv_now_us();
@@ -627,7 +628,7 @@ void sv_stream_break(struct sv_stream *s, int err)
 				uint8_t *b = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
 				uint32_t len = p->pending_len, off = 0;
 				while (off < len) {
-					ssize_t n = send(s->fd, b + SV_HDR_SIZE + off, len - off,
+					ssize_t n = SV_REAL(send)(s->fd, b + SV_HDR_SIZE + off, len - off,
 							 MSG_NOSIGNAL);
 					if (n <= 0)
 						break;
@@ -858,7 +859,7 @@ static uint64_t idle_watch(struct sv_stream *s, uint64_t now, struct sv_watch_io
 	uint64_t look = now + SV_HELPER_LOOK_US;
 	int fd = sv_verbs_fd(s->verbs);
 	if (io->chan < 0 || io->chan_of != fd) {
-		int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+		int copy = SV_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, 0);
 		if (copy < 0) {
 			sv_dbg("fd %d: helper: no copy of the completion channel: %s", s->fd,
 			       strerror(errno));
@@ -909,7 +910,7 @@ uint64_t sv_stream_service(struct sv_stream *s, uint64_t now, bool *done, struct
 		 * away from the application. The TCP state tells. */
 		struct tcp_info ti;
 		socklen_t tl = sizeof(ti);
-		if (getsockopt(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) < 0 ||
+		if (SV_REAL(getsockopt)(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) < 0 ||
 		    ti.tcpi_state != TCP_SYN_SENT) {
 			s->connecting = false;
 			socklen_t ll = sizeof(s->tuple.local), pl = sizeof(s->tuple.peer);
@@ -1119,7 +1120,7 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		(unsigned long long)s->st.woken_timeout, (unsigned long long)s->st.helper_polls,
 		(unsigned)atomic_load_explicit(&s->wait_avg_us, memory_order_relaxed));
 	if (n > 0) {
-		ssize_t w = write(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+		ssize_t w = SV_REAL(write)(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
 		(void)w;
 	}
 }

@@ -8,6 +8,7 @@
  * what came back on TCP before anything new. Afterwards each direction runs
  * on TCP from exactly where its reader stands. docs/protocol.md, section 7,
  * has the details. */
+#include "real.h"
 #include "stream_int.h"
 
 #include "config.h"
@@ -64,7 +65,7 @@ void sv_stream_kernel_shut(struct sv_stream *s)
 	if (on_qp)
 		return;
 	s->shut_deferred = false;
-	shutdown(s->fd, SHUT_WR);
+	SV_REAL(shutdown)(s->fd, SHUT_WR);
 }
 
 void sv_stream_back_progress(struct sv_stream *s)
@@ -91,7 +92,7 @@ void sv_stream_back_progress(struct sv_stream *s)
 	size_t len;
 	sv_proto_owed(p, &buf, &len);
 	while (len) {
-		ssize_t n = send(s->fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		ssize_t n = SV_REAL(send)(s->fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (n < 0) {
 			if (errno == EAGAIN || errno == EINTR)
 				break;

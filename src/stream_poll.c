@@ -1,6 +1,7 @@
 /* Readiness of a stream for poll(): each direction is judged by whoever
  * carries it. While a direction is on the QP, the kernel's TCP socket knows
  * nothing about it, so libsovia answers; otherwise the kernel does. */
+#include "real.h"
 #include "stream_int.h"
 
 #include "readiness.h"
@@ -136,7 +137,7 @@ void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n)
 		if (src[i].fd == s->wake_fd) {
 			if (s->waiters == 0) {
 				uint64_t v;
-				ssize_t r = read(s->wake_fd, &v, sizeof(v));
+				ssize_t r = SV_REAL(read)(s->wake_fd, &v, sizeof(v));
 				(void)r;
 			}
 		} else if (s->verbs) {

@@ -1,5 +1,6 @@
 /* The stream's receive path: TCP bytes up to the peer's switch point, its
  * challenge echo, then the QP; and back to TCP after a TO_TCP. */
+#include "real.h"
 #include "stream_int.h"
 
 #include "log.h"
@@ -86,7 +87,7 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	if (!sv_stream_may_switch(s)) {
 		/* No switch can come any more. */
 		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
-		ssize_t r = recvmsg(s->fd, &m, flags | MSG_DONTWAIT);
+		ssize_t r = SV_REAL(recvmsg)(s->fd, &m, flags | MSG_DONTWAIT);
 		if (r > 0 && !(flags & MSG_PEEK)) {
 			s->tcp_rx += (uint64_t)r;
 			s->st.tcp_rx_bytes += (uint64_t)r;
@@ -101,7 +102,7 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	}
 	if (watch && p->peer_to_rdma && s->tcp_rx == p->peer_to_rdma_seq) {
 		/* At the switch point: what follows is the echo, then nothing. */
-		ssize_t r = recv(s->fd, s->chal_got + s->chal_len, SV_CHALLENGE_SIZE - s->chal_len,
+		ssize_t r = SV_REAL(recv)(s->fd, s->chal_got + s->chal_len, SV_CHALLENGE_SIZE - s->chal_len,
 				 MSG_DONTWAIT);
 		if (r == 0) {
 			challenge_failed(s, "TCP ended before the echo");
@@ -130,7 +131,7 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	}
 	bool announced = watch && p->peer_to_rdma;
 	struct msghdr m = {.msg_iov = (struct iovec *)use, .msg_iovlen = (size_t)limcnt};
-	ssize_t r = recvmsg(s->fd, &m, flags | MSG_DONTWAIT);
+	ssize_t r = SV_REAL(recvmsg)(s->fd, &m, flags | MSG_DONTWAIT);
 	if (r < 0)
 		return -errno;
 	if (r == 0) {
@@ -215,7 +216,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 	if (tcp_for_good && s->tcpbuf_len == s->tcpbuf_off) {
 		/* TCP for good: the kernel's own call, blocking as it likes. */
 		pthread_mutex_unlock(&s->lock);
-		ssize_t n = recvmsg(s->fd, msg, flags);
+		ssize_t n = SV_REAL(recvmsg)(s->fd, msg, flags);
 		if (n > 0 && !(flags & MSG_PEEK))
 			__atomic_fetch_add(&s->st.tcp_rx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
 		return n < 0 ? -errno : n;
@@ -335,7 +336,7 @@ long sv_stream_inq(struct sv_stream *s)
 		/* TCP carries it: the kernel's count (during a switch it may
 		 * hold the echo, which is not data). */
 		int k = 0;
-		if (ioctl(s->fd, FIONREAD, &k) < 0) {
+		if (SV_REAL(ioctl)(s->fd, FIONREAD, &k) < 0) {
 			n = -errno;
 		} else {
 			n += k;

@@ -1,4 +1,5 @@
 /* The stream's send path: TCP until our TO_RDMA, the QP after it. */
+#include "real.h"
 #include "stream_int.h"
 
 #include "bytebuf.h"
@@ -23,7 +24,7 @@ int sv_stream_write_echo(struct sv_stream *s)
 	if (!s->echo_owed || sv_proto_to_rdma_pending(&s->proto))
 		return -EAGAIN;
 	while (s->echo_sent < SV_CHALLENGE_SIZE) {
-		ssize_t r = send(s->fd, s->peer_challenge + s->echo_sent,
+		ssize_t r = SV_REAL(send)(s->fd, s->peer_challenge + s->echo_sent,
 				 SV_CHALLENGE_SIZE - s->echo_sent, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (r < 0)
 			return -errno;
@@ -78,7 +79,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	if (sv_stream_tcp_only(s) && !s->tx_shut) {
 		/* TCP for good: the kernel's own call. */
 		pthread_mutex_unlock(&s->lock);
-		ssize_t n = sendmsg(s->fd, msg, flags);
+		ssize_t n = SV_REAL(sendmsg)(s->fd, msg, flags);
 		if (n > 0)
 			__atomic_fetch_add(&s->st.tcp_tx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
 		return n < 0 ? -errno : n;
@@ -123,7 +124,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		enum tx_medium m = tx_medium(s);
 		if (m == TX_TCP) {
 			struct msghdr mm = {.msg_iov = rest, .msg_iovlen = (size_t)restcnt};
-			ssize_t n = sendmsg(s->fd, &mm, (flags & ~MSG_MORE) | MSG_DONTWAIT);
+			ssize_t n = SV_REAL(sendmsg)(s->fd, &mm, (flags & ~MSG_MORE) | MSG_DONTWAIT);
 			if (n >= 0) {
 				s->tcp_tx += (uint64_t)n;
 				s->st.tcp_tx_bytes += (uint64_t)n;
@@ -250,9 +251,9 @@ int sv_stream_shutdown(struct sv_stream *s, int how)
 	if (wr && s->state != SV_CONN_DETACHED) {
 		s->shut_deferred = true;
 		sv_stream_kernel_shut(s); /* at once unless held back */
-		if (how == SHUT_RDWR && shutdown(s->fd, SHUT_RD) < 0 && r == 0)
+		if (how == SHUT_RDWR && SV_REAL(shutdown)(s->fd, SHUT_RD) < 0 && r == 0)
 			r = -errno;
-	} else if (shutdown(s->fd, how) < 0 && r == 0) {
+	} else if (SV_REAL(shutdown)(s->fd, how) < 0 && r == 0) {
 		r = -errno;
 	}
 	sv_stream_wake(s);
@@ -265,7 +266,7 @@ int sv_stream_setsockopt(struct sv_stream *s, int level, int name, const void *v
 {
 	/* The kernel's socket gets every option (and checks it); the ones
 	 * that shape the protocol are mirrored. */
-	if (setsockopt(s->fd, level, name, val, len) < 0)
+	if (SV_REAL(setsockopt)(s->fd, level, name, val, len) < 0)
 		return -errno;
 	if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
 		pthread_mutex_lock(&s->lock);

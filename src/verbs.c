@@ -9,6 +9,7 @@
  * (Selective signalling, one signalled send in k, would save CQ traffic
  * but needs the slots of the unsignalled sends released together with the
  * next signalled one: a later optimisation.) */
+#include "real.h"
 #include "verbs.h"
 
 #include "log.h"
@@ -408,11 +409,11 @@ static int check_device(struct ibv_context *ctx, uint32_t nrecv, uint32_t nsend)
 /* The channel fd is polled by the caller: it must never block a read. */
 static int set_fd_flags(int fd)
 {
-	int fl = fcntl(fd, F_GETFL);
-	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+	int fl = SV_REAL(fcntl)(fd, F_GETFL);
+	if (fl < 0 || SV_REAL(fcntl)(fd, F_SETFL, fl | O_NONBLOCK) < 0)
 		return last_err();
-	fl = fcntl(fd, F_GETFD);
-	if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
+	fl = SV_REAL(fcntl)(fd, F_GETFD);
+	if (fl < 0 || SV_REAL(fcntl)(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
 		return last_err();
 	return 0;
 }
