@@ -11,7 +11,7 @@
 #include "cmdata.h"
 #include "config.h"
 #include "proto.h"
-#include "stream.h"
+#include "clock.h"
 #include "verbs.h"
 
 #include <arpa/inet.h>
@@ -95,11 +95,11 @@ int main(int argc, char **argv)
 	sv_config_proto_params(&sv_cfg, &prm);
 	prm.coalesce = false;
 	struct sv_verbs *v;
-	struct sv_proto p;
+	struct sv_proto *p;
 	if (sv_verbs_create(&v, id, &prm) < 0)
 		return 1;
 	struct sv_xport xp = sv_verbs_xport(v);
-	if (sv_proto_init(&p, &prm, &xp) < 0)
+	if (sv_proto_new(&p, &prm, &xp) < 0)
 		return 1;
 	req.nrecv = (uint16_t)sv_proto_nrecv(&prm);
 	req.buf_size = prm.buf_size;
@@ -124,23 +124,23 @@ int main(int argc, char **argv)
 	if (sv_cm_rep_decode(ev->param.conn.private_data, ev->param.conn.private_data_len, &rep) < 0)
 		return 1;
 	rdma_ack_cm_event(ev);
-	sv_proto_set_peer(&p, rep.nrecv, rep.buf_size);
+	sv_proto_set_peer(p, rep.nrecv, rep.buf_size);
 	printf("forge: the request was accepted at the rdma_cm level\n");
 
 	/* Announce a switch at the guessed offset and inject data. */
-	uint64_t now = sv_now_us();
-	if (sv_proto_send_to_rdma(&p, (uint64_t)nbytes, now) < 0)
+	struct sv_clock clk = SV_CLOCK_INIT;
+	if (sv_proto_send_to_rdma(p, (uint64_t)nbytes, &clk) < 0)
 		return 1;
 	const char inject[] = "INJECTED BY FORGE\n";
 	struct iovec iov = {(void *)inject, sizeof(inject) - 1};
-	long sent = sv_proto_send(&p, &iov, 1, 0, now);
+	long sent = sv_proto_send(p, &iov, 1, 0, &clk);
 	printf("forge: announced a switch at %lld and sent %ld bytes\n", nbytes, sent);
 
 	/* Watch what comes back for a while. */
 	uint64_t end = sv_now_us() + (uint64_t)secs * 1000000u;
 	bool disconnected = false;
 	while (sv_now_us() < end && !disconnected) {
-		if (sv_verbs_poll(v, &p, sv_now_us()) < 0)
+		if (sv_verbs_poll(v, p, &(struct sv_clock)SV_CLOCK_INIT) < 0)
 			break;
 		struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
 		if (poll(&pfd, 1, 50) > 0 && rdma_get_cm_event(ch, &ev) == 0) {
@@ -149,7 +149,7 @@ int main(int argc, char **argv)
 		}
 	}
 	printf("forge: server sent %llu data bytes; server reset=%s; disconnected=%s\n",
-	       (unsigned long long)p.st.rx_bytes, p.error ? "yes" : "no",
+	       (unsigned long long)sv_proto_stats(p)->rx_bytes, sv_proto_error(p) ? "yes" : "no",
 	       disconnected ? "yes" : "no");
 	return 0;
 }

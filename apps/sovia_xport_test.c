@@ -73,7 +73,7 @@ struct conn {
 	struct rdma_cm_id *listen_id; /* server */
 	struct rdma_cm_id *id;
 	struct sv_verbs *v;
-	struct sv_proto p;
+	struct sv_proto *p;
 	bool p_live;
 	bool disconnected;
 	uint64_t disconnected_at; /* when the DISCONNECTED event came */
@@ -81,6 +81,9 @@ struct conn {
 };
 
 /* ---- Small helpers ----------------------------------------------------- */
+
+/* A clock with no reading yet, for one call into the core. */
+#define NOW_CLK (&(struct sv_clock){.us = 0, .read = now_us})
 
 static uint64_t now_us(void)
 {
@@ -366,9 +369,9 @@ static int transport_setup(struct conn *c, const struct sv_proto_params *prm)
 		return r;
 	}
 	struct sv_xport xp = sv_verbs_xport(c->v);
-	r = sv_proto_init(&c->p, prm, &xp);
+	r = sv_proto_new(&c->p, prm, &xp);
 	if (r < 0) {
-		fprintf(stderr, PROG ": sv_proto_init: %s\n", err_str(r));
+		fprintf(stderr, PROG ": sv_proto_new: %s\n", err_str(r));
 		goto destroy_verbs;
 	}
 	c->p_live = true;
@@ -383,7 +386,8 @@ destroy_verbs:
 static void transport_teardown(struct conn *c)
 {
 	if (c->p_live)
-		sv_proto_destroy(&c->p);
+		sv_proto_free(c->p);
+	c->p = NULL;
 	c->p_live = false;
 	sv_verbs_destroy(c->v); /* destroys the QP on c->id */
 	c->v = NULL;
@@ -553,14 +557,15 @@ static void progress(struct conn *c)
 static int pump(struct conn *c)
 {
 	uint64_t now = now_us();
-	int n = sv_verbs_poll(c->v, &c->p, now);
+	struct sv_clock clk = {.us = now, .read = now_us};
+	int n = sv_verbs_poll(c->v, c->p, &clk);
 	if (n < 0)
 		return n;
 	if (n > 0)
 		c->last_progress = now;
-	sv_proto_timers(&c->p, now);
-	if (c->p.error)
-		return c->p.error;
+	sv_proto_timers(c->p, &clk);
+	if (sv_proto_error(c->p))
+		return sv_proto_error(c->p);
 	return n;
 }
 
@@ -586,7 +591,8 @@ static int wait_more(struct conn *c)
 	if (now - c->last_progress > c->stall_us)
 		return -ETIMEDOUT;
 	uint64_t wait = 100000;
-	uint64_t dl = sv_proto_next_deadline(&c->p, now);
+	struct sv_clock clk = {.us = now, .read = now_us};
+	uint64_t dl = sv_proto_next_deadline(c->p, &clk);
 	if (dl)
 		wait = dl <= now ? 0 : (dl - now < wait ? dl - now : wait);
 	struct timespec ts = {.tv_sec = (time_t)(wait / 1000000u),
@@ -609,29 +615,25 @@ static int wait_more(struct conn *c)
  * completions release them too), at most 5 s, and say how it went. */
 static void drain_after_error(struct conn *c)
 {
-	uint32_t ns = sv_proto_nsend(&c->p.prm);
 	uint64_t end = now_us() + 5000000u;
-	uint32_t held;
-	while ((held = c->p.nfree + (c->p.pending_slot >= 0)) < ns && now_us() < end) {
-		sv_verbs_poll(c->v, &c->p, now_us());
+	while (!sv_proto_sends_done(c->p) && now_us() < end) {
+		sv_verbs_poll(c->v, c->p, NOW_CLK);
 		usleep(1000);
 	}
 	fprintf(stderr,
-		PROG ": after the failure: %u of %u send slots back, zero-copy busy %d, core error "
-		     "%d\n",
-		held, ns, sv_proto_zcopy_busy(&c->p), c->p.error);
+		PROG ": after the failure: every send completed %d, zero-copy busy %d, core "
+		     "error %d\n",
+		sv_proto_sends_done(c->p), sv_proto_zcopy_busy(c->p), sv_proto_error(c->p));
 }
 
 static void check(struct conn *c, int r, const char *what)
 {
 	if (r >= 0)
 		return;
-	fprintf(stderr, PROG ": %s: %s (core error %d, tx_state %d, credits %u, nfree %u, "
-			"inflight %u, snd_nxt %" PRIu64 ", rcv_nxt %" PRIu64 ", rcv_read %" PRIu64
-			")\n",
-		what, err_str(r), c->p.error, (int)c->p.tx_state, c->p.credits, c->p.nfree,
-		c->p.inflight, c->p.snd_nxt, c->p.rcv_nxt, c->p.rcv_read);
-	stats_print("failed", &c->p.st);
+	fprintf(stderr, PROG ": %s: %s (core error %d, tx_state %d, every send completed %d)\n",
+		what, err_str(r), sv_proto_error(c->p), (int)sv_proto_tx_state(c->p),
+		sv_proto_sends_done(c->p));
+	stats_print("failed", sv_proto_stats(c->p));
 	drain_after_error(c);
 	exit(1);
 }
@@ -641,12 +643,12 @@ static void upgrade(struct conn *c)
 {
 	int r;
 	progress(c);
-	while ((r = sv_proto_send_to_rdma(&c->p, 0, now_us())) == -EAGAIN)
+	while ((r = sv_proto_send_to_rdma(c->p, 0, NOW_CLK)) == -EAGAIN)
 		check(c, wait_more(c), "waiting to send TO_RDMA");
 	check(c, r, "sv_proto_send_to_rdma");
-	while (!c->p.peer_to_rdma)
+	while (!sv_proto_peer_switch(c->p, NULL))
 		check(c, wait_more(c), "waiting for the peer's TO_RDMA");
-	check(c, sv_proto_rx_accept(&c->p), "sv_proto_rx_accept");
+	check(c, sv_proto_rx_accept(c->p), "sv_proto_rx_accept");
 }
 
 /* ---- The streams ------------------------------------------------------- */
@@ -734,7 +736,7 @@ static void blocking_send(struct conn *c, const struct iovec *iov, int iovcnt)
 	memcpy(cur, iov, sizeof(*iov) * (size_t)iovcnt);
 	int first = 0;
 	while (first < iovcnt) {
-		long r = sv_proto_send(&c->p, cur + first, iovcnt - first, 0, now_us());
+		long r = sv_proto_send(c->p, cur + first, iovcnt - first, 0, NOW_CLK);
 		if (r == -EAGAIN) {
 			check(c, wait_more(c), "waiting for credits");
 			continue;
@@ -743,7 +745,7 @@ static void blocking_send(struct conn *c, const struct iovec *iov, int iovcnt)
 		progress(c);
 		iov_advance(cur, iovcnt, &first, (size_t)r);
 	}
-	while (sv_proto_zcopy_busy(&c->p))
+	while (sv_proto_zcopy_busy(c->p))
 		check(c, wait_more(c), "waiting for zero-copy completions");
 	/* No polling otherwise: back-to-back small writes find the previous
 	 * message still in flight and coalesce, as they would on a busy link. */
@@ -752,7 +754,7 @@ static void blocking_send(struct conn *c, const struct iovec *iov, int iovcnt)
 static void send_fin(struct conn *c)
 {
 	int r;
-	while ((r = sv_proto_send_fin(&c->p, now_us())) == -EAGAIN)
+	while ((r = sv_proto_send_fin(c->p, NOW_CLK)) == -EAGAIN)
 		check(c, wait_more(c), "waiting to send FIN");
 	check(c, r, "sv_proto_send_fin");
 }
@@ -760,7 +762,7 @@ static void send_fin(struct conn *c)
 /* Every send slot back: what we sent has been delivered. */
 static void wait_sends_done(struct conn *c)
 {
-	while (c->p.nfree < sv_proto_nsend(&c->p.prm) || c->p.pending_slot >= 0)
+	while (!sv_proto_sends_done(c->p) || sv_proto_tx_pending(c->p))
 		check(c, wait_more(c), "waiting for the last send completions");
 }
 
@@ -802,7 +804,7 @@ static _Noreturn void mismatch(struct conn *c, const struct reader *rd, const ui
 		PROG ": DATA MISMATCH (%s) at stream offset %" PRIu64 " (read %" PRIu64
 		     " of %zu bytes at %" PRIu64 ", byte %zu): expected 0x%02x, got 0x%02x\n",
 		what, rd->off + i, rd->reads, n, rd->off, i, rd->want[i], got[i]);
-	stats_print("mismatch", &c->p.st);
+	stats_print("mismatch", sv_proto_stats(c->p));
 	exit(EXIT_MISMATCH);
 }
 
@@ -813,12 +815,12 @@ static long reader_step(struct conn *c, struct reader *rd)
 	long peeked = -1;
 	if (rd->k % 16 == 5) {
 		struct iovec piov = {.iov_base = rd->peek, .iov_len = iov.iov_len};
-		peeked = sv_proto_recv(&c->p, &piov, 1, MSG_PEEK, now_us());
+		peeked = sv_proto_recv(c->p, &piov, 1, MSG_PEEK, NOW_CLK);
 		if (peeked == -EAGAIN)
 			return peeked;
 		check(c, (int)(peeked < 0 ? peeked : 0), "sv_proto_recv(MSG_PEEK)");
 	}
-	long r = sv_proto_recv(&c->p, &iov, 1, 0, now_us());
+	long r = sv_proto_recv(c->p, &iov, 1, 0, NOW_CLK);
 	if (r == -EAGAIN) {
 		if (peeked > 0)
 			die(1, "MSG_PEEK returned %ld bytes, the read after it none", peeked);
@@ -881,7 +883,7 @@ static uint64_t duplex(struct conn *c, uint8_t *pat, size_t total, struct wgen *
 		}
 		if (writing) {
 			if (first < cnt) {
-				long r = sv_proto_send(&c->p, cur + first, cnt - first, 0, now_us());
+				long r = sv_proto_send(c->p, cur + first, cnt - first, 0, NOW_CLK);
 				if (r > 0) {
 					iov_advance(cur, cnt, &first, (size_t)r);
 					moved = true;
@@ -889,19 +891,19 @@ static uint64_t duplex(struct conn *c, uint8_t *pat, size_t total, struct wgen *
 					check(c, (int)r, "sv_proto_send");
 				}
 			}
-			if (first == cnt && !sv_proto_zcopy_busy(&c->p)) {
+			if (first == cnt && !sv_proto_zcopy_busy(c->p)) {
 				off += n;
 				writing = false;
 				moved = true;
 			}
 		} else if (!fin_sent) {
-			int r = sv_proto_send_fin(&c->p, now_us());
+			int r = sv_proto_send_fin(c->p, NOW_CLK);
 			if (r == 0)
 				fin_sent = moved = true;
 			else if (r != -EAGAIN)
 				check(c, r, "sv_proto_send_fin");
 		}
-		if (linger && fin_sent && c->p.rx_fin && !eof) {
+		if (linger && fin_sent && sv_proto_rx_fin(c->p) && !eof) {
 			if (!c->disconnected) {
 				check(c, wait_more(c), "duplex: waiting for the peer to disconnect");
 				continue;
@@ -967,7 +969,7 @@ static int client(const struct opts *o)
 		size_t got = 0;
 		for (;;) {
 			struct iovec iov1 = {.iov_base = sum + got, .iov_len = sizeof(sum) - got};
-			long r = sv_proto_recv(&c.p, &iov1, 1, 0, now_us());
+			long r = sv_proto_recv(c.p, &iov1, 1, 0, NOW_CLK);
 			if (r == -EAGAIN) {
 				check(&c, wait_more(&c), "waiting for the summary");
 				continue;
@@ -992,7 +994,7 @@ static int client(const struct opts *o)
 	}
 
 	wait_sends_done(&c);
-	struct sv_proto_stats st = c.p.st;
+	struct sv_proto_stats st = *sv_proto_stats(c.p);
 	bool disc = rdma_disconnect(c.id) == 0;
 	if (!disc)
 		fprintf(stderr, PROG ": rdma_disconnect: %s\n", strerror(errno));
@@ -1057,7 +1059,7 @@ static int server(const struct opts *o)
 	}
 	uint64_t t_eof = now_us();
 	wait_sends_done(&c);
-	struct sv_proto_stats st = c.p.st;
+	struct sv_proto_stats st = *sv_proto_stats(c.p);
 	if (rd.off != peer.bytes)
 		die(EXIT_MISMATCH, "the client's stream ended after %" PRIu64 " of %" PRIu64 " bytes",
 		    rd.off, peer.bytes);

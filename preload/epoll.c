@@ -24,8 +24,7 @@
 #include "preload.h"
 #include "readiness.h"
 #include "real.h"
-#include "sovia_ops.h"
-#include "stream.h"
+#include "lock.h"
 #include "wait.h"
 
 #include <errno.h>
@@ -48,7 +47,7 @@ struct ep_entry {
 
 struct sv_ep {
 	atomic_int refs;
-	pthread_mutex_t lock;
+	struct sv_lock lock;
 	int epfd;
 	struct ep_entry *head;
 	unsigned n;   /* live entries */
@@ -59,7 +58,7 @@ struct sv_ep {
 static struct sv_ep **eps;
 static int neps_cap;
 static atomic_int neps;
-static pthread_mutex_t eps_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sv_lock eps_lock = SV_LOCK_INIT(SV_RANK_EPOLL_TABLE);
 
 static void entry_put(struct ep_entry *e)
 {
@@ -79,7 +78,7 @@ static void ep_put(struct sv_ep *ep)
 		entry_put(e);
 		e = next;
 	}
-	pthread_mutex_destroy(&ep->lock);
+	sv_lock_destroy(&ep->lock);
 	free(ep);
 }
 
@@ -90,7 +89,7 @@ static struct sv_ep *ep_get(int epfd, bool create)
 	if (!create && atomic_load(&neps) == 0)
 		return NULL;
 	struct sv_ep *ep = NULL;
-	pthread_mutex_lock(&eps_lock);
+	sv_lock(&eps_lock);
 	if (!eps && create) {
 		int cap = sv_fdtable_size();
 		eps = calloc((size_t)cap, sizeof(*eps));
@@ -103,7 +102,7 @@ static struct sv_ep *ep_get(int epfd, bool create)
 			ep = calloc(1, sizeof(*ep));
 			if (ep) {
 				atomic_init(&ep->refs, 1); /* the table's */
-				pthread_mutex_init(&ep->lock, NULL);
+				sv_lock_init(&ep->lock, SV_RANK_EPOLL_SET);
 				ep->epfd = epfd;
 				eps[epfd] = ep;
 				atomic_fetch_add(&neps, 1);
@@ -112,7 +111,7 @@ static struct sv_ep *ep_get(int epfd, bool create)
 		if (ep)
 			atomic_fetch_add(&ep->refs, 1);
 	}
-	pthread_mutex_unlock(&eps_lock);
+	sv_unlock(&eps_lock);
 	return ep;
 }
 
@@ -138,9 +137,14 @@ static void ep_unlink(struct sv_ep *ep, struct ep_entry *e)
 	}
 }
 
-static struct sv_stream *stream_of(const struct ep_entry *e)
+static bool kernel_only(const struct ep_entry *e)
 {
-	return e->f->priv;
+	return e->f->ops->wait->kernel_only(e->f);
+}
+
+static void marks_of(const struct ep_entry *e, struct sv_marks *m)
+{
+	e->f->ops->wait->marks(e->f, m);
 }
 
 /* Hand the entries whose streams are plain TCP for good (or, with `fd` >=
@@ -150,7 +154,7 @@ static void ep_migrate(struct sv_ep *ep, int fd)
 	struct ep_entry *e = ep->head;
 	while (e) {
 		struct ep_entry *next = e->next;
-		bool go = fd >= 0 ? e->fd == fd : sv_stream_kernel_only(stream_of(e));
+		bool go = fd >= 0 ? e->fd == fd : kernel_only(e);
 		if (go) {
 			/* A disabled one-shot entry keeps only its flags, as the
 			 * kernel's own would. */
@@ -176,13 +180,13 @@ static void ep_migrate(struct sv_ep *ep, int fd)
 static struct sv_ep *ep_next(int *i)
 {
 	struct sv_ep *ep = NULL;
-	pthread_mutex_lock(&eps_lock);
+	sv_lock(&eps_lock);
 	for (; !ep && *i < neps_cap; (*i)++) {
 		ep = eps[*i];
 		if (ep)
 			atomic_fetch_add(&ep->refs, 1);
 	}
-	pthread_mutex_unlock(&eps_lock);
+	sv_unlock(&eps_lock);
 	return ep;
 }
 
@@ -193,9 +197,9 @@ void sv_epoll_fd_plain(int fd)
 	int saved = errno;
 	struct sv_ep *ep;
 	for (int i = 0; (ep = ep_next(&i));) {
-		pthread_mutex_lock(&ep->lock);
+		sv_lock(&ep->lock);
 		ep_migrate(ep, fd);
-		pthread_mutex_unlock(&ep->lock);
+		sv_unlock(&ep->lock);
 		ep_put(ep);
 	}
 	errno = saved;
@@ -207,31 +211,31 @@ void sv_epoll_on_close(int fd)
 		return;
 	struct sv_ep *ep;
 	for (int i = 0; (ep = ep_next(&i));) {
-		pthread_mutex_lock(&ep->lock);
+		sv_lock(&ep->lock);
 		struct ep_entry *e = ep_find(ep, fd);
 		if (e)
 			ep_unlink(ep, e);
-		pthread_mutex_unlock(&ep->lock);
+		sv_unlock(&ep->lock);
 		ep_put(ep);
 	}
-	pthread_mutex_lock(&eps_lock);
+	sv_lock(&eps_lock);
 	ep = fd >= 0 && fd < neps_cap ? eps[fd] : NULL;
 	if (ep) {
 		eps[fd] = NULL;
 		atomic_fetch_sub(&neps, 1);
 	}
-	pthread_mutex_unlock(&eps_lock);
+	sv_unlock(&eps_lock);
 	ep_put(ep); /* the table's reference */
 }
 
 void sv_epoll_atfork_child(void)
 {
-	pthread_mutex_init(&eps_lock, NULL);
+	sv_lock_reinit(&eps_lock);
 	for (int i = 0; i < neps_cap; i++) {
 		struct sv_ep *ep = eps[i];
 		if (!ep)
 			continue;
-		pthread_mutex_init(&ep->lock, NULL);
+		sv_lock_reinit(&ep->lock);
 		/* Streams still here could not go back to TCP before the fork;
 		 * they are the parent's. The kernel's set is shared with the
 		 * parent, so the child leaves it alone. */
@@ -291,7 +295,7 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	int saved = errno;
 	struct sv_ep *ep = ep_get(epfd, false);
 	if (ep) {
-		pthread_mutex_lock(&ep->lock);
+		sv_lock(&ep->lock);
 		ep_migrate(ep, -1);
 		struct ep_entry *e = ep_find(ep, fd);
 		long r = 1;
@@ -301,7 +305,7 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			else
 				r = ctl_shadow(ep, op, fd, e->f, ev);
 		}
-		pthread_mutex_unlock(&ep->lock);
+		sv_unlock(&ep->lock);
 		ep_put(ep);
 		if (r <= 0)
 			return (int)sv_ret(r, saved);
@@ -309,14 +313,11 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	struct sv_fd *f = sv_fd_get(fd);
 	if (!f)
 		return SV_REAL(epoll_ctl)(epfd, op, fd, ev);
-	bool stream = f->ops == &sv_stream_ops;
-	if (stream) {
-		sv_enter();
-		stream = !sv_stream_kernel_only(f->priv);
-		sv_leave();
-	}
-	if (!stream || op != EPOLL_CTL_ADD) {
-		if (f->ops == &sv_kernel_ops && op == EPOLL_CTL_ADD)
+	bool own = f->ops->wait && !f->ops->wait->kernel_only(f);
+	if (!own || op != EPOLL_CTL_ADD) {
+		/* A socket that may still become a stream stays the kernel's
+		 * once the kernel's epoll watches it (sv_socket_connected). */
+		if (f->ops->connected && op == EPOLL_CTL_ADD)
 			atomic_store(&f->in_epoll, true);
 		sv_fd_put(f);
 		return SV_REAL(epoll_ctl)(epfd, op, fd, ev);
@@ -340,9 +341,9 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		r = -ENOMEM;
 		goto put_f;
 	}
-	pthread_mutex_lock(&ep->lock);
+	sv_lock(&ep->lock);
 	r = ctl_shadow(ep, op, fd, f, ev);
-	pthread_mutex_unlock(&ep->lock);
+	sv_unlock(&ep->lock);
 	ep_put(ep);
 	if (r == 0)
 		sv_dbg("fd %d: epoll %d watches it through libsovia", fd, epfd);
@@ -362,77 +363,98 @@ static int64_t now_ms(void)
 
 #define ALWAYS_BITS (EPOLLERR | EPOLLHUP)
 
-/* Returns the count, 0 on timeout, -errno; 1 << 30 when the shadow is empty
- * (the caller passes the call to the kernel). */
+/* One wait's view of the shadow: the entries worth watching now, and the
+ * poll set (the epoll fd itself first, then one per entry). */
+struct ep_view {
+	struct ep_entry **es;
+	struct pollfd *pfd;
+	unsigned k;
+};
+
+static void view_free(struct ep_view *v)
+{
+	for (unsigned i = 0; i < v->k; i++)
+		entry_put(v->es[i]);
+	free(v->es);
+	free(v->pfd);
+}
+
+/* Gather the entries to watch, each with a reference. Under ep->lock, with
+ * n = ep->n > 0 entries. 0 or -ENOMEM. */
+static int view_gather(struct sv_ep *ep, struct ep_view *v)
+{
+	unsigned n = ep->n;
+	v->k = 0;
+	v->es = calloc(n, sizeof(*v->es));
+	v->pfd = calloc(n + 1, sizeof(*v->pfd));
+	if (!v->es || !v->pfd) {
+		view_free(v);
+		return -ENOMEM;
+	}
+	v->pfd[0] = (struct pollfd){.fd = ep->epfd, .events = POLLIN};
+	/* Start the walk at a rotating place so that a busy stream does not
+	 * always fill `max` first. */
+	unsigned skip = ep->rot++ % n;
+	struct ep_entry *e = ep->head;
+	for (unsigned i = 0; i < skip; i++)
+		e = e->next;
+	for (unsigned i = 0; i < n; i++, e = e->next ? e->next : ep->head) {
+		struct sv_marks m;
+		marks_of(e, &m);
+		uint32_t want = sv_ep_rule_watch(&e->rule, &m);
+		if (!want)
+			continue;
+		atomic_fetch_add(&e->refs, 1);
+		v->es[v->k] = e;
+		v->pfd[++v->k] = (struct pollfd){.fd = e->fd, .events = (short)(want & ~ALWAYS_BITS)};
+	}
+	return 0;
+}
+
+/* The events to report after the poll, by the entries' rules. */
+static int view_report(struct sv_ep *ep, struct ep_view *v, struct epoll_event *evs, int max)
+{
+	int count = 0;
+	sv_lock(&ep->lock);
+	for (unsigned i = 0; i < v->k && count < max; i++) {
+		struct ep_entry *e = v->es[i];
+		if (e->dead || !v->pfd[i + 1].revents)
+			continue;
+		struct sv_marks m;
+		marks_of(e, &m);
+		uint32_t bits = sv_ep_rule_report(&e->rule, (uint16_t)v->pfd[i + 1].revents, &m);
+		if (bits)
+			evs[count++] = (struct epoll_event){.events = bits, .data = e->data};
+	}
+	sv_unlock(&ep->lock);
+	return count;
+}
+
+/* The count, 0 on timeout, or -errno; *empty when the shadow has no entry
+ * (left) and the kernel's epoll_wait is the call. */
 static int ep_wait(struct sv_ep *ep, struct epoll_event *evs, int max, int timeout_ms,
-		   const sigset_t *mask)
+		   const sigset_t *mask, bool *empty)
 {
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	*empty = false;
 	for (;;) {
-		pthread_mutex_lock(&ep->lock);
+		struct ep_view v;
+		sv_lock(&ep->lock);
 		ep_migrate(ep, -1);
-		unsigned n = ep->n;
-		if (n == 0) {
-			pthread_mutex_unlock(&ep->lock);
-			return 1 << 30;
-		}
-		struct ep_entry **es = calloc(n, sizeof(*es));
-		struct pollfd *pfd = calloc(n + 1, sizeof(*pfd));
-		if (!es || !pfd) {
-			pthread_mutex_unlock(&ep->lock);
-			free(es);
-			free(pfd);
-			return -ENOMEM;
-		}
-		pfd[0] = (struct pollfd){.fd = ep->epfd, .events = POLLIN};
-		unsigned k = 0, skip = ep->rot++ % n;
-		/* Start the walk at `skip` so that a busy stream does not always
-		 * fill `max` first. */
-		struct ep_entry *start = ep->head;
-		for (unsigned i = 0; i < skip; i++)
-			start = start->next;
-		struct ep_entry *e = start;
-		for (unsigned i = 0; i < n; i++, e = e->next ? e->next : ep->head) {
-			struct sv_marks m;
-			sv_stream_marks(stream_of(e), &m);
-			uint32_t want = sv_ep_rule_watch(&e->rule, &m);
-			if (!want)
-				continue;
-			atomic_fetch_add(&e->refs, 1);
-			es[k] = e;
-			pfd[++k] = (struct pollfd){.fd = e->fd,
-						   .events = (short)(want & ~ALWAYS_BITS)};
-		}
-		pthread_mutex_unlock(&ep->lock);
-
+		*empty = ep->n == 0;
+		int r = *empty ? 0 : view_gather(ep, &v);
+		sv_unlock(&ep->lock);
+		if (*empty || r < 0)
+			return r;
 		int t = -1;
 		if (deadline >= 0) {
 			int64_t left = deadline - now_ms();
 			t = left > 0 ? (int)left : 0;
 		}
-		int r = sv_poll_mixed(pfd, k + 1, t, mask, true);
-		int count = 0;
-		if (r >= 0) {
-			pthread_mutex_lock(&ep->lock);
-			for (unsigned i = 0; i < k && count < max; i++) {
-				e = es[i];
-				if (e->dead || !pfd[i + 1].revents)
-					continue;
-				struct sv_marks m;
-				sv_stream_marks(stream_of(e), &m);
-				uint32_t bits =
-					sv_ep_rule_report(&e->rule, (uint16_t)pfd[i + 1].revents, &m);
-				if (bits)
-					evs[count++] = (struct epoll_event){.events = bits,
-									    .data = e->data};
-			}
-			pthread_mutex_unlock(&ep->lock);
-		}
-		for (unsigned i = 0; i < k; i++)
-			entry_put(es[i]);
-		free(es);
-		short set_ev = pfd[0].revents;
-		free(pfd);
+		r = sv_poll_mixed(v.pfd, v.k + 1, t, mask, true);
+		int count = r >= 0 ? view_report(ep, &v, evs, max) : 0;
+		short set_ev = v.pfd[0].revents;
+		view_free(&v);
 		if (r < 0)
 			return r;
 		if (set_ev & POLLNVAL)
@@ -459,13 +481,14 @@ static int wait_common(int epfd, struct epoll_event *evs, int max, int timeout_m
 		return -1;
 	int saved = errno;
 	int r = -EINVAL;
+	bool empty = false;
 	if (max > 0) {
 		sv_enter();
-		r = ep_wait(ep, evs, max, timeout_ms, mask);
+		r = ep_wait(ep, evs, max, timeout_ms, mask, &empty);
 		sv_leave();
 	}
 	ep_put(ep);
-	if (r == 1 << 30)
+	if (empty)
 		return -1;
 	*served = true;
 	return (int)sv_ret(r, saved);

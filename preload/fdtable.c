@@ -1,5 +1,7 @@
 #include "fdtable.h"
 
+#include "lock.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -11,7 +13,7 @@
 
 static _Atomic(struct sv_fd *) *slots;
 static int nslots;
-static pthread_mutex_t stripes[SV_FD_STRIPES];
+static struct sv_lock stripes[SV_FD_STRIPES];
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int init_err;
 
@@ -31,7 +33,7 @@ static void table_init(void)
 		return;
 	}
 	for (int i = 0; i < SV_FD_STRIPES; i++)
-		pthread_mutex_init(&stripes[i], NULL);
+		sv_lock_init(&stripes[i], SV_RANK_FDTABLE);
 	slots = p;
 	nslots = (int)want;
 }
@@ -47,7 +49,7 @@ int sv_fdtable_size(void)
 	return nslots;
 }
 
-static pthread_mutex_t *stripe_of(int fd)
+static struct sv_lock *stripe_of(int fd)
 {
 	return &stripes[(unsigned)fd % SV_FD_STRIPES];
 }
@@ -71,12 +73,12 @@ struct sv_fd *sv_fd_get(int fd)
 	/* Fast path for fds that are not ours: no lock. */
 	if (!atomic_load_explicit(&slots[fd], memory_order_relaxed))
 		return NULL;
-	pthread_mutex_t *m = stripe_of(fd);
-	pthread_mutex_lock(m);
+	struct sv_lock *m = stripe_of(fd);
+	sv_lock(m);
 	struct sv_fd *f = atomic_load_explicit(&slots[fd], memory_order_relaxed);
 	if (f)
 		atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
-	pthread_mutex_unlock(m);
+	sv_unlock(m);
 	return f;
 }
 
@@ -96,10 +98,10 @@ int sv_fd_install(struct sv_fd *f)
 	if (f->fd < 0 || f->fd >= nslots)
 		return -EMFILE;
 	atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
-	pthread_mutex_t *m = stripe_of(f->fd);
-	pthread_mutex_lock(m);
+	struct sv_lock *m = stripe_of(f->fd);
+	sv_lock(m);
 	struct sv_fd *old = atomic_exchange_explicit(&slots[f->fd], f, memory_order_release);
-	pthread_mutex_unlock(m);
+	sv_unlock(m);
 	sv_fd_put(old);
 	return 0;
 }
@@ -110,9 +112,18 @@ struct sv_fd *sv_fd_remove(int fd)
 		return NULL;
 	if (!atomic_load_explicit(&slots[fd], memory_order_relaxed))
 		return NULL;
-	pthread_mutex_t *m = stripe_of(fd);
-	pthread_mutex_lock(m);
+	struct sv_lock *m = stripe_of(fd);
+	sv_lock(m);
 	struct sv_fd *f = atomic_exchange_explicit(&slots[fd], NULL, memory_order_acq_rel);
-	pthread_mutex_unlock(m);
+	sv_unlock(m);
 	return f;
+}
+
+void sv_fdtable_atfork_child(void)
+{
+	/* A thread that held a stripe when another forked does not exist in
+	 * the child: the stripe would stay taken. */
+	if (slots)
+		for (int i = 0; i < SV_FD_STRIPES; i++)
+			sv_lock_reinit(&stripes[i]);
 }

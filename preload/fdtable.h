@@ -1,18 +1,42 @@
 /* The fd table: which application fds libsovia manages, and how.
  *
  * Each managed fd has a refcounted entry carrying an operations table (the
- * kernel's, or the SOVIA stream's). An fd without an entry is not ours and
- * every call on it passes straight to libc. Lookups of unmanaged fds take no
- * lock; managed ones take a striped lock just long enough to count a
- * reference, so an entry never disappears under a call that is using it. */
+ * kernel's for a TCP socket libsovia leaves alone, a listening socket's, a
+ * stream's), as OpenOnload's fdinfo ops or Redis' ConnectionType: the
+ * interposed calls dispatch through it and never compare tables. An fd
+ * without an entry is not ours and every call on it passes straight to
+ * libc. Lookups of unmanaged fds take no lock; managed ones take a striped
+ * lock just long enough to count a reference, so an entry never disappears
+ * under a call that is using it. */
 #ifndef SV_FDTABLE_H
 #define SV_FDTABLE_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
 struct sv_fd;
+struct pollfd;
+struct sv_marks;
+
+/* Readiness of an fd whose data libsovia may hold: poll, select and epoll
+ * ask it instead of (or besides) the kernel. Each op is the stream's of the
+ * same name (src/stream.h). */
+struct sv_fd_wait_ops {
+	void (*split)(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen);
+	short (*recheck)(struct sv_fd *f, short events, short rev);
+	void (*waits)(struct sv_fd *f);
+	int (*sources)(struct sv_fd *f, struct pollfd *out, bool *again, uint64_t gen);
+	void (*done)(struct sv_fd *f, const struct pollfd *src, int n);
+	uint32_t (*spin_us)(struct sv_fd *f);
+	void (*waited)(struct sv_fd *f, uint64_t us);
+	void (*marks)(struct sv_fd *f, struct sv_marks *m);
+	/* The kernel's socket alone answers from now on: an epoll set may
+	 * watch the fd itself. */
+	bool (*kernel_only)(struct sv_fd *f);
+};
 
 /* Operations on a managed fd. Every op returns >= 0 or -errno. */
 struct sv_fd_ops {
@@ -30,6 +54,33 @@ struct sv_fd_ops {
 	int (*close)(struct sv_fd *f);
 	/* The entry's last reference is gone: release what the ops attached. */
 	void (*release)(struct sv_fd *f);
+
+	/* The rest is optional: NULL where the kernel's socket is all there
+	 * is to it. */
+	/* listen() succeeded on it. */
+	void (*listened)(struct sv_fd *f);
+	/* accept() on it returned nfd. */
+	void (*accepted)(struct sv_fd *f, int nfd);
+	/* connect() on it succeeded, or is in progress. */
+	void (*connected)(struct sv_fd *f, bool in_progress);
+	/* The way back: make the kernel's socket carry everything, for a
+	 * call libsovia does not serve. 0 when the fd is plain TCP now. */
+	int (*detach)(struct sv_fd *f);
+	/* dup: the fd is about to get a copy. 0: the copy must become the
+	 * same (add_copy); 1: the kernel's dup is all; -errno: it could not
+	 * be shared (the caller takes the connection back first). */
+	int (*share)(struct sv_fd *f);
+	bool (*add_copy)(struct sv_fd *f, int nfd);
+	/* FIONREAD: the bytes readable now. */
+	long (*inq)(struct sv_fd *f);
+	/* fcntl(F_SETFL) or ioctl(FIONBIO) may have changed its mode. */
+	void (*mode_changed)(struct sv_fd *f);
+	/* In a fork's child: the entry is the parent's (never released here). */
+	void (*atfork_child)(struct sv_fd *f);
+	/* Readiness of its own. */
+	const struct sv_fd_wait_ops *wait;
+	/* stdio (fdopen) must call back through libsovia for this fd. */
+	bool stdio_cookie;
 };
 
 struct sv_fd {
@@ -65,5 +116,8 @@ int sv_fd_install(struct sv_fd *f);
 /* Remove fd's entry from the table and return the table's reference to the
  * caller (who must sv_fd_put it), or NULL when fd was not managed. */
 struct sv_fd *sv_fd_remove(int fd);
+
+/* In a fork's child: the stripes as new. */
+void sv_fdtable_atfork_child(void);
 
 #endif

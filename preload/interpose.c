@@ -33,7 +33,6 @@ static void init_once_fn(void)
 	}
 	if (sv_cfg.disable)
 		sv_info("SOVIA_DISABLE is set: all sockets stay on the kernel");
-	sv_ops_init();
 	pthread_atfork(NULL, NULL, sv_ops_atfork_child);
 	atomic_store_explicit(&sv_initialised, true, memory_order_release);
 }
@@ -107,7 +106,10 @@ SV_EXPORT int listen(int fd, int backlog)
 	int r = sv_real.listen(fd, backlog);
 	if (r == 0) {
 		int saved = errno;
-		sv_on_listen(fd);
+		struct sv_fd *f = sv_fd_get(fd);
+		if (f && f->ops->listened) /* a second listen() only changes the backlog */
+			f->ops->listened(f);
+		sv_fd_put(f);
 		errno = saved;
 	}
 	return r;
@@ -119,10 +121,12 @@ SV_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		return SV_REAL(connect)(fd, addr, len);
 	int r = sv_real.connect(fd, addr, len);
 	int saved = errno;
-	if (r == 0)
-		sv_on_connected(fd);
-	else if (errno == EINPROGRESS)
-		sv_on_connecting(fd);
+	if (r == 0 || errno == EINPROGRESS) {
+		struct sv_fd *f = sv_fd_get(fd);
+		if (f && f->ops->connected) /* a stream already: connect() called again to poll it */
+			f->ops->connected(f, r != 0);
+		sv_fd_put(f);
+	}
 	errno = saved;
 	return r;
 }
@@ -133,7 +137,10 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 	if (nfd < 0)
 		return nfd;
 	int saved = errno;
-	sv_on_accepted(fd, nfd);
+	struct sv_fd *f = sv_fd_get(fd);
+	if (f && f->ops->accepted)
+		f->ops->accepted(f, nfd);
+	sv_fd_put(f);
 	errno = saved;
 	return nfd;
 }
@@ -360,55 +367,54 @@ SV_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 	return (int)sv_ret(r, saved);
 }
 
-/* stdio on an accelerated socket: glibc's FILE would read, write and close
- * the fd with its internal calls, past the interposer, so the FILE is built
- * on fopencookie and calls our read/write/close. fileno() still gives fd.
- * That holds for a socket that may still become accelerated, too: ftpd
- * fdopen()s its active-mode data socket before connect(), and its fclose()
- * must finish the connection (a real FILE would close the kernel's socket
- * under libsovia's feet: the peer never got the end of the data). */
-static ssize_t cookie_read(void *c, char *buf, size_t n)
-{
-	return read((int)(intptr_t)c, buf, n);
-}
-
-static ssize_t cookie_write(void *c, const char *buf, size_t n)
-{
-	/* stdio treats a short write as an error: write it all. */
-	size_t done = 0;
-	while (done < n) {
-		ssize_t r = write((int)(intptr_t)c, buf + done, n - done);
-		if (r < 0) {
-			if (errno == EINTR)
-				continue;
-			return done ? (ssize_t)done : -1;
-		}
-		done += (size_t)r;
-	}
-	return (ssize_t)done;
-}
-
-static int cookie_close(void *c)
-{
-	return close((int)(intptr_t)c);
-}
-
-SV_EXPORT FILE *fdopen(int fd, const char *mode)
+/* recvmmsg/sendmmsg on an fd whose bytes libsovia may hold: one message at
+ * a time through its operations. */
+SV_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
+		       struct timespec *timeout)
 {
 	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f || (f->ops != &sv_stream_ops && f->ops != &sv_kernel_ops)) {
+	if (!f || !f->ops->wait) {
 		sv_fd_put(f);
-		return SV_REAL(fdopen)(fd, mode);
+		return SV_REAL(recvmmsg)(fd, v, n, flags, timeout);
+	}
+	int saved = errno;
+	int got = 0, fl = flags & ~MSG_WAITFORONE;
+	long r = 0;
+	for (unsigned int i = 0; i < n; i++) {
+		r = f->ops->recvmsg(f, &v[i].msg_hdr, fl);
+		if (r < 0)
+			break;
+		v[i].msg_len = (unsigned int)r;
+		got++;
+		if (r == 0)
+			break; /* the end of the stream */
+		if (flags & MSG_WAITFORONE)
+			fl |= MSG_DONTWAIT;
 	}
 	sv_fd_put(f);
-	cookie_io_functions_t io = {
-		.read = cookie_read,
-		.write = cookie_write,
-		.seek = NULL,
-		.close = cookie_close,
-	};
-	FILE *fp = fopencookie((void *)(intptr_t)fd, mode, io);
-	if (fp)
-		fp->_fileno = fd; /* fileno() as with any fdopen'ed FILE */
-	return fp;
+	return got ? (errno = saved, got) : (int)sv_ret(r, saved);
+}
+
+SV_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	if (!f || !f->ops->wait) {
+		sv_fd_put(f);
+		return SV_REAL(sendmmsg)(fd, v, n, flags);
+	}
+	int saved = errno;
+	unsigned int i = 0;
+	long r = 0;
+	for (; i < n; i++) {
+		r = f->ops->sendmsg(f, &v[i].msg_hdr, flags);
+		if (r < 0)
+			break;
+		v[i].msg_len = (unsigned int)r;
+	}
+	sv_fd_put(f);
+	if (i > 0) {
+		errno = saved;
+		return (int)i;
+	}
+	return (int)sv_ret(r, saved);
 }

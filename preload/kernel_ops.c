@@ -1,7 +1,9 @@
-/* The kernel's operations for a managed fd: plain passthrough. A TCP socket
- * that is not (or no longer) accelerated uses these. */
-#include "preload.h"
+/* The kernel's operations for a managed TCP socket: plain passthrough, and
+ * the hooks that may make it libsovia's (a listener, a stream). A socket
+ * that is no longer accelerated uses these too, and a listening socket
+ * with an RDMA listener beside it is the kernel's in every call. */
 #include "real.h"
+#include "sovia_ops.h"
 
 static ssize_t k_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
 {
@@ -43,5 +45,22 @@ const struct sv_fd_ops sv_kernel_ops = {
 	.setsockopt = k_setsockopt,
 	.getsockopt = k_getsockopt,
 	.close = k_close,
-	.release = NULL,
+	.listened = sv_socket_listened,
+	.connected = sv_socket_connected,
+	/* ftpd fdopen()s its active-mode data socket before connect(): its
+	 * FILE must close through libsovia once the socket is a stream. */
+	.stdio_cookie = true,
+};
+
+const struct sv_fd_ops sv_listen_ops = {
+	.name = "listen",
+	.recvmsg = k_recvmsg,
+	.sendmsg = k_sendmsg,
+	.shutdown = k_shutdown,
+	.setsockopt = k_setsockopt,
+	.getsockopt = k_getsockopt,
+	.close = k_close,
+	.release = sv_listen_release,
+	.accepted = sv_listen_accepted,
+	.atfork_child = sv_ours_atfork_child,
 };

@@ -1,18 +1,18 @@
-/* poll() and ppoll() over a mix of kernel fds and accelerated streams.
+/* poll(), ppoll(), select() and pselect() over a mix of kernel fds and
+ * accelerated streams.
  *
  * A stream's direction that travels over the QP is invisible to the kernel,
  * so its readiness comes from libsovia's state; everything else is the
  * kernel's. To sleep, the kernel poll also watches each stream's completion
  * channel and wake eventfd; after a wake the streams are judged again. */
-#include "config.h"
+#include "clock.h"
 #include "guard.h"
 #include "preload.h"
 #include "real.h"
-#include "sovia_ops.h"
-#include "stream.h"
 #include "wait.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -23,17 +23,17 @@
 #define POLLRDHUP 0x2000
 #endif
 
-/* Any accelerated stream among the fds? (The common case: none.) */
-static bool any_stream(const struct pollfd *fds, nfds_t n)
+/* Any fd libsovia answers for among them? (The common case: none.) The
+ * array is not const: glibc declares poll()'s write-only, and gcc takes a
+ * read of it through a const pointer for a read of uninitialised memory. */
+static bool any_stream(struct pollfd *fds, nfds_t n)
 {
 	for (nfds_t i = 0; i < n; i++) {
 		struct sv_fd *f = sv_fd_get(fds[i].fd);
-		if (f) {
-			bool st = f->ops == &sv_stream_ops;
-			sv_fd_put(f);
-			if (st)
-				return true;
-		}
+		bool own = f && f->ops->wait;
+		sv_fd_put(f);
+		if (own)
+			return true;
 	}
 	return false;
 }
@@ -45,71 +45,171 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* One call of sv_poll_mixed: the application's fds, the entries of those
+ * libsovia answers for (NULL for the kernel's), and the kernel's poll set:
+ * the application's fds with the events the kernel answers, then the
+ * streams' sleep sources. */
+struct mixed {
+	struct pollfd *fds;
+	nfds_t n;
+	struct sv_fd **ents;
+	short *own;     /* per fd: the events libsovia found ready */
+	uint64_t *gen;  /* per fd: the state libsovia judged */
+	int *start, *cnt; /* per fd: its sleep sources in k[] */
+	struct pollfd *k;
+	nfds_t nk;
+};
+
+static void mixed_free(struct mixed *m)
+{
+	if (m->ents)
+		for (nfds_t i = 0; i < m->n; i++)
+			sv_fd_put(m->ents[i]);
+	free(m->ents);
+	free(m->own);
+	free(m->gen);
+	free(m->start);
+	free(m->cnt);
+	free(m->k);
+}
+
+static int mixed_init(struct mixed *m, struct pollfd *fds, nfds_t n)
+{
+	*m = (struct mixed){.fds = fds, .n = n};
+	size_t c = n ? n : 1;
+	m->ents = calloc(c, sizeof(*m->ents));
+	m->own = calloc(c, sizeof(*m->own));
+	m->gen = calloc(c, sizeof(*m->gen));
+	m->start = calloc(c, sizeof(*m->start));
+	m->cnt = calloc(c, sizeof(*m->cnt));
+	m->k = calloc(n * 4 + 1, sizeof(*m->k));
+	if (!m->ents || !m->own || !m->gen || !m->start || !m->cnt || !m->k) {
+		mixed_free(m);
+		return -ENOMEM;
+	}
+	for (nfds_t i = 0; i < n; i++) {
+		struct sv_fd *f = sv_fd_get(fds[i].fd);
+		if (f && !f->ops->wait) {
+			sv_fd_put(f);
+			f = NULL;
+		}
+		m->ents[i] = f; /* a reference for the whole call */
+	}
+	return 0;
+}
+
+/* Judge every fd libsovia answers for; the rest go to the kernel's set.
+ * Returns how many of ours are ready. */
+static int judge(struct mixed *m)
+{
+	int ready = 0;
+	for (nfds_t i = 0; i < m->n; i++) {
+		m->k[i] = m->fds[i];
+		m->own[i] = 0;
+		struct sv_fd *f = m->ents[i];
+		if (!f)
+			continue;
+		short kernel;
+		f->ops->wait->split(f, m->fds[i].events, &m->own[i], &kernel, &m->gen[i]);
+		m->k[i].events = kernel;
+		ready += m->own[i] != 0;
+	}
+	return ready;
+}
+
+/* Add the streams' sleep sources after the application's fds (none when
+ * the poll will not sleep). Sets *again when one changed since it was
+ * judged. */
+static void add_sources(struct mixed *m, bool sleeps, bool *again)
+{
+	m->nk = m->n;
+	for (nfds_t i = 0; i < m->n; i++) {
+		struct sv_fd *f = m->ents[i];
+		m->cnt[i] = 0;
+		if (!f || !sleeps)
+			continue;
+		m->start[i] = (int)m->nk;
+		m->cnt[i] = f->ops->wait->sources(f, &m->k[m->nk], again, m->gen[i]);
+		m->nk += (nfds_t)m->cnt[i];
+	}
+}
+
+/* Every fd's events after the kernel's poll. Returns how many have some. */
+static int collect(struct mixed *m)
+{
+	int count = 0;
+	for (nfds_t i = 0; i < m->n; i++) {
+		struct sv_fd *f = m->ents[i];
+		struct pollfd *k = &m->k[i];
+		short ev = m->fds[i].events, rev = m->own[i];
+		if (k->fd >= 0)
+			rev |= k->revents;
+		/* The kernel reports a hang-up of the TCP connection even while
+		 * libsovia answers for reading (a switch pending): the
+		 * application must then read, and our receive path gives it the
+		 * data and the end, in order; a hang-up without readability
+		 * would make it stop reading early. */
+		short mine = (short)(ev & ~k->events);
+		if (f && (mine & POLLIN) && (k->revents & (POLLHUP | POLLRDHUP)))
+			rev |= ev & (POLLIN | POLLRDNORM);
+		/* The kernel found TCP bytes to read, but they may be the peer's
+		 * echo of a switch that completed while we slept: no bytes for
+		 * the application, whose read would then block. Judge again now
+		 * that the switch is visible. */
+		if (f && (k->events & POLLIN) && (k->revents & (POLLIN | POLLRDNORM)))
+			rev = f->ops->wait->recheck(f, ev, rev);
+		m->fds[i].revents = rev;
+		count += rev != 0;
+	}
+	return count;
+}
+
+static int kernel_poll(struct mixed *m, int t, const sigset_t *mask)
+{
+	if (!mask)
+		return sv_real.poll(m->k, m->nk, t);
+	struct timespec ts = {t / 1000, (long)(t % 1000) * 1000000};
+	return sv_real.ppoll(m->k, m->nk, t < 0 ? NULL : &ts, mask);
+}
+
+/* Poll without sleeping first, as long as the longest spin of the streams
+ * (sv_stream_spin_us: it adapts to their recent waits); 0: none. */
+static uint64_t spin_until(struct mixed *m, uint64_t t0)
+{
+	uint64_t spin = 0;
+	for (nfds_t i = 0; i < m->n; i++) {
+		struct sv_fd *f = m->ents[i];
+		uint32_t us = f ? f->ops->wait->spin_us(f) : 0;
+		spin = us > spin ? us : spin;
+	}
+	return spin ? t0 + spin : 0;
+}
+
 int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask,
 		  bool return_on_wake)
 {
 	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-	struct sv_fd **ents = calloc(n, sizeof(*ents));
-	short *own = calloc(n, sizeof(*own));
-	struct pollfd *k = calloc(n * 4 + 1, sizeof(*k));
-	int result = -ENOMEM;
-	if (!ents || !own || !k)
-		goto free_all;
-	for (nfds_t i = 0; i < n; i++) {
-		struct sv_fd *f = sv_fd_get(fds[i].fd);
-		if (f && f->ops != &sv_stream_ops) {
-			sv_fd_put(f);
-			f = NULL;
-		}
-		ents[i] = f; /* a reference for the whole call */
-	}
-	/* Poll without sleeping first (judging the streams polls their
-	 * completion queues), as long as the longest spin of the streams
-	 * (sv_stream_spin_us: it adapts to their recent waits). */
-	uint64_t t0 = sv_now_us(), spin = 0;
-	for (nfds_t i = 0; i < n; i++) {
-		uint32_t us = ents[i] ? sv_stream_spin_us(ents[i]->priv) : 0;
-		spin = us > spin ? us : spin;
-	}
-	uint64_t spin_until = spin ? t0 + spin : 0;
+	struct mixed m;
+	int result = mixed_init(&m, fds, n);
+	if (result < 0)
+		return result;
+	uint64_t t0 = sv_now_us(), until = spin_until(&m, t0);
 	bool flushed = false;
 	for (;;) {
-		int ready = 0;
-		bool spinning = spin_until && sv_now_us() < spin_until;
-		uint64_t gen[n ? n : 1]; /* each stream's state as judged here */
-		for (nfds_t i = 0; i < n; i++) {
-			k[i] = fds[i];
-			own[i] = 0;
-			if (!ents[i])
-				continue;
-			short kernel;
-			sv_stream_poll_split(ents[i]->priv, fds[i].events, &own[i], &kernel, &gen[i]);
-			k[i].events = kernel;
-			if (own[i])
-				ready++;
-		}
+		bool spinning = until && sv_now_us() < until;
+		int ready = judge(&m);
 		/* Nothing of ours is ready: the application is about to wait
-		 * (spin, then sleep). Once per call, push out what it
-		 * coalesced; a poll that finds something ready does not, so a
-		 * loop that polls between its writes still coalesces. */
+		 * (spin, then sleep). Once per call, push out what it coalesced;
+		 * a poll that finds something ready does not, so a loop that
+		 * polls between its writes still coalesces. */
 		if (!ready && !flushed) {
 			flushed = true;
 			for (nfds_t i = 0; i < n; i++)
-				if (ents[i])
-					sv_stream_poll_waits(ents[i]->priv);
+				if (m.ents[i])
+					m.ents[i]->ops->wait->waits(m.ents[i]);
 		}
-		/* Sleep sources of the streams, unless something is ready. */
-		nfds_t nk = n;
 		bool again = false;
-		int start[n ? n : 1], cnt[n ? n : 1];
-		for (nfds_t i = 0; i < n; i++) {
-			cnt[i] = 0;
-			if (!ents[i] || ready || spinning)
-				continue;
-			start[i] = (int)nk;
-			cnt[i] = sv_stream_poll_sources(ents[i]->priv, &k[nk], &again, gen[i]);
-			nk += (nfds_t)cnt[i];
-		}
+		add_sources(&m, !ready && !spinning, &again);
 		int t = -1;
 		if (ready || again || spinning) {
 			t = 0;
@@ -117,43 +217,16 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 			int64_t left = deadline - now_ms();
 			t = left > 0 ? (int)left : 0;
 		}
-		int r;
-		if (mask) {
-			struct timespec ts = {t / 1000, (long)(t % 1000) * 1000000}, *tp = t < 0 ? NULL : &ts;
-			r = sv_real.ppoll(k, nk, tp, mask);
-		} else {
-			r = sv_real.poll(k, nk, t);
-		}
+		int r = kernel_poll(&m, t, mask);
 		int err = errno;
 		for (nfds_t i = 0; i < n; i++)
-			if (cnt[i])
-				sv_stream_poll_done(ents[i]->priv, &k[start[i]], cnt[i]);
+			if (m.cnt[i])
+				m.ents[i]->ops->wait->done(m.ents[i], &m.k[m.start[i]], m.cnt[i]);
 		if (r < 0) {
 			result = -err;
 			break;
 		}
-		int count = 0;
-		for (nfds_t i = 0; i < n; i++) {
-			short rev = own[i];
-			if (k[i].fd >= 0)
-				rev |= k[i].revents;
-			/* The kernel reports a hang-up of the TCP connection even
-			 * while libsovia answers for reading (a switch pending):
-			 * the application must then read, and our receive path
-			 * gives it the data and the end, in order; a hang-up
-			 * without readability would make it stop reading early. */
-			short mine = (short)(fds[i].events & ~k[i].events);
-			if (ents[i] && (mine & POLLIN) && (k[i].revents & (POLLHUP | POLLRDHUP)))
-				rev |= fds[i].events & (POLLIN | POLLRDNORM);
-			/* The kernel found TCP bytes to read, but they may be the
-			 * peer's echo of a switch that completed while we slept:
-			 * no bytes for the application, whose read would then
-			 * block. Judge again now that the switch is visible. */
-			if (ents[i] && (k[i].events & POLLIN) && (k[i].revents & (POLLIN | POLLRDNORM)))
-				rev = sv_stream_poll_recheck(ents[i]->priv, fds[i].events, rev);
-			fds[i].revents = rev;
-			count += rev != 0;
-		}
+		int count = collect(&m);
 		if (count || (return_on_wake && !spinning) ||
 		    (deadline >= 0 && now_ms() >= deadline)) {
 			/* A stream that became ready after this call had to wait
@@ -161,8 +234,8 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 			if (flushed && count) {
 				uint64_t waited = sv_now_us() - t0;
 				for (nfds_t i = 0; i < n; i++)
-					if (ents[i] && own[i])
-						sv_stream_waited(ents[i]->priv, waited);
+					if (m.ents[i] && m.own[i])
+						m.ents[i]->ops->wait->waited(m.ents[i], waited);
 			}
 			result = count;
 			break;
@@ -171,13 +244,7 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 			sched_yield();
 		/* A stream woke us (or changed while arming): judge again. */
 	}
-free_all:
-	if (ents)
-		for (nfds_t i = 0; i < n; i++)
-			sv_fd_put(ents[i]);
-	free(ents);
-	free(own);
-	free(k);
+	mixed_free(&m);
 	return result;
 }
 
@@ -208,5 +275,121 @@ SV_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, con
 	sv_enter();
 	int r = sv_poll_mixed(fds, n, timeout, mask, false);
 	sv_leave();
+	return (int)sv_ret(r, saved);
+}
+
+/* select through poll, which knows the streams. */
+static int select_common(int n, fd_set *rd, fd_set *wr, fd_set *ex, int timeout_ms,
+			 const sigset_t *mask, bool *served)
+{
+	*served = false;
+	if (n < 0 || n > FD_SETSIZE)
+		return -EINVAL;
+	bool any = false;
+	int count = 0;
+	for (int fd = 0; fd < n; fd++) {
+		if ((rd && FD_ISSET(fd, rd)) || (wr && FD_ISSET(fd, wr)) || (ex && FD_ISSET(fd, ex))) {
+			count++;
+			struct sv_fd *f = sv_fd_get(fd);
+			any = any || (f && f->ops->wait);
+			sv_fd_put(f);
+		}
+	}
+	if (!any)
+		return 0;
+	*served = true;
+	struct pollfd *p = calloc(count ? (size_t)count : 1, sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	int k = 0;
+	for (int fd = 0; fd < n; fd++) {
+		short ev = 0;
+		if (rd && FD_ISSET(fd, rd))
+			ev |= POLLIN;
+		if (wr && FD_ISSET(fd, wr))
+			ev |= POLLOUT;
+		if (ex && FD_ISSET(fd, ex))
+			ev |= POLLPRI;
+		if (ev)
+			p[k++] = (struct pollfd){.fd = fd, .events = ev};
+	}
+	sv_enter();
+	int r = sv_poll_mixed(p, (nfds_t)k, timeout_ms, mask, false);
+	sv_leave();
+	if (r < 0) {
+		free(p);
+		return r;
+	}
+	for (int i = 0; i < k; i++)
+		if (p[i].revents & POLLNVAL) {
+			free(p);
+			return -EBADF;
+		}
+	if (rd)
+		FD_ZERO(rd);
+	if (wr)
+		FD_ZERO(wr);
+	if (ex)
+		FD_ZERO(ex);
+	int bits = 0;
+	for (int i = 0; i < k; i++) {
+		short re = p[i].revents;
+		/* As the kernel's select: an error or hang-up makes a socket
+		 * readable and writable. */
+		if (rd && (p[i].events & POLLIN) && (re & (POLLIN | POLLHUP | POLLERR))) {
+			FD_SET(p[i].fd, rd);
+			bits++;
+		}
+		if (wr && (p[i].events & POLLOUT) && (re & (POLLOUT | POLLERR))) {
+			FD_SET(p[i].fd, wr);
+			bits++;
+		}
+		if (ex && (p[i].events & POLLPRI) && (re & POLLPRI)) {
+			FD_SET(p[i].fd, ex);
+			bits++;
+		}
+	}
+	free(p);
+	return bits;
+}
+
+static int64_t tv_ms(const struct timeval *tv)
+{
+	if (!tv)
+		return -1;
+	return (int64_t)tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000;
+}
+
+SV_EXPORT int select(int n, fd_set *rd, fd_set *wr, fd_set *ex, struct timeval *tv)
+{
+	if (sv_passthrough())
+		return SV_REAL(select)(n, rd, wr, ex, tv);
+	int saved = errno;
+	int64_t ms = tv_ms(tv);
+	bool served;
+	int r = select_common(n, rd, wr, ex, ms > INT_MAX ? INT_MAX : (int)ms, NULL, &served);
+	if (!served)
+		return SV_REAL(select)(n, rd, wr, ex, tv);
+	if (tv && r == 0)
+		tv->tv_sec = tv->tv_usec = 0; /* Linux reports the time left */
+	return (int)sv_ret(r, saved);
+}
+
+SV_EXPORT int pselect(int n, fd_set *rd, fd_set *wr, fd_set *ex, const struct timespec *ts,
+		      const sigset_t *mask)
+{
+	if (sv_passthrough())
+		return SV_REAL(pselect)(n, rd, wr, ex, ts, mask);
+	int saved = errno;
+	int64_t ms = ts ? (int64_t)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000 : -1;
+	sigset_t cur;
+	if (!mask) {
+		pthread_sigmask(SIG_SETMASK, NULL, &cur);
+		mask = &cur;
+	}
+	bool served;
+	int r = select_common(n, rd, wr, ex, ms > INT_MAX ? INT_MAX : (int)ms, mask, &served);
+	if (!served)
+		return SV_REAL(pselect)(n, rd, wr, ex, ts, mask);
 	return (int)sv_ret(r, saved);
 }

@@ -31,8 +31,9 @@ static inline long sv_ret(long r, int saved_errno)
 	return r;
 }
 
-/* The kernel's operations: every call goes to the real libc function. */
-extern const struct sv_fd_ops sv_kernel_ops;
+/* fd's connection goes back to plain TCP (if libsovia serves it), and its
+ * entry becomes the kernel's (unserved.c). */
+void sv_fd_detach(int fd);
 
 /* One-time set-up: resolve symbols, load settings, size the fd table. */
 void sv_preload_init(void);

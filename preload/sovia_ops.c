@@ -1,48 +1,45 @@
-/* The operations of fds libsovia accelerates: a listening socket (with its
- * RDMA listener) and a connected stream. Every op runs libsovia's code
- * under the re-entry guard, so the libc calls it makes go straight through. */
+/* The operations of fds libsovia accelerates, and the hooks that make a
+ * socket libsovia's. Every op runs libsovia's code under the re-entry
+ * guard: the libraries it calls (libibverbs, librdmacm) read and write
+ * their own fds, and those calls go straight to libc. */
 #include "sovia_ops.h"
 
 #include "guard.h"
-#include "helper.h"
 #include "log.h"
-#include "real.h"
+#include "readiness.h"
 #include "stream.h"
-#include "verbs.h"
+#include "upgrade.h"
 #include "wait.h"
 
 #include <errno.h>
+
+static struct sv_stream *stream_of(struct sv_fd *f)
+{
+	return f->priv;
+}
 
 /* ---- Connected streams -------------------------------------------------- */
 
 static ssize_t st_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
 {
 	sv_enter();
-	long r = sv_stream_recvmsg(f->priv, msg, flags);
+	long r = sv_stream_recvmsg(stream_of(f), msg, flags);
 	sv_leave();
-	if (r == -EAGAIN)
-		atomic_fetch_add_explicit(&((struct sv_stream *)f->priv)->rx_eagain, 1,
-					  memory_order_relaxed);
 	return r;
 }
 
 static ssize_t st_sendmsg(struct sv_fd *f, const struct msghdr *msg, int flags)
 {
 	sv_enter();
-	long r = sv_stream_sendmsg(f->priv, msg, flags);
+	long r = sv_stream_sendmsg(stream_of(f), msg, flags);
 	sv_leave();
-	if (r == -EAGAIN)
-		atomic_fetch_add_explicit(&((struct sv_stream *)f->priv)->tx_eagain, 1,
-					  memory_order_relaxed);
 	return r;
 }
 
 static int st_shutdown(struct sv_fd *f, int how)
 {
-	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
-		return -EINVAL;
 	sv_enter();
-	int r = sv_stream_shutdown(f->priv, how);
+	int r = sv_stream_shutdown(stream_of(f), how);
 	sv_leave();
 	return r;
 }
@@ -50,16 +47,21 @@ static int st_shutdown(struct sv_fd *f, int how)
 static int st_setsockopt(struct sv_fd *f, int level, int name, const void *val, socklen_t len)
 {
 	sv_enter();
-	int r = sv_stream_setsockopt(f->priv, level, name, val, len);
+	int r = sv_stream_setsockopt(stream_of(f), level, name, val, len);
 	sv_leave();
 	return r;
 }
 
+static int st_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len)
+{
+	/* Options are read from the kernel's socket, which gets every one. */
+	return sv_kernel_ops.getsockopt(f, level, name, val, len);
+}
 
 static int st_close(struct sv_fd *f)
 {
 	sv_enter();
-	int r = sv_stream_close(f->priv, f->fd);
+	int r = sv_stream_close(stream_of(f), f->fd);
 	sv_leave();
 	return r;
 }
@@ -67,44 +69,30 @@ static int st_close(struct sv_fd *f)
 static void st_release(struct sv_fd *f)
 {
 	sv_enter();
-	sv_stream_put(f->priv);
+	sv_stream_put(stream_of(f));
 	sv_leave();
 }
 
-struct sv_fd_ops sv_stream_ops = {
-	.name = "sovia-stream",
-	.recvmsg = st_recvmsg,
-	.sendmsg = st_sendmsg,
-	.shutdown = st_shutdown,
-	.setsockopt = st_setsockopt,
-	.getsockopt = NULL, /* the kernel's: set by sv_ops_init */
-	.close = st_close,
-	.release = st_release,
-};
-
-/* ---- Listening sockets --------------------------------------------------- */
-
-static void ls_release(struct sv_fd *f)
+static int st_detach(struct sv_fd *f)
 {
 	sv_enter();
-	sv_upgrade_unlisten(f->priv);
+	sv_dbg("fd %d: going back to plain TCP", f->fd);
+	int r = sv_stream_detach(stream_of(f));
 	sv_leave();
+	if (r == 0)
+		sv_fd_make_plain_all(f->priv);
+	return r;
 }
 
-/* A listening socket behaves as the kernel's in every call; only its
- * release also ends the RDMA listener. Filled in by sv_ops_init. */
-static struct sv_fd_ops listen_ops;
-
-void sv_ops_init(void)
+static int st_share(struct sv_fd *f)
 {
-	/* Options are read from the kernel's socket, which gets every one. */
-	sv_stream_ops.getsockopt = sv_kernel_ops.getsockopt;
-	listen_ops = sv_kernel_ops;
-	listen_ops.name = "sovia-listen";
-	listen_ops.release = ls_release;
+	sv_enter();
+	int r = sv_stream_kernel_only(stream_of(f)) ? 1 : sv_stream_share(stream_of(f));
+	sv_leave();
+	return r;
 }
 
-/* ---- Hooks from the interposed calls -------------------------------------- */
+static const struct sv_fd_ops sv_stream_ops;
 
 /* Make (ops, priv) fd's entry. On failure priv is released and the fd
  * stays as it was: the caller must not go on with priv. */
@@ -124,143 +112,218 @@ static bool replace_entry(int fd, const struct sv_fd_ops *ops, void *priv)
 	return ok;
 }
 
-void sv_on_listen(int fd)
+static bool st_add_copy(struct sv_fd *f, int nfd)
 {
-	struct sv_fd *f = sv_fd_get(fd);
-	if (!f)
-		return;
-	bool plain = f->ops == &sv_kernel_ops;
-	sv_fd_put(f);
-	if (!plain)
-		return; /* listening already (a second listen() changes the backlog) */
 	sv_enter();
-	struct sv_listener *l = sv_upgrade_listen(fd);
+	struct sv_stream *s = stream_of(f);
+	sv_stream_get(s); /* the new entry's; released by replace_entry on failure */
+	bool ok = replace_entry(nfd, &sv_stream_ops, s);
+	if (ok)
+		sv_stream_opened(s);
 	sv_leave();
-	if (l)
-		(void)replace_entry(fd, &listen_ops, l);
+	return ok;
 }
 
-void sv_on_accepted(int lfd, int fd)
+static long st_inq(struct sv_fd *f)
 {
-	struct sv_fd *lf = sv_fd_get(lfd);
-	if (!lf)
-		return;
-	bool rdma = lf->ops == &listen_ops;
 	sv_enter();
-	if (rdma)
-		rdma = sv_upgrade_listener_usable(lf->priv);
-	if (rdma) {
-		/* The listener entry (and so its priv) lives while we hold lf. */
+	long r = sv_stream_inq(stream_of(f));
+	sv_leave();
+	return r;
+}
+
+static void st_mode_changed(struct sv_fd *f)
+{
+	sv_stream_mode_changed(stream_of(f));
+}
+
+/* The parent's objects stay the parent's: the entry is never released
+ * here (its release would touch the parent's QP). */
+void sv_ours_atfork_child(struct sv_fd *f)
+{
+	struct sv_fd *nf = sv_fd_new(f->fd, &sv_kernel_ops, NULL);
+	if (!nf)
+		return;
+	(void)sv_fd_remove(f->fd); /* leaked on purpose */
+	sv_fd_install(nf);
+	sv_fd_put(nf);
+}
+
+/* ---- Readiness ---------------------------------------------------------------- */
+
+static void w_split(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen)
+{
+	sv_stream_poll_split(stream_of(f), events, own, kernel, gen);
+}
+
+static short w_recheck(struct sv_fd *f, short events, short rev)
+{
+	return sv_stream_poll_recheck(stream_of(f), events, rev);
+}
+
+static void w_waits(struct sv_fd *f)
+{
+	sv_stream_poll_waits(stream_of(f));
+}
+
+static int w_sources(struct sv_fd *f, struct pollfd *out, bool *again, uint64_t gen)
+{
+	return sv_stream_poll_sources(stream_of(f), out, again, gen);
+}
+
+static void w_done(struct sv_fd *f, const struct pollfd *src, int n)
+{
+	sv_stream_poll_done(stream_of(f), src, n);
+}
+
+static uint32_t w_spin_us(struct sv_fd *f)
+{
+	return sv_stream_spin_us(stream_of(f));
+}
+
+static void w_waited(struct sv_fd *f, uint64_t us)
+{
+	sv_stream_waited(stream_of(f), us);
+}
+
+static void w_marks(struct sv_fd *f, struct sv_marks *m)
+{
+	sv_stream_marks(stream_of(f), m);
+}
+
+static bool w_kernel_only(struct sv_fd *f)
+{
+	sv_enter();
+	bool r = sv_stream_kernel_only(stream_of(f));
+	sv_leave();
+	return r;
+}
+
+static const struct sv_fd_wait_ops stream_wait_ops = {
+	.split = w_split,
+	.recheck = w_recheck,
+	.waits = w_waits,
+	.sources = w_sources,
+	.done = w_done,
+	.spin_us = w_spin_us,
+	.waited = w_waited,
+	.marks = w_marks,
+	.kernel_only = w_kernel_only,
+};
+
+static const struct sv_fd_ops sv_stream_ops = {
+	.name = "stream",
+	.recvmsg = st_recvmsg,
+	.sendmsg = st_sendmsg,
+	.shutdown = st_shutdown,
+	.setsockopt = st_setsockopt,
+	.getsockopt = st_getsockopt,
+	.close = st_close,
+	.release = st_release,
+	.detach = st_detach,
+	.share = st_share,
+	.add_copy = st_add_copy,
+	.inq = st_inq,
+	.mode_changed = st_mode_changed,
+	.atfork_child = sv_ours_atfork_child,
+	.wait = &stream_wait_ops,
+	.stdio_cookie = true,
+};
+
+/* ---- Hooks of the kernel's sockets ------------------------------------------------ */
+
+void sv_listen_release(struct sv_fd *f)
+{
+	sv_enter();
+	sv_upgrade_unlisten(f->priv);
+	sv_leave();
+}
+
+void sv_socket_listened(struct sv_fd *f)
+{
+	sv_enter();
+	struct sv_listener *l = sv_upgrade_listen(f->fd);
+	sv_leave();
+	if (l)
+		(void)replace_entry(f->fd, &sv_listen_ops, l);
+}
+
+void sv_listen_accepted(struct sv_fd *lf, int fd)
+{
+	sv_enter();
+	/* The listener entry (and so its priv) lives while the caller holds lf. */
+	if (sv_upgrade_listener_usable(lf->priv)) {
 		struct sv_stream *s = sv_stream_new(fd, false);
 		if (s) {
 			sv_stream_get(s); /* for the upgrade, past the entry's reference */
 			if (replace_entry(fd, &sv_stream_ops, s))
-				sv_upgrade_accepted(s, lf->priv);
+				sv_stream_start_server(s, lf->priv);
 			sv_stream_put(s);
 		}
 	}
 	sv_leave();
-	sv_fd_put(lf);
 }
 
-/* A client socket becomes a stream; then `start` begins its upgrade (at
- * once, or when a non-blocking connect completes). */
-static void client_stream(int fd, void (*start)(struct sv_stream *s))
+void sv_socket_connected(struct sv_fd *f, bool in_progress)
 {
-	struct sv_fd *f = sv_fd_get(fd);
-	if (!f)
-		return;
-	bool plain = f->ops == &sv_kernel_ops;
-	bool watched = atomic_load(&f->in_epoll);
-	sv_fd_put(f);
-	if (!plain)
-		return; /* a stream already (connect() called again to poll it) */
-	if (watched) {
+	if (atomic_load(&f->in_epoll)) {
 		/* The kernel's epoll watches the fd already and would not see
 		 * data that moved to the QP. */
-		sv_info("fd %d: in an epoll set before its connect(): stays on TCP", fd);
+		sv_info("fd %d: in an epoll set before its connect(): stays on TCP", f->fd);
 		return;
 	}
 	sv_enter();
-	struct sv_stream *s = sv_stream_new(fd, true);
+	struct sv_stream *s = sv_stream_new(f->fd, true);
 	if (s) {
 		sv_stream_get(s);
-		if (replace_entry(fd, &sv_stream_ops, s))
-			start(s);
+		if (replace_entry(f->fd, &sv_stream_ops, s)) {
+			if (in_progress)
+				sv_stream_start_connecting(s);
+			else
+				sv_stream_start_client(s);
+		}
 		sv_stream_put(s);
 	}
 	sv_leave();
 }
 
-void sv_on_connected(int fd)
-{
-	client_stream(fd, sv_upgrade_connect);
-}
-
-void sv_on_connecting(int fd)
-{
-	client_stream(fd, sv_stream_connecting);
-}
+/* ---- Process-wide ------------------------------------------------------------------ */
 
 void sv_on_exit(void)
 {
 	sv_enter();
-	sv_helper_exit_flush();
+	sv_stream_exit_flush_all();
 	sv_leave();
 }
 
-bool sv_ops_add_copy(int nfd, struct sv_stream *s)
-{
-	sv_stream_get(s); /* the new entry's; released by replace_entry on failure */
-	if (!replace_entry(nfd, &sv_stream_ops, s))
-		return false;
-	sv_stream_opened(s);
-	return true;
-}
-
-void sv_fd_make_plain_all(struct sv_stream *s)
+void sv_fd_make_plain_all(void *priv)
 {
 	int n = sv_fdtable_size();
 	for (int fd = 0; fd < n; fd++) {
 		struct sv_fd *f = sv_fd_get(fd);
 		if (!f)
 			continue;
-		bool copy = f->ops == &sv_stream_ops && f->priv == s;
+		bool copy = f->priv == priv;
 		sv_fd_put(f);
-		if (copy)
-			sv_fd_make_plain(fd);
+		if (copy) {
+			(void)replace_entry(fd, &sv_kernel_ops, NULL);
+			sv_epoll_fd_plain(fd);
+		}
 	}
-}
-
-void sv_fd_make_plain(int fd)
-{
-	(void)replace_entry(fd, &sv_kernel_ops, NULL);
-	sv_epoll_fd_plain(fd);
 }
 
 void sv_ops_atfork_child(void)
 {
+	sv_fdtable_atfork_child();
 	int n = sv_fdtable_size();
 	for (int fd = 0; fd < n; fd++) {
 		struct sv_fd *f = sv_fd_get(fd);
 		if (!f)
 			continue;
-		bool ours = f->ops != &sv_kernel_ops;
-		if (ours) {
-			/* The parent's objects stay the parent's: never released here. */
-			struct sv_fd *nf = sv_fd_new(fd, &sv_kernel_ops, NULL);
-			if (nf) {
-				struct sv_fd *old = sv_fd_remove(fd);
-				(void)old; /* leaked on purpose: its release would touch the parent's QP */
-				sv_fd_install(nf);
-				sv_fd_put(nf);
-			}
-		}
+		if (f->ops->atfork_child)
+			f->ops->atfork_child(f);
 		sv_fd_put(f);
 	}
 	sv_epoll_atfork_child();
-	sv_helper_atfork_child();
-	sv_upgrade_atfork_child();
-	sv_verbs_atfork_child();
 	sv_stream_atfork_child();
 }

@@ -1,30 +1,27 @@
-/* The accelerated fds' operations and the hooks the interposed calls use. */
+/* The fd operations of libsovia's sockets: a TCP socket that may become a
+ * stream (the kernel's calls, plus the hooks that open an RDMA listener at
+ * listen() and make a stream at connect()), a listening socket with its
+ * RDMA listener, and a stream. */
 #ifndef SV_SOVIA_OPS_H
 #define SV_SOVIA_OPS_H
 
 #include "preload.h"
 
-extern struct sv_fd_ops sv_stream_ops; /* completed by sv_ops_init */
+/* A TCP socket: every call the kernel's (kernel_ops.c). */
+extern const struct sv_fd_ops sv_kernel_ops;
+/* A listening socket with an RDMA listener beside it (kernel_ops.c). */
+extern const struct sv_fd_ops sv_listen_ops;
+/* Their hooks (sovia_ops.c). */
+void sv_socket_listened(struct sv_fd *f);
+void sv_socket_connected(struct sv_fd *f, bool in_progress);
+void sv_listen_accepted(struct sv_fd *f, int nfd);
+void sv_listen_release(struct sv_fd *f);
+/* An entry of ours in a fork's child: it becomes the kernel's. */
+void sv_ours_atfork_child(struct sv_fd *f);
 
-/* Once, at initialisation. */
-void sv_ops_init(void);
-
-/* listen() succeeded on fd: open the RDMA listener beside it. */
-void sv_on_listen(int fd);
-/* accept() on listening lfd returned fd. */
-void sv_on_accepted(int lfd, int fd);
-/* connect() on fd succeeded. */
-void sv_on_connected(int fd);
-/* A non-blocking connect() on fd is in progress. */
-void sv_on_connecting(int fd);
-/* fd's connection is plain TCP now: its entry becomes the kernel's. */
-void sv_fd_make_plain(int fd);
-/* ... and so for every fd of the stream (its dup copies). */
-struct sv_stream;
-void sv_fd_make_plain_all(struct sv_stream *s);
-/* nfd is the kernel's dup of one of stream s's fds: it becomes the same
- * stream. false: it could not (nfd stays plain; the stream must go back). */
-bool sv_ops_add_copy(int nfd, struct sv_stream *s);
+/* fd's connection is plain TCP now: its entry (and its copies', the entries
+ * with the same priv) become the kernel's. */
+void sv_fd_make_plain_all(void *priv);
 /* In a fork's child: every entry of ours becomes the kernel's (the child
  * has none of the parent's threads, RDMA listeners or queue pairs). */
 void sv_ops_atfork_child(void);

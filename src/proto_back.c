@@ -1,6 +1,5 @@
 /* The protocol core's way back (docs/protocol.md, section 10): BACK, the
- * RETURNs and the bytes owed to TCP. The receive side of BACK and RETURN
- * is in sv_proto_on_recv (proto.c). */
+ * RETURNs and the bytes owed to TCP, both ways. */
 #include "proto.h"
 #include "proto_int.h"
 
@@ -11,69 +10,98 @@
 #include <stdlib.h>
 #include <string.h>
 
+int sv_pr_ret_append(struct sv_proto *p, const void *data, size_t len)
+{
+	int r = sv_bytes_append(&p->ret_buf, &p->ret_len, &p->ret_cap, data, len);
+	return r < 0 ? sv_proto_abort(p, r) : 0;
+}
+
 /* Once every returned byte is in (our stream up to our BACK's seq), the
  * bytes that never went over the QP follow them on TCP. */
 int sv_pr_owed_tail(struct sv_proto *p)
 {
 	if (!p->tail_len || !p->back_sent || !p->peer_back || p->owed_nxt != p->back_seq)
 		return 0;
-	if (sv_bytes_append(&p->owed, &p->owed_len, &p->owed_cap, p->tail, p->tail_len) < 0) {
-		sv_pr_fail(p, -ENOMEM);
-		return -ENOMEM;
-	}
+	if (sv_bytes_append(&p->owed, &p->owed_len, &p->owed_cap, p->tail, p->tail_len) < 0)
+		return sv_proto_abort(p, -ENOMEM);
 	free(p->tail);
 	p->tail = NULL;
 	p->tail_len = p->tail_cap = 0;
 	return 0;
 }
 
-/* ---- Detaching ---------------------------------------------------------- */
+/* ---- Receiving BACK and RETURN ---------------------------------------------- */
 
-int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len,
-		       uint64_t now_us)
+int sv_pr_on_back(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 {
-	(void)now_us;
-	if (p->error)
-		return p->error;
-	if (p->back_sent || (p->tx_state != SV_TX_OPEN && p->tx_state != SV_TX_FIN) ||
-	    !p->rx_on_qp || p->peer_to_rdma || p->rx_switch_pending || prefix_len > p->rcv_read)
-		return -EINVAL;
-	int r = sv_pr_flush_pending(p, SV_FLUSH_CLOSE);
-	if (r < 0 && r != -EAGAIN)
-		return r;
-	if (p->credits < 2 || p->nfree + (p->pending_slot >= 0) == 0)
-		return -EAGAIN;
-	if (p->pending_slot >= 0) {
-		/* Writes collected without a data credit (both windows may be
-		 * full): they never go over the QP, but follow the bytes
-		 * given back on TCP (owed_tail). */
-		const uint8_t *b = (const uint8_t *)p->xp.ops->send_buf(
-					   p->xp.ctx, (uint32_t)p->pending_slot) +
-				   SV_HDR_SIZE;
-		if (sv_bytes_append(&p->tail, &p->tail_len, &p->tail_cap, b, p->pending_len) < 0) {
-			sv_pr_fail(p, -ENOMEM);
-			return -ENOMEM;
-		}
-		p->free_slots[p->nfree++] = (uint32_t)p->pending_slot;
-		p->pending_slot = -1;
-		p->pending_len = 0;
-		p->pending_deadline = 0;
-		p->pending_hold = false;
-	}
-	uint64_t x = p->rcv_read - prefix_len;
-	/* What our application has not read moves out of the receive buffers,
-	 * which go back to the peer at once (their credits ride on the BACK):
-	 * with both windows full, the returns could not go otherwise. */
+	/* After the peer's data (and its FIN, if any), over the QP. */
+	if (h->len != SV_BACK_PAYLOAD || p->peer_back || !p->rx_on_qp || p->peer_to_rdma ||
+	    p->rx_switch_pending || h->seq != p->rcv_nxt)
+		return sv_pr_malformed(p);
+	if (p->rx_fin && h->seq != p->rx_fin_seq)
+		return sv_pr_malformed(p);
+	uint64_t x = sv_get64(sv_pr_rx_payload(p, buf));
+	/* It cannot have consumed more of our bytes than it received. */
+	if (x > h->ack || (p->back_sent && x > p->back_seq))
+		return sv_pr_malformed(p);
+	p->peer_back = true;
+	p->peer_back_seq = h->seq;
+	p->peer_back_x = x;
+	p->owed_nxt = x;
+	int r = sv_pr_repost_control(p, buf);
+	return r < 0 ? r : sv_pr_owed_tail(p);
+}
+
+int sv_pr_on_return(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
+{
+	/* Only after both BACKs, in order, within what we sent. */
+	if (!p->back_sent || !p->peer_back || h->len == 0 || h->seq != p->owed_nxt ||
+	    h->seq + h->len > p->back_seq)
+		return sv_pr_malformed(p);
+	if (sv_bytes_append(&p->owed, &p->owed_len, &p->owed_cap, sv_pr_rx_payload(p, buf),
+			    h->len) < 0)
+		return sv_proto_abort(p, -ENOMEM);
+	p->owed_nxt += h->len;
+	p->st.got_back += h->len;
+	sv_pr_consumed(p, true); /* like consumed data: the ACK policy reports it */
+	int r = sv_pr_repost_control(p, buf);
+	return r < 0 ? r : sv_pr_owed_tail(p);
+}
+
+/* ---- Sending BACK and RETURN ---------------------------------------------------- */
+
+/* Writes collected without a data credit (both windows may be full): they
+ * never go over the QP, but follow the bytes given back on TCP. */
+static int keep_pending_as_tail(struct sv_proto *p)
+{
+	if (p->pending_slot < 0)
+		return 0;
+	const uint8_t *b =
+		(const uint8_t *)p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot) +
+		SV_HDR_SIZE;
+	if (sv_bytes_append(&p->tail, &p->tail_len, &p->tail_cap, b, p->pending_len) < 0)
+		return sv_proto_abort(p, -ENOMEM);
+	sv_pr_free_slot(p, (uint32_t)p->pending_slot);
+	p->pending_slot = -1;
+	p->pending_len = 0;
+	p->pending_deadline = 0;
+	p->pending_hold = false;
+	return 0;
+}
+
+/* What our application has not read moves out of the receive buffers,
+ * which go back to the peer at once (their credits ride on the BACK): with
+ * both windows full, the returns could not go otherwise. */
+static int give_back_unread(struct sv_proto *p, const void *prefix, size_t prefix_len)
+{
 	if (prefix_len && sv_pr_ret_append(p, prefix, prefix_len) < 0)
 		return p->error;
-	r = sv_pr_rx_release(p);
+	int r = sv_pr_rx_release(p);
 	if (r < 0)
 		return r;
 	while (p->rxq_count) {
 		struct sv_rx_slot *rs = &p->rxq[p->rxq_head];
-		const uint8_t *src = (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, rs->buf) +
-				     SV_HDR_SIZE + rs->off;
-		if (sv_pr_ret_append(p, src, rs->len - rs->off) < 0)
+		if (sv_pr_ret_append(p, sv_pr_rx_payload(p, rs->buf) + rs->off, rs->len - rs->off) < 0)
 			return p->error;
 		p->rcv_read += rs->len - rs->off;
 		r = sv_pr_repost_control(p, rs->buf);
@@ -83,6 +111,29 @@ int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len
 		p->rxq_head = (p->rxq_head + 1) % sv_pr_nrecv(p);
 		p->rxq_count--;
 	}
+	return 0;
+}
+
+int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len,
+		       struct sv_clock *clk)
+{
+	(void)clk;
+	if (p->error)
+		return p->error;
+	if (!sv_proto_back_ready(p) || prefix_len > p->rcv_read)
+		return -EINVAL;
+	int r = sv_pr_flush_pending(p, SV_FLUSH_CLOSE);
+	if (r < 0 && r != -EAGAIN)
+		return r;
+	if (p->credits < 2 || p->nfree + (p->pending_slot >= 0) == 0)
+		return -EAGAIN;
+	r = keep_pending_as_tail(p);
+	if (r < 0)
+		return r;
+	uint64_t x = p->rcv_read - prefix_len;
+	r = give_back_unread(p, prefix, prefix_len);
+	if (r < 0)
+		return r;
 	uint32_t slot = 0;
 	sv_pr_take_slot(p, &slot); /* one is free: checked above */
 	sv_put64((uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE, x);
@@ -103,17 +154,14 @@ bool sv_proto_back_wanted(const struct sv_proto *p)
 	return p->peer_back && !p->back_sent && !p->error;
 }
 
-int sv_proto_send_returns(struct sv_proto *p, uint64_t now_us)
+int sv_proto_send_returns(struct sv_proto *p, struct sv_clock *clk)
 {
 	if (p->error)
 		return p->error;
 	if (!p->back_sent || !p->peer_back)
 		return -EAGAIN;
-	if (p->back_x + p->ret_len != p->peer_back_seq) {
-		/* Everything the peer sent before its BACK arrived before it. */
-		sv_pr_fail(p, -EPROTO);
-		return -EPROTO;
-	}
+	if (p->back_x + p->ret_len != p->peer_back_seq)
+		return sv_proto_abort(p, -EPROTO); /* all it sent before its BACK came first */
 	while (p->ret_nxt < p->peer_back_seq) {
 		if (!sv_pr_can_send_data(p)) {
 			p->st.credit_stalls++;
@@ -129,8 +177,9 @@ int sv_proto_send_returns(struct sv_proto *p, uint64_t now_us)
 		if (r < 0)
 			return r;
 		p->ret_nxt += n;
+		p->st.gave_back += n;
 	}
-	return sv_pr_ack_policy(p, now_us);
+	return sv_pr_ack_policy(p, clk);
 }
 
 void sv_proto_owed(const struct sv_proto *p, const void **buf, size_t *len)

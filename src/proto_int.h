@@ -1,6 +1,6 @@
-/* Internal to the protocol core: what proto.c shares with proto_back.c
- * (the way back, BACK and RETURN). Not for the stream layer: proto.h is the
- * core's contract. */
+/* The protocol core's state, private to src/proto*.c (and the core's own
+ * unit tests, which check it from inside). Everything else goes through
+ * proto.h. */
 #ifndef SV_PROTO_INT_H
 #define SV_PROTO_INT_H
 
@@ -10,24 +10,136 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* One unread DATA message sitting in a receive buffer. */
+struct sv_rx_slot {
+	uint32_t buf; /* receive buffer index */
+	uint32_t off; /* bytes of payload already consumed */
+	uint32_t len; /* payload bytes */
+};
+
+/* What a send buffer carries while it is in flight. */
+enum sv_slot_kind {
+	SV_SLOT_CONTROL = 0,
+	SV_SLOT_DATA = 1,
+	SV_SLOT_ZCOPY = 2, /* DATA whose payload is the application's memory */
+};
+
+struct sv_proto {
+	struct sv_proto_params prm;
+	struct sv_xport xp;
+	uint32_t payload_max; /* buf_size - header */
+
+	/* Sending. Offsets are stream offsets of this direction. */
+	enum sv_tx_state tx_state;
+	uint32_t tx_payload_max; /* payload per message: what the peer's buffers hold */
+	bool to_rdma_inflight;   /* our TO_RDMA is posted but not yet completed */
+	uint32_t to_rdma_slot;
+	uint64_t snd_nxt;        /* next stream byte to hand to the transport */
+	uint32_t credits;        /* messages we may still send */
+	uint32_t inflight;       /* posted DATA not yet completed */
+	uint32_t *free_slots;    /* send buffers not in use: a stack */
+	uint32_t nfree;
+	int32_t pending_slot;    /* the coalescing buffer, -1 when none */
+	uint32_t pending_len;    /* payload bytes in it */
+	uint64_t pending_deadline; /* when the coalescing timer fires */
+	bool cork;               /* TCP_CORK: hold small writes */
+	bool pending_hold;       /* the last write into it had MSG_MORE */
+	bool fin_wanted;         /* shut down while writes still wait for a
+				  * credit: the FIN follows them */
+	uint32_t peer_nrecv;     /* the peer's receive buffers: our credits' ceiling */
+	uint32_t zc_inflight;    /* zero-copy sends not yet completed */
+
+	/* Receiving. Control events are processed on arrival; their stream
+	 * offsets order them against the data still queued before them. */
+	bool rx_on_qp;           /* the peer's data comes over the QP now */
+	bool rx_switch_pending;  /* TO_TCP arrived: QP data ends at rx_switch_seq */
+	bool rx_fin;             /* FIN arrived: EOF at rx_fin_seq */
+	bool qp_ended;           /* a flushed work request was the normal end
+				  * (sv_proto_peer_ended): so is every later one */
+	bool peer_to_rdma;       /* TO_RDMA arrived: TCP carries the peer's bytes up to
+				  * peer_to_rdma_seq, then our challenge, then
+				  * nothing; QP data after it waits for
+				  * sv_proto_rx_accept */
+	uint64_t rx_switch_seq, rx_fin_seq, peer_to_rdma_seq;
+	uint64_t rcv_nxt;        /* next stream byte expected over the QP */
+	uint64_t rcv_read;       /* stream bytes consumed by the application */
+	struct sv_rx_slot *rxq;  /* unread DATA, a ring of nrecv entries */
+	uint32_t rxq_head, rxq_count;
+	uint32_t peer_credits;   /* our view of the peer's credits towards us */
+	uint32_t unreported;     /* reposted buffers not yet reported */
+	int32_t rx_held;         /* the buffer the last receive call emptied, not
+				  * yet reposted (-1: none): sv_pr_rx_release */
+	uint32_t unreported_data;/* ... of which held data the application consumed */
+	uint32_t unreported_small;/* ... of which held less than coalesce_size: these
+				   * arm the delayed-ACK timer at ack_timeout_us */
+	uint64_t ack_deadline;   /* delayed-ACK timer, 0 when not armed */
+	uint64_t ack_lazy_us;    /* delayed-ACK timer armed without a clock: its
+				  * delay, which the next clock reading turns into
+				  * ack_deadline (sv_proto_timers, next_deadline);
+				  * 0 when none */
+	uint8_t *slot_kind;      /* enum sv_slot_kind per send buffer */
+	uint64_t snd_una;        /* stream bytes the peer has acknowledged */
+
+	/* Detaching (BACK/RETURN): each side gives back what its application
+	 * has not read, so that both directions continue on TCP from exactly
+	 * where each application stands. */
+	bool back_sent;          /* our BACK is out */
+	bool peer_back;          /* the peer's BACK arrived */
+	uint64_t back_seq;       /* our stream's end on the QP (our BACK's seq) */
+	uint64_t back_x;         /* the peer's bytes our application consumed */
+	uint64_t peer_back_seq;  /* the peer's stream's end on the QP */
+	uint64_t peer_back_x;    /* our bytes the peer consumed: [x, back_seq) come back */
+	uint8_t *ret_buf;        /* the peer's bytes to give back: [back_x, back_x+ret_len) */
+	size_t ret_len, ret_cap;
+	uint64_t ret_nxt;        /* next of the peer's bytes to give back */
+	uint8_t *owed;           /* our bytes given back, to write on TCP first */
+	size_t owed_len, owed_off, owed_cap;
+	uint64_t owed_nxt;       /* stream offset of the next returned byte expected */
+	uint8_t *tail;           /* our bytes after back_seq (collected without a
+				  * credit): on TCP after the returned ones */
+	size_t tail_len, tail_cap;
+
+	int error; /* -errno once the connection is broken, else 0 */
+	struct sv_proto_stats st;
+};
+
+/* In place, for the core's tests (the library uses sv_proto_new/free). */
+int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
+		  const struct sv_xport *xp);
+void sv_proto_destroy(struct sv_proto *p);
+
+/* ---- Shared by the core's files ---------------------------------------- */
+
 /* Receive buffers posted by this side (window + reserve). */
 uint32_t sv_pr_nrecv(const struct sv_proto *p);
-/* The connection is broken with err: every later call returns it. */
-void sv_pr_fail(struct sv_proto *p, int err);
 /* Post one message from send buffer `slot` (header written here, payload
  * already in place, or zero copy from zc); carries the credit report. */
 int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, uint32_t len,
 	       const struct iovec *zc, int zccnt);
 /* A free send buffer, or -EAGAIN. */
 int sv_pr_take_slot(struct sv_proto *p, uint32_t *slot);
+/* A send buffer back on the free stack. */
+void sv_pr_free_slot(struct sv_proto *p, uint32_t slot);
+/* A control message with no payload, if `need` credits are there. */
+int sv_pr_send_control(struct sv_proto *p, uint8_t type, uint64_t seq, uint32_t need);
 /* DATA may go: a credit above the reserve and a free send buffer. */
 bool sv_pr_can_send_data(const struct sv_proto *p);
+/* Nagle's idle: every DATA sent completed and the peer acknowledged it. */
+bool sv_pr_tx_idle(const struct sv_proto *p);
 /* A receive buffer's data was consumed (small: below coalesce_size). */
 void sv_pr_consumed(struct sv_proto *p, bool small);
 /* The ACK policy (docs/protocol.md, section 6). */
-int sv_pr_ack_policy(struct sv_proto *p, uint64_t now);
+int sv_pr_ack_policy(struct sv_proto *p, struct sv_clock *clk);
 /* Send the coalescing buffer now; -EAGAIN without a data credit. */
 int sv_pr_flush_pending(struct sv_proto *p, enum sv_flush_reason why);
+/* Release what waited for credits, a completion or an acknowledgment: a
+ * full or timed-out coalescing buffer, NODELAY writes collected while the
+ * window was closed, what Nagle held, a FIN that waited. */
+int sv_pr_tx_release(struct sv_proto *p, struct sv_clock *clk);
+/* Push the coalescing buffer if Nagle's idle holds and nothing holds it. */
+int sv_pr_flush_if_idle(struct sv_proto *p);
+/* A FIN that waited (sv_proto_shutdown_tx) goes once it can. */
+int sv_pr_fin_if_wanted(struct sv_proto *p, struct sv_clock *clk);
 /* Repost a receive buffer whose contents are done with. */
 int sv_pr_repost_control(struct sv_proto *p, uint32_t buf);
 /* Repost the buffer the last receive call emptied (p->rx_held), if any. */
@@ -37,5 +149,12 @@ int sv_pr_ret_append(struct sv_proto *p, const void *data, size_t len);
 /* proto_back.c: once every returned byte is in, the bytes that never
  * went over the QP (collected without a credit) follow them. */
 int sv_pr_owed_tail(struct sv_proto *p);
+/* proto_back.c: the receive side of BACK and RETURN. */
+int sv_pr_on_back(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf);
+int sv_pr_on_return(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf);
+/* A malformed message: the connection resets. Returns -ECONNRESET. */
+int sv_pr_malformed(struct sv_proto *p);
+/* Payload of receive buffer buf. */
+const uint8_t *sv_pr_rx_payload(const struct sv_proto *p, uint32_t buf);
 
 #endif

@@ -40,6 +40,8 @@
 	X(setsockopt, int, (int, int, int, const void *, socklen_t))                        \
 	X(getsockopt, int, (int, int, int, void *, socklen_t *))                            \
 	X(fdopen, FILE *, (int, const char *))                                              \
+	X(fileno, int, (FILE *))                                                            \
+	X(fileno_unlocked, int, (FILE *))                                                   \
 	X(poll, int, (struct pollfd *, nfds_t, int))                                        \
 	X(ppoll, int, (struct pollfd *, nfds_t, const struct timespec *, const sigset_t *))  \
 	X(select, int, (int, fd_set *, fd_set *, fd_set *, struct timeval *))               \

@@ -48,6 +48,7 @@
 #include "real.h"
 #include "regcache.h"
 
+#include "lock.h"
 #include "log.h"
 
 #include <errno.h>
@@ -79,7 +80,7 @@ struct sv_regcache_ent {
 };
 
 struct sv_regcache {
-	pthread_mutex_t lock;
+	struct sv_lock lock;
 	struct sv_regcache_ops ops;
 	void *ctx;
 	struct sv_regcache_params prm;
@@ -306,9 +307,9 @@ static int get_once(struct sv_regcache *rc, uintptr_t a, size_t len, struct sv_r
 	e->start = a;
 	e->end = a + len;
 	e->refs = 1;
-	pthread_mutex_lock(&rc->lock);
+	sv_lock(&rc->lock);
 	rc->st.uncached++;
-	pthread_mutex_unlock(&rc->lock);
+	sv_unlock(&rc->lock);
 	*out = e;
 	return 0;
 }
@@ -369,14 +370,14 @@ static int get_miss(struct sv_regcache *rc, uintptr_t a, uintptr_t end,
 	memcpy(e->ids, pre, n * sizeof(uint64_t));
 	bool same = page_ids(rc, pstart, n, post) == 0 &&
 		    memcmp(pre, post, n * sizeof(uint64_t)) == 0;
-	pthread_mutex_lock(&rc->lock);
+	sv_lock(&rc->lock);
 	if (same && atomic_load(&rc->enabled) && make_room(rc, e->end - e->start, &victims)) {
 		link_ent(rc, e);
 		rc->st.misses++;
 	} else {
 		rc->st.uncached++;
 	}
-	pthread_mutex_unlock(&rc->lock);
+	sv_unlock(&rc->lock);
 	free_chain(rc, victims);
 	*out = e;
 out:
@@ -387,7 +388,7 @@ out:
 /* The most recently used cached entry containing [a, end), held. */
 static struct sv_regcache_ent *lookup(struct sv_regcache *rc, uintptr_t a, uintptr_t end)
 {
-	pthread_mutex_lock(&rc->lock);
+	sv_lock(&rc->lock);
 	struct sv_regcache_ent *e;
 	for (e = rc->head; e; e = e->next)
 		if (e->start <= a && end <= e->end)
@@ -397,7 +398,7 @@ static struct sv_regcache_ent *lookup(struct sv_regcache *rc, uintptr_t a, uintp
 		touch(rc, e);
 		rc->st.hits++; /* taken back below if it is stale */
 	}
-	pthread_mutex_unlock(&rc->lock);
+	sv_unlock(&rc->lock);
 	return e;
 }
 
@@ -435,13 +436,13 @@ int sv_regcache_get(struct sv_regcache *rc, const void *addr, size_t len,
 			*out = e;
 			return 0;
 		}
-		pthread_mutex_lock(&rc->lock);
+		sv_lock(&rc->lock);
 		rc->st.hits--;
 		rc->st.stale++;
 		if (e->cached)
 			unlink_ent(rc, e);
 		bool last = --e->refs == 0;
-		pthread_mutex_unlock(&rc->lock);
+		sv_unlock(&rc->lock);
 		if (last)
 			free_ent(rc, e);
 		if (!atomic_load(&rc->enabled))
@@ -459,12 +460,12 @@ void sv_regcache_put(struct sv_regcache *rc, struct sv_regcache_ent *e)
 {
 	if (!e)
 		return;
-	pthread_mutex_lock(&rc->lock);
+	sv_lock(&rc->lock);
 	bool last = --e->refs == 0;
 	if (last && e->cached && !atomic_load(&rc->enabled))
 		unlink_ent(rc, e);
 	bool drop = last && !e->cached;
-	pthread_mutex_unlock(&rc->lock);
+	sv_unlock(&rc->lock);
 	if (drop)
 		free_ent(rc, e);
 }
@@ -475,7 +476,7 @@ void sv_regcache_invalidate(struct sv_regcache *rc, const void *addr, size_t len
 {
 	uintptr_t a = (uintptr_t)addr, end = a + len < a ? UINTPTR_MAX : a + len;
 	struct sv_regcache_ent *victims = NULL;
-	pthread_mutex_lock(&rc->lock);
+	sv_lock(&rc->lock);
 	for (struct sv_regcache_ent *e = rc->head, *next; e; e = next) {
 		next = e->next;
 		if (e->end <= a || end <= e->start)
@@ -487,7 +488,7 @@ void sv_regcache_invalidate(struct sv_regcache *rc, const void *addr, size_t len
 			victims = e;
 		}
 	}
-	pthread_mutex_unlock(&rc->lock);
+	sv_unlock(&rc->lock);
 	free_chain(rc, victims);
 }
 
@@ -495,7 +496,7 @@ unsigned int sv_regcache_flush(struct sv_regcache *rc)
 {
 	struct sv_regcache_ent *victims = NULL;
 	unsigned int n = 0;
-	pthread_mutex_lock(&rc->lock);
+	sv_lock(&rc->lock);
 	for (struct sv_regcache_ent *e = rc->head, *next; e; e = next) {
 		next = e->next;
 		if (e->refs)
@@ -505,7 +506,7 @@ unsigned int sv_regcache_flush(struct sv_regcache *rc)
 		victims = e;
 		n++;
 	}
-	pthread_mutex_unlock(&rc->lock);
+	sv_unlock(&rc->lock);
 	free_chain(rc, victims);
 	return n;
 }
@@ -518,12 +519,12 @@ void sv_regcache_disable(struct sv_regcache *rc)
 
 void sv_regcache_get_stats(struct sv_regcache *rc, struct sv_regcache_stats *st)
 {
-	pthread_mutex_lock(&rc->lock);
+	sv_lock(&rc->lock);
 	*st = rc->st;
 	st->entries = rc->nent;
 	st->bytes = rc->bytes;
 	st->enabled = atomic_load(&rc->enabled);
-	pthread_mutex_unlock(&rc->lock);
+	sv_unlock(&rc->lock);
 }
 
 /* ---- Create, destroy ---------------------------------------------------- */
@@ -565,7 +566,8 @@ int sv_regcache_create(struct sv_regcache **out, const struct sv_regcache_ops *o
 	struct sv_regcache *rc = calloc(1, sizeof(*rc));
 	if (!rc)
 		return -ENOMEM;
-	int r = pthread_mutex_init(&rc->lock, NULL);
+	int r = 0;
+	sv_lock_init(&rc->lock, SV_RANK_REGCACHE);
 	if (r) {
 		free(rc);
 		return -r;
@@ -606,6 +608,6 @@ void sv_regcache_destroy(struct sv_regcache *rc)
 		SV_REAL(close)(rc->pm_fd);
 	if (rc->pm_token)
 		munmap((void *)rc->pm_token, rc->pm_token_len);
-	pthread_mutex_destroy(&rc->lock);
+	sv_lock_destroy(&rc->lock);
 	free(rc);
 }

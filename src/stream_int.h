@@ -1,143 +1,351 @@
-/* Internals shared by the stream's modules (stream.c, stream_rx.c,
- * stream_tx.c, close.c). Every function here is called with s->lock held. */
+/* The stream's state, private to its files: stream*.c and upgrade.c (the
+ * upgrade's rdma_cm half). Every function here is called with s->lock held
+ * unless it says otherwise.
+ *
+ * Locking: `lock` serialises everything in the stream, the protocol core
+ * and the queue pair included. Nobody sleeps holding it: waits drop it and
+ * sleep in poll() on the completion channel, the TCP socket and the wake
+ * eventfd. The lock order is in docs/design.md ("Locks"). */
 #ifndef SV_STREAM_INT_H
 #define SV_STREAM_INT_H
 
 #include "stream.h"
 
+#include "clock.h"
+#include "lock.h"
+#include "proto.h"
+#include "qp.h"
+
+#include <netinet/in.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
 
-/* Sleep until a completion, TCP readiness (tcp_events), a wake-up or the
- * deadline (0 = none). Drops the lock while asleep. Returns 0; 1 when it
- * ended by taking completions off the CQ and emptying it, lock held since
- * (the caller need not poll again at once: sv_stream_progress_drained);
- * or -EINTR. */
-int sv_stream_wait(struct sv_stream *s, short tcp_events, uint64_t deadline);
-/* The same, for a caller that read the clock just before (nothing that
- * blocks since) and goes on after the wait: *now is that reading on entry
- * and the clock at the wait's end on return. Each read is a system call on
- * some clocks (the bed's HPET: 3.4 us), and a ping-pong's read waits once
- * per message. */
-int sv_stream_wait_at(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *now);
-/* sv_stream_wait_at for a send or receive call of the application that
- * found the fd blocking (sv_stream_blocking): before it sleeps in the
- * kernel it checks the mode again, and returns -EAGAIN if the fd is
- * non-blocking now. */
-int sv_stream_app_wait(struct sv_stream *s, short tcp_events, uint64_t deadline, uint64_t *now);
+struct rdma_cm_id;
 
-/* Wake every thread sleeping in sv_stream_wait on this stream. */
+/* ---- State ---------------------------------------------------------------- */
+
+/* The connection's state. Every change goes through sv_stream_set_state,
+ * which checks it against the table of allowed transitions in
+ * stream_state.c (docs/design.md has the table). */
+enum sv_conn_state {
+	SV_CONN_CONNECTING, /* client: its non-blocking connect() is in progress */
+	SV_CONN_TCP,        /* connected on TCP; no upgrade under way */
+	SV_CONN_RESOLVING,  /* client: rdma_cm resolving the peer */
+	SV_CONN_REQUESTED,  /* client: rdma_connect sent / server: accepting */
+	SV_CONN_SWITCHING,  /* QP up: exchanging TO_RDMA and the challenges */
+	SV_CONN_RDMA,       /* both directions moved to the QP */
+	SV_CONN_FALLBACK,   /* stays on TCP for good (see the fallback reason) */
+	SV_CONN_BROKEN,     /* the QP failed after data moved to it: see error */
+	SV_CONN_DETACHING,  /* BACK/RETURN under way: going back to plain TCP */
+	SV_CONN_DETACHED,   /* plain TCP again, nothing held: the fd is the kernel's */
+	SV_CONN_NSTATES
+};
+
+/* Why a connection stayed on TCP. */
+enum sv_fallback {
+	SV_FB_NONE,
+	SV_FB_DISABLED,     /* SOVIA_DISABLE or no RDMA support in this process */
+	SV_FB_NO_ROUTE,     /* rdma_cm could not resolve the peer (no RDMA path) */
+	SV_FB_REJECTED,     /* no libsovia listener at the peer, or it refused */
+	SV_FB_UNREACHABLE,  /* the request got no answer */
+	SV_FB_VERSION,      /* the peer speaks another protocol version */
+	SV_FB_TIMEOUT,      /* the upgrade took longer than SOVIA_UPGRADE_TIMEOUT_MS */
+	SV_FB_NO_MATCH,     /* server: no accepted TCP connection for the request */
+	SV_FB_CHALLENGE,    /* the RDMA peer failed to prove it is the TCP peer */
+	SV_FB_RESOURCES,    /* creating the QP or its buffers failed */
+	SV_FB_UNSUPPORTED,  /* a call libsovia cannot serve moved it back */
+	SV_FB_SHUTDOWN,     /* the sender shut down before the QP was up */
+	SV_FB_QP_LOST,      /* the QP died before any data went over it */
+	SV_FB_CALLED_OFF,   /* the QP was disconnected before any data went over
+			     * it: the peer's client had finished on TCP (or
+			     * the RDMA device went away) */
+	SV_FB_CREDENTIALS,  /* the kernel refuses our RDMA files to this process's
+			     * credentials (changed since they were opened, or
+			     * opened by the parent before a fork) */
+};
+
+const char *sv_conn_state_name(enum sv_conn_state s);
+const char *sv_fallback_name(enum sv_fallback f);
+
+/* Move to state `to` (a no-op when already there). A transition the table
+ * does not allow is a bug: fatal in checked builds (SOVIA_CHECKS). */
+void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to);
+/* Stay on TCP for good, for `why` (kept if a reason was given before),
+ * unless the connection is past its upgrade (on RDMA, broken, going back
+ * or back). Wakes waiters. */
+void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why);
+
+/* Is an upgrade or a switch still possible, so TCP reads must watch for a
+ * TO_RDMA? */
+bool sv_stream_may_switch(const struct sv_stream *s);
+/* TCP carries both directions for good and nothing of ours is in between:
+ * fallback with no QP part, or back from the way back. */
+bool sv_stream_tcp_for_good(const struct sv_stream *s);
+
+/* Where a direction's next bytes go (or come from). Derived here and only
+ * here, from the state, the core and the switch. */
+enum sv_medium {
+	SV_MEDIUM_KERNEL, /* TCP for good: the kernel's own call, blocking as it likes */
+	SV_MEDIUM_TCP,    /* TCP, through libsovia (a switch may come: watched) */
+	SV_MEDIUM_HELD,   /* sending waits: the peer has not proven itself yet,
+			   * or the bytes given back go first */
+	SV_MEDIUM_QP,     /* the queue pair, through the core */
+};
+enum sv_medium sv_stream_rx_medium(const struct sv_stream *s);
+enum sv_medium sv_stream_tx_medium(const struct sv_stream *s);
+
+/* ---- The stream ------------------------------------------------------------- */
+
+/* The four-tuple, seen from this end. */
+struct sv_tuple {
+	struct sockaddr_storage local, peer;
+};
+
+/* The upgrade and its switch (docs/protocol.md, section 3). */
+struct sv_switch {
+	uint8_t my_challenge[SV_CHALLENGE_SIZE];   /* the peer must echo it on TCP */
+	uint8_t peer_challenge[SV_CHALLENGE_SIZE]; /* we echo it on TCP */
+	uint8_t chal_got[SV_CHALLENGE_SIZE];       /* the peer's echo as read from TCP */
+	uint32_t chal_len;   /* bytes of it read */
+	uint32_t echo_sent;  /* bytes of our echo written */
+	bool echo_owed;      /* our echo goes on TCP once our TO_RDMA completed */
+	bool tx_held;        /* client: TO_RDMA sent; our data waits until the
+			      * server proved itself */
+	bool qp_lost;        /* the QP died while the peer's switch waited for
+			      * its echo: a real echo ends it on TCP */
+	uint64_t deadline_us; /* the upgrade gives up at this time */
+	uint64_t upgrade_at;  /* client: when the helper starts the upgrade
+			       * (SOVIA_UPGRADE_DELAY_MS, or a retry after "no
+			       * listener"); 0: not waiting */
+	uint8_t connect_retries; /* client: requests asked again after "no listener" */
+};
+
+/* Waiting: what a wait and the readiness calls share with other threads
+ * (the atomics are read without the lock). */
+struct sv_waiting {
+	int wake_fd;         /* eventfd: state changes other waiters must see */
+	unsigned waiters;    /* threads asleep on this stream */
+	uint64_t wake_gen;   /* counts sv_stream_wake: changes a poll must not miss */
+	/* How long the application's waits lasted lately (a moving average,
+	 * microseconds): it sizes the spin (spin.h). */
+	atomic_uint wait_avg_us;
+	/* Writes that moved bytes, and their count at the last read that
+	 * returned bytes: a wait with no write since that read is a reader's,
+	 * not a wait for a reply (sv_spin_reader). */
+	atomic_uint writes, writes_seen;
+	/* The fd was in blocking mode when last looked at (fcntl F_GETFL).
+	 * Only "blocking" is remembered: a wait checks it again before it
+	 * sleeps in the kernel, so a mode changed behind our back costs at
+	 * most a spin. */
+	atomic_bool seen_blocking;
+	/* Receive and send calls that returned EAGAIN (epoll's edge rules,
+	 * readiness.h). */
+	atomic_uint_least64_t rx_eagain, tx_eagain;
+	/* The application's calls that may poll the CQ, and their count when
+	 * the helper last looked (the helper's watch policy). */
+	uint64_t app_calls, helper_seen;
+	/* Writes that found a coalesced buffer and did not look at its timer
+	 * (SV_PROGRESS_SEND). */
+	uint32_t tx_unclocked;
+};
+
+/* Closing and shutting down. */
+struct sv_closing {
+	bool app_closed;     /* the application closed its last fd; the helper lingers */
+	bool tx_shut;        /* shutdown(SHUT_WR) done */
+	bool shut_deferred;  /* TCP's shutdown waits until TCP can carry no more of ours */
+	uint64_t linger_deadline_us;
+};
+
+/* Socket options that shape the protocol or the waits. */
+struct sv_options {
+	bool nodelay, cork;
+	uint64_t rcvtimeo_us, sndtimeo_us; /* SO_RCVTIMEO, SO_SNDTIMEO (0: none) */
+};
+
+struct sv_stream_stats {
+	uint64_t tcp_tx_bytes, tcp_rx_bytes; /* application bytes over TCP */
+	uint64_t switches_to_rdma, switches_to_tcp;
+	/* The application's blocking waits in libsovia: ended by the spin, or
+	 * slept and then woken by the completion channel, a kick
+	 * (sv_stream_wake) or the timeout; and the helper's looks that took
+	 * completions itself. They tell why a connection runs slow. */
+	uint64_t waits_spun, waits_slept, slept_us, slept_max_us;
+	uint64_t woken_chan, woken_kick, woken_timeout, helper_polls;
+};
+
+struct sv_stream {
+	struct sv_lock lock;
+	atomic_int refs;
+	int fd;              /* the kernel TCP socket */
+	bool fd_private;     /* fd is libsovia's own copy (dup, lingering close) */
+	unsigned opens;      /* the application's fds for this stream (dup) */
+	bool is_client;
+	enum sv_conn_state state;
+	enum sv_fallback fallback;
+	struct sv_tuple tuple;
+	int error;           /* -errno once broken */
+	bool error_told;     /* the application was given `error` once */
+
+	/* The media. tcp_tx and tcp_rx count each direction's bytes TCP
+	 * carried; with the core's offsets they give every switch point. */
+	uint64_t tcp_tx, tcp_rx;
+	struct rdma_cm_id *id;
+	struct sv_qp *qp;        /* once the upgrade made one */
+	struct sv_proto *proto;  /* the core on it */
+	/* The peer's TCP bytes read before the application asked for them
+	 * (the pump, or a failed challenge's would-be echo). */
+	uint8_t *tcpbuf;
+	size_t tcpbuf_len, tcpbuf_off, tcpbuf_cap;
+
+	struct sv_switch sw;
+	struct sv_waiting wt;
+	struct sv_closing cl;
+	struct sv_options opt;
+	struct sv_watch *watch; /* the helper's, under its lock */
+
+	bool stats_printed;
+	struct sv_stream_stats st;
+	struct sv_stream *next_all; /* every live stream (stream.c) */
+};
+
+/* ---- Waiting (stream_wait.c) --------------------------------------------------- */
+
+/* Wake every thread sleeping on this stream, and move the mark a poll
+ * compares (wake_gen). */
 void sv_stream_wake(struct sv_stream *s);
-
-/* Poll the completion queue into the core and make any progress that
- * completions allow (the echo, a finished switch). Returns 0 or -errno. */
-int sv_stream_progress(struct sv_stream *s);
-/* The same, with the clock already read (one read per call on the data
- * path: without a vDSO clock source, as under emulation, each is a syscall). */
-int sv_stream_progress_at(struct sv_stream *s, uint64_t now);
-/* The same right after a wait that returned 1: the CQ was emptied under
- * the lock a moment ago, so only the rest (timers, echo, way back) runs.
- * Under emulation an empty look at the CQ (the provider's lock, a call
- * per layer) was 0.1-0.15 us of a 64 B ping-pong's path per message
- * (TSC probes in the bed, docs/benchmarks.md). */
-int sv_stream_progress_drained(struct sv_stream *s, uint64_t now);
-/* The same for a send, which checks the delayed ACK after posting: the
- * data it posts carries the ACK that timer would send, and checking it
- * first would read the clock for nothing. The timers run here only for a
- * coalesced buffer (due, it goes before the new bytes are added), and
- * only in one write of SV_TX_TIMER_EVERY without a clock reading. */
-#define SV_TX_TIMER_EVERY 16
-int sv_stream_progress_before_send(struct sv_stream *s, uint64_t now);
-
-/* The QP is unusable: deliver what it already carried, then fall back to
- * TCP for the rest (or report err). */
-void sv_stream_break(struct sv_stream *s, int err);
-
-/* Is the fd in blocking mode for this call? Blocking as last seen: no
- * fcntl for a blocking fd's calls (the application's waits check again). */
+/* Is the fd in blocking mode for this call? As last seen: no fcntl for a
+ * blocking fd's calls (the waits check again before they sleep). */
 bool sv_stream_blocking(struct sv_stream *s, int flags);
 
-/* Both directions settled on the QP: the connection is "rdma". */
-void sv_stream_maybe_rdma(struct sv_stream *s);
+/* sv_stream_wait's flags. */
+enum {
+	SV_WAIT_APP = 1, /* the application's own blocking call: before sleeping
+			  * in the kernel, check that the fd is still blocking
+			  * (else -EAGAIN) */
+};
+/* Wait until a completion, TCP readiness (tcp_events), a wake-up or the
+ * deadline (0 = none). Without tcp_events it first spins on the CQ for
+ * sv_stream_spin_us. Lets go of the lock while it spins or sleeps. The
+ * clock is read if unread; on return it holds the time the wait ended.
+ * Returns 0; 1 when it ended by taking completions and emptying the CQ
+ * (lock held since: SV_PROGRESS_DRAINED may skip the next poll); -EINTR;
+ * -EAGAIN (SV_WAIT_APP, the fd went non-blocking). */
+int sv_stream_wait(struct sv_stream *s, struct sv_clock *clk, short tcp_events,
+		   uint64_t deadline, unsigned flags);
 
+/* SO_RCVTIMEO/SO_SNDTIMEO as the kernel's socket has them. */
+void sv_stream_load_timeouts(struct sv_stream *s);
+/* A blocking call's timeout (timeo_us, 0 = none), counted from its first
+ * wait: *at is set on the first call; true once it has passed. */
+bool sv_stream_timed_out(uint64_t timeo_us, struct sv_clock *clk, uint64_t *at);
+/* The connection's error as the application sees it, like the kernel's
+ * sk_err: reported once (by whichever call comes first); after that a
+ * send gets EPIPE and a receive the end of the stream. */
+long sv_stream_app_error(struct sv_stream *s, bool sending);
+
+/* ---- The queue pair (stream_qp.c) ---------------------------------------------- */
+
+/* sv_stream_progress's flags. */
+enum {
+	SV_PROGRESS_DRAINED = 1, /* a wait that returned 1 emptied the CQ under
+				  * the lock a moment ago: do not poll it again */
+	SV_PROGRESS_SEND = 2,    /* before a send: the timers run only for a
+				  * coalesced buffer, and without a clock reading
+				  * only in one send of SV_TX_TIMER_EVERY (the data
+				  * posted carries the ACK a timer would send) */
+};
+#define SV_TX_TIMER_EVERY 16
+/* Take the CQ's completions into the core. A failure breaks the stream.
+ * The completions taken, or -errno. */
+int sv_stream_poll_cq(struct sv_stream *s, struct sv_clock *clk);
+/* Poll the CQ into the core and make whatever progress that allows: the
+ * timers, the echo, a finished switch, the way back. 0 or the error. */
+int sv_stream_progress(struct sv_stream *s, struct sv_clock *clk, unsigned flags);
+/* The QP is unusable: deliver what it already carried, then TCP carries
+ * on (or the connection fails with err when bytes may be lost). */
+void sv_stream_break(struct sv_stream *s, int err);
+/* rdma_cm reported the connection gone (takes the lock). */
+void sv_stream_qp_down(struct sv_stream *s, int err);
+/* Wait (bounded) until everything sent over the QP has left this process:
+ * nothing coalesced, every send completed. */
+void sv_stream_drain(struct sv_stream *s);
+
+/* ---- The switch (stream_switch.c) ------------------------------------------------- */
+
+/* The QP is connected (rdma_cm ESTABLISHED, or the client's
+ * CONNECT_RESPONSE): start moving our sending to it. */
+void sv_stream_established(struct sv_stream *s);
 /* Client: give up waiting for the server's proof; sending goes back to TCP. */
 void sv_stream_unhold(struct sv_stream *s, const char *why);
+/* The RDMA peer is not the TCP peer (or announced something the TCP stream
+ * contradicts): the QP is reset, TCP carries on untouched. */
+void sv_stream_challenge_failed(struct sv_stream *s, const char *why);
+/* The peer's echo is complete: is it our challenge? */
+void sv_stream_check_echo(struct sv_stream *s);
+/* Write the echo of the peer's challenge once our TO_RDMA completed. 1 when
+ * it is out, -EAGAIN while it cannot go yet, or -errno. */
+int sv_stream_write_echo(struct sv_stream *s);
+/* Both directions settled on the QP: the connection is "rdma". */
+void sv_stream_maybe_rdma(struct sv_stream *s);
+/* Read the peer's TCP bytes up to its announced switch point into tcpbuf,
+ * then its echo, so a switch completes while the application is not
+ * reading (or has closed). */
+void sv_stream_pump_tcp(struct sv_stream *s);
 
-/* Receive side: a verified challenge moved the peer's sending to the QP. */
-void sv_stream_rx_switched(struct sv_stream *s);
+/* ---- The data paths (stream_rx.c, stream_tx.c) -------------------------------------- */
 
 /* Read TCP (never blocking) into iov, never past the peer's switch point;
  * bytes past it are its challenge echo. Returns bytes of application data
- * (> 0), 0 at TCP EOF, -EAGAIN, or -errno. */
+ * (> 0), 0 at TCP's end, -EAGAIN, or -errno. */
 long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags);
-
-/* Read the peer's TCP bytes up to its announced switch point into the
- * stream's buffer, then its challenge echo, so a switch completes while the
- * application is not reading (or has closed). Lock held. */
-void sv_stream_pump_tcp(struct sv_stream *s);
-
-/* Write the echo of the peer's challenge once our TO_RDMA completed. */
-int sv_stream_write_echo(struct sv_stream *s);
-
-/* Wait (bounded) until everything sent over the QP has left this process:
- * nothing held back, every send completed. */
-void sv_stream_drain(struct sv_stream *s);
-
 /* Append bytes to the TCP bytes waiting for the application. */
 int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len);
-
-/* The application closed its fd: finish the connection (helper thread).
- * Returns the next deadline; sets *done when the stream is finished. */
-uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done);
-
-/* The part of an iovec after `skip` bytes (at most 64 entries). */
-struct iovec;
-int sv_iov_advance(const struct iovec *iov, int iovcnt, size_t skip, struct iovec *out);
-
-/* SO_RCVTIMEO/SO_SNDTIMEO as the kernel's socket has them (under the lock). */
-void sv_stream_load_timeouts(struct sv_stream *s);
-/* A blocking call's timeout (`timeo_us`, 0 = none) from its first wait:
- * *at is set on the first call; true once it has passed. */
-bool sv_stream_timed_out(uint64_t timeo_us, uint64_t *at);
-
-/* The connection's error as the application sees it, like the kernel's
- * sk_err: reported once (by whichever call comes first); after that a send
- * gets EPIPE and a receive the end of the stream. Under the lock. */
-long sv_stream_app_error(struct sv_stream *s, bool sending);
-
-/* Is an upgrade still possible, so TCP reads must watch for a TO_RDMA? */
-static inline bool sv_stream_may_switch(const struct sv_stream *s)
+static inline size_t sv_stream_tcpbuf_held(const struct sv_stream *s)
 {
-	switch (s->state) {
-	case SV_CONN_TCP:
-	case SV_CONN_RESOLVING:
-	case SV_CONN_REQUESTED:
-	case SV_CONN_SWITCHING:
-	case SV_CONN_RDMA:
-		return true;
-	case SV_CONN_FALLBACK:
-	case SV_CONN_BROKEN:
-	case SV_CONN_DETACHING:
-	case SV_CONN_DETACHED:
-		return false;
-	}
-	return true;
+	return s->tcpbuf_len - s->tcpbuf_off;
 }
 
-/* TCP carries both directions for good: our part is only a pass-through. */
-static inline bool sv_stream_tcp_only(const struct sv_stream *s)
-{
-	return s->state == SV_CONN_DETACHED ||
-	       (s->state == SV_CONN_FALLBACK && !s->proto_ready);
-}
+/* ---- The way back and closing (stream_back.c, stream_close.c) ------------------------ */
 
 /* Detaching: answer the peer's BACK, give back, write what came back. */
 void sv_stream_back_progress(struct sv_stream *s);
-
-/* Kernel shutdown(SHUT_WR) held back while our sending was on the QP (so
- * that bytes given back can still go on TCP): do it if it may go now. */
+/* TCP's shutdown(SHUT_WR), held back while TCP may still have to carry
+ * bytes of ours (the echo, bytes given back): done once it may go. */
 void sv_stream_kernel_shut(struct sv_stream *s);
-
 /* The helper's part of a detached stream: end the QP after a grace period. */
 uint64_t sv_stream_detached_service(struct sv_stream *s, uint64_t now, bool *done);
+/* The application closed its fd: finish the connection (helper thread).
+ * Returns the next deadline; sets *done when the stream is finished. */
+uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done);
+/* At exit: push out what this stream holds (takes the lock). */
+void sv_stream_exit_flush(struct sv_stream *s);
+/* exit began (stream.c): writes complete before they return. */
+extern atomic_bool sv_stream_exit_begun;
+
+/* ---- Statistics (stream_stats.c) ----------------------------------------------------- */
+
+/* SOVIA_STATS: one line on stderr, once per connection. */
+void sv_stream_print_stats(struct sv_stream *s, const char *when);
+/* A wait slept from `from` to `to`, ended by a timeout, the channel or a kick. */
+void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool timeout,
+			   bool chan, bool kick);
+
+/* ---- The upgrade's rdma_cm half (upgrade.c) -------------------------------------------- */
+
+/* Client: try to move it to RDMA now (sv_stream_start_client waits
+ * SOVIA_UPGRADE_DELAY_MS first). Without the lock. */
+void sv_upgrade_connect_now(struct sv_stream *s);
+/* Server: the application accepted this connection; a request may match
+ * it. Without the lock. */
+void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l);
+/* rdma_disconnect, and the QP to the error state so that everything posted
+ * is flushed (librdmacm does that only for its own QPs). */
+void sv_upgrade_disconnect(struct sv_stream *s);
+/* The stream is being freed: its QP and id go (without the lock). */
+void sv_upgrade_forget(struct sv_stream *s);
 
 #endif

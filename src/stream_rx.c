@@ -1,135 +1,115 @@
 /* The stream's receive path: TCP bytes up to the peer's switch point, its
  * challenge echo, then the QP; and back to TCP after a TO_TCP. */
-#include "real.h"
 #include "stream_int.h"
 
+#include "bytebuf.h"
+#include "iov.h"
 #include "log.h"
-#include "verbs.h"
+#include "real.h"
 
 #include <errno.h>
 #include <string.h>
 #include <sys/ioctl.h>
 
-/* The RDMA peer is not the TCP peer (or announced something the TCP
- * stream contradicts): drop the QP. The TCP stream is untouched: what we
- * took for an echo is the TCP peer's data and goes back in front. */
-static void challenge_failed(struct sv_stream *s, const char *why)
+int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len)
 {
-	sv_warn("fd %d: the RDMA peer failed the challenge (%s); the connection stays on TCP",
-		s->fd, why);
-	sv_proto_send_reset(&s->proto);
-	s->proto.peer_to_rdma = false;
-	s->state = SV_CONN_FALLBACK;
-	s->fallback = SV_FB_CHALLENGE;
-	if (sv_stream_tcpbuf_append(s, s->chal_got, s->chal_len) < 0)
-		sv_stream_break(s, -ENOMEM);
-	s->chal_len = 0;
-	sv_stream_wake(s);
-}
-
-/* The peer's echo is complete: is it our challenge? */
-static void check_echo(struct sv_stream *s)
-{
-	if (memcmp(s->chal_got, s->my_challenge, SV_CHALLENGE_SIZE) != 0) {
-		challenge_failed(s, "wrong echo");
-		return;
-	}
-	s->chal_len = 0;
-	if (s->qp_lost) {
-		/* A real echo, but its QP is gone: TCP carries on after it. */
-		s->proto.peer_to_rdma = false;
-		s->state = SV_CONN_FALLBACK;
-		s->fallback = SV_FB_QP_LOST;
-		sv_stream_wake(s);
-		return;
-	}
-	if (sv_proto_rx_accept(&s->proto) < 0) {
-		sv_stream_break(s, -ECONNRESET);
-		return;
-	}
-	sv_stream_rx_switched(s);
+	return sv_bytes_append(&s->tcpbuf, &s->tcpbuf_len, &s->tcpbuf_cap, data, len);
 }
 
 /* Bytes of iov [off, off+n) into dst. */
 static void iov_copy_out(const struct iovec *iov, int iovcnt, size_t off, uint8_t *dst, size_t n)
 {
-	for (int i = 0; i < iovcnt && n; i++) {
-		if (off >= iov[i].iov_len) {
-			off -= iov[i].iov_len;
-			continue;
-		}
-		size_t take = iov[i].iov_len - off < n ? iov[i].iov_len - off : n;
-		memcpy(dst, (uint8_t *)iov[i].iov_base + off, take);
-		dst += take;
-		n -= take;
-		off = 0;
-	}
+	struct iovec part[SV_IOV_MAX];
+	int k = sv_iov_slice(iov, iovcnt, off, n, part, SV_IOV_MAX);
+	sv_iov_gather(dst, part, k, 0, n);
 }
 
-/* Limit an iovec to n bytes (into out, at most 64 entries). */
-static int iov_limit(const struct iovec *iov, int iovcnt, size_t n, struct iovec *out)
+/* TCP read while no switch can come any more. */
+static long plain_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags)
 {
-	int k = 0;
-	for (int i = 0; i < iovcnt && n && k < 64; i++) {
-		size_t take = iov[i].iov_len < n ? iov[i].iov_len : n;
-		out[k].iov_base = iov[i].iov_base;
-		out[k].iov_len = take;
-		n -= take;
-		k++;
+	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+	ssize_t r = SV_REAL(recvmsg)(s->fd, &m, flags | MSG_DONTWAIT);
+	if (r > 0 && !(flags & MSG_PEEK)) {
+		s->tcp_rx += (uint64_t)r;
+		s->st.tcp_rx_bytes += (uint64_t)r;
 	}
-	return k;
+	return r < 0 ? -errno : r;
+}
+
+/* At the peer's switch point: what follows is its echo, then nothing. */
+static long read_echo(struct sv_stream *s)
+{
+	ssize_t r = SV_REAL(recv)(s->fd, s->sw.chal_got + s->sw.chal_len,
+				  SV_CHALLENGE_SIZE - s->sw.chal_len, MSG_DONTWAIT);
+	if (r == 0) {
+		sv_stream_challenge_failed(s, "TCP ended before the echo");
+		return -EAGAIN;
+	}
+	if (r < 0)
+		return -errno;
+	s->sw.chal_len += (uint32_t)r;
+	if (s->sw.chal_len == SV_CHALLENGE_SIZE)
+		sv_stream_check_echo(s);
+	return -EAGAIN; /* no application bytes; the caller looks again */
+}
+
+/* Read first, then look at the completion queue: the peer writes its echo
+ * only after its TO_RDMA completed, so if the r bytes just read include
+ * the echo, the TO_RDMA is visible now. Returns the application's bytes. */
+static long after_unannounced_read(struct sv_stream *s, const struct iovec *use, int usecnt,
+				   int flags, long r)
+{
+	struct sv_clock clk = SV_CLOCK_INIT;
+	sv_stream_progress(s, &clk, 0);
+	uint64_t seq;
+	if (!s->proto || !sv_proto_peer_switch(s->proto, &seq))
+		return r;
+	if (seq < s->tcp_rx) {
+		sv_stream_challenge_failed(s, "switch point behind the TCP stream");
+		return r;
+	}
+	uint64_t left = seq - s->tcp_rx;
+	if ((uint64_t)r <= left)
+		return r;
+	size_t extra = (size_t)r - (size_t)left;
+	if (flags & MSG_PEEK)
+		return (long)left; /* the echo stays in the socket */
+	if (extra > SV_CHALLENGE_SIZE) {
+		/* More than an echo after the switch point: the announcement did
+		 * not come from the TCP peer. Everything read is the
+		 * application's. */
+		sv_stream_challenge_failed(s, "data beyond the switch point");
+		return r;
+	}
+	iov_copy_out(use, usecnt, (size_t)left, s->sw.chal_got, extra);
+	s->sw.chal_len = (uint32_t)extra;
+	if (s->sw.chal_len == SV_CHALLENGE_SIZE)
+		sv_stream_check_echo(s);
+	return (long)left;
 }
 
 long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags)
 {
-	struct sv_proto *p = &s->proto;
-	bool watch = s->proto_ready && sv_stream_may_switch(s);
-	if (!sv_stream_may_switch(s)) {
-		/* No switch can come any more. */
-		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
-		ssize_t r = SV_REAL(recvmsg)(s->fd, &m, flags | MSG_DONTWAIT);
-		if (r > 0 && !(flags & MSG_PEEK)) {
-			s->tcp_rx += (uint64_t)r;
-			s->st.tcp_rx_bytes += (uint64_t)r;
-		}
-		return r < 0 ? -errno : r;
-	}
-
-	if (watch && p->peer_to_rdma && p->peer_to_rdma_seq < s->tcp_rx) {
+	if (!sv_stream_may_switch(s))
+		return plain_read(s, iov, iovcnt, flags);
+	uint64_t seq = 0;
+	bool announced = s->proto && sv_proto_peer_switch(s->proto, &seq);
+	if (announced && seq < s->tcp_rx) {
 		/* The real peer cannot have sent fewer bytes than we read. */
-		challenge_failed(s, "switch point behind the TCP stream");
+		sv_stream_challenge_failed(s, "switch point behind the TCP stream");
 		return -EAGAIN;
 	}
-	if (watch && p->peer_to_rdma && s->tcp_rx == p->peer_to_rdma_seq) {
-		/* At the switch point: what follows is the echo, then nothing. */
-		ssize_t r = SV_REAL(recv)(s->fd, s->chal_got + s->chal_len, SV_CHALLENGE_SIZE - s->chal_len,
-				 MSG_DONTWAIT);
-		if (r == 0) {
-			challenge_failed(s, "TCP ended before the echo");
-			return -EAGAIN;
-		}
-		if (r < 0)
-			return -errno;
-		s->chal_len += (uint32_t)r;
-		if (s->chal_len == SV_CHALLENGE_SIZE)
-			check_echo(s);
-		return -EAGAIN; /* no application bytes; the caller looks again */
-	}
+	if (announced && s->tcp_rx == seq)
+		return read_echo(s);
 
-	size_t want = 0;
-	for (int i = 0; i < iovcnt; i++)
-		want += iov[i].iov_len;
-	struct iovec lim[64];
+	/* Never past an announced switch point. */
+	struct iovec lim[SV_IOV_MAX];
 	int limcnt = iovcnt;
 	const struct iovec *use = iov;
-	if (watch && p->peer_to_rdma) {
-		uint64_t left = p->peer_to_rdma_seq - s->tcp_rx;
-		if (left < want) {
-			limcnt = iov_limit(iov, iovcnt, (size_t)left, lim);
-			use = lim;
-		}
+	if (announced && seq - s->tcp_rx < sv_iov_total(iov, iovcnt)) {
+		limcnt = sv_iov_slice(iov, iovcnt, 0, (size_t)(seq - s->tcp_rx), lim, SV_IOV_MAX);
+		use = lim;
 	}
-	bool announced = watch && p->peer_to_rdma;
 	struct msghdr m = {.msg_iov = (struct iovec *)use, .msg_iovlen = (size_t)limcnt};
 	ssize_t r = SV_REAL(recvmsg)(s->fd, &m, flags | MSG_DONTWAIT);
 	if (r < 0)
@@ -137,39 +117,12 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	if (r == 0) {
 		/* TCP ended without the server's switch: it cannot prove
 		 * itself any more, so we stop waiting for it. */
-		if (s->tx_held && !s->echo_owed)
+		if (s->sw.tx_held && !s->sw.echo_owed)
 			sv_stream_unhold(s, "TCP ended");
 		return 0;
 	}
-
-	/* Read first, then look at the completion queue: the peer writes its
-	 * echo only after its TO_RDMA completed, so if these bytes include the
-	 * echo, the TO_RDMA is visible now. */
-	if (watch && !announced && s->verbs) {
-		sv_stream_progress(s);
-		if (p->peer_to_rdma && p->peer_to_rdma_seq < s->tcp_rx) {
-			challenge_failed(s, "switch point behind the TCP stream");
-		} else if (p->peer_to_rdma) {
-			uint64_t left = p->peer_to_rdma_seq - s->tcp_rx;
-			if ((uint64_t)r > left) {
-				size_t extra = (size_t)r - (size_t)left;
-				if (flags & MSG_PEEK) {
-					r = (ssize_t)left; /* the echo stays in the socket */
-				} else if (extra > SV_CHALLENGE_SIZE) {
-					/* More than an echo after the switch point: the
-					 * announcement did not come from the TCP peer.
-					 * Everything read is the application's. */
-					challenge_failed(s, "data beyond the switch point");
-				} else {
-					iov_copy_out(use, limcnt, (size_t)left, s->chal_got, extra);
-					s->chal_len = (uint32_t)extra;
-					r = (ssize_t)left;
-					if (s->chal_len == SV_CHALLENGE_SIZE)
-						check_echo(s);
-				}
-			}
-		}
-	}
+	if (!announced && s->proto && s->qp)
+		r = after_unannounced_read(s, use, limcnt, flags, r);
 	if (!(flags & MSG_PEEK)) {
 		s->tcp_rx += (uint64_t)r;
 		s->st.tcp_rx_bytes += (uint64_t)r;
@@ -177,10 +130,10 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	return r ? r : -EAGAIN;
 }
 
-/* Copy from the pump's buffer. */
+/* Copy from the bytes read ahead. */
 static long from_tcpbuf(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags)
 {
-	size_t avail = s->tcpbuf_len - s->tcpbuf_off, done = 0;
+	size_t avail = sv_stream_tcpbuf_held(s), done = 0;
 	for (int i = 0; i < iovcnt && done < avail; i++) {
 		size_t n = iov[i].iov_len < avail - done ? iov[i].iov_len : avail - done;
 		memcpy(iov[i].iov_base, s->tcpbuf + s->tcpbuf_off + done, n);
@@ -194,122 +147,118 @@ static long from_tcpbuf(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	return (long)done;
 }
 
+/* What one pass of a receive call found. */
+enum rx_pass {
+	RX_DONE,  /* *r is the result */
+	RX_AGAIN, /* the medium changed: look again at once */
+	RX_WAIT,  /* nothing yet: wait (or EAGAIN) */
+};
+
+static enum rx_pass rx_pass(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags,
+			    struct sv_clock *clk, unsigned progress, long *r)
+{
+	if (sv_stream_tcpbuf_held(s)) {
+		*r = from_tcpbuf(s, iov, iovcnt, flags);
+		return RX_DONE;
+	}
+	struct sv_proto *p = s->proto;
+	if (p && !s->error)
+		sv_stream_progress(s, clk, progress);
+	if (sv_stream_rx_medium(s) == SV_MEDIUM_QP) {
+		*r = sv_proto_recv(p, iov, iovcnt, flags, clk);
+		if (*r < 0 && *r != -EAGAIN && sv_proto_error(p)) {
+			if (!s->error)
+				sv_stream_break(s, sv_proto_error(p));
+			*r = sv_stream_app_error(s, false);
+		}
+		if (*r != -EAGAIN)
+			return RX_DONE;
+		if (!sv_proto_rx_on_qp(p)) {
+			s->st.switches_to_tcp += !sv_proto_back_sent(p);
+			return RX_AGAIN; /* the rest comes from TCP */
+		}
+		return RX_WAIT;
+	}
+	/* SOVIA: a receive call pushes out coalesced writes. */
+	if (p && sv_proto_tx_pending(p))
+		sv_proto_flush(p, SV_FLUSH_RECV, clk);
+	if (s->error) {
+		*r = sv_stream_app_error(s, false);
+		return RX_DONE;
+	}
+	*r = sv_stream_tcp_read(s, iov, iovcnt, flags);
+	if (*r != -EAGAIN)
+		return RX_DONE;
+	if (sv_stream_rx_medium(s) == SV_MEDIUM_QP || sv_stream_tcpbuf_held(s))
+		return RX_AGAIN; /* the challenge just moved us to the QP, or failed */
+	return RX_WAIT;
+}
+
 /* One receive: what is there, or (blocking) the first bytes that come. */
 static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 {
 	const struct iovec *iov = msg->msg_iov;
 	int iovcnt = (int)msg->msg_iovlen;
-	size_t want = 0;
-	for (int i = 0; i < iovcnt; i++)
-		want += iov[i].iov_len;
 	/* A stream socket has no source address or ancillary data to give. */
 	msg->msg_namelen = 0;
 	msg->msg_controllen = 0;
 	msg->msg_flags = 0;
 	if (flags & MSG_OOB)
 		return -EINVAL;
+	if (sv_iov_total(iov, iovcnt) == 0)
+		return 0;
 
-	pthread_mutex_lock(&s->lock);
-	s->app_calls++;
-	bool tcp_for_good = s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHING ||
-			    s->state == SV_CONN_DETACHED;
-	if (tcp_for_good && s->tcpbuf_len == s->tcpbuf_off) {
-		/* TCP for good: the kernel's own call, blocking as it likes. */
-		pthread_mutex_unlock(&s->lock);
+	sv_lock(&s->lock);
+	s->wt.app_calls++;
+	if (sv_stream_rx_medium(s) == SV_MEDIUM_KERNEL) {
+		sv_unlock(&s->lock);
 		ssize_t n = SV_REAL(recvmsg)(s->fd, msg, flags);
 		if (n > 0 && !(flags & MSG_PEEK))
 			__atomic_fetch_add(&s->st.tcp_rx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
 		return n < 0 ? -errno : n;
 	}
 	long r;
+	struct sv_clock clk = SV_CLOCK_INIT;
 	uint64_t timeout_at = 0; /* SO_RCVTIMEO: from the first wait on */
-	uint64_t waited_at = 0;  /* the clock at the end of the last wait */
-	bool drained = false;    /* that wait emptied the CQ (it returned 1) */
+	unsigned progress = 0;   /* SV_PROGRESS_DRAINED after a wait that drained the CQ */
 	for (;;) {
-		if (s->tcpbuf_len > s->tcpbuf_off && want) {
-			r = from_tcpbuf(s, iov, iovcnt, flags);
+		enum rx_pass pass = rx_pass(s, iov, iovcnt, flags, &clk, progress, &r);
+		progress = 0;
+		if (pass == RX_DONE)
 			break;
-		}
-		struct sv_proto *p = &s->proto;
-		/* The clock only if a timer or the wait needs it. */
-		uint64_t now = waited_at ? waited_at : SV_NOW_UNREAD;
-		waited_at = 0;
-		if (s->proto_ready && !s->error) {
-			if (drained)
-				sv_stream_progress_drained(s, now);
-			else
-				sv_stream_progress_at(s, now);
-		}
-		drained = false;
-		if (s->proto_ready && p->rx_on_qp && !p->back_sent) {
-			r = sv_proto_recv(p, iov, iovcnt, flags, now);
-			if (r < 0 && r != -EAGAIN && p->error) {
-				if (!s->error)
-					sv_stream_break(s, p->error);
-				r = sv_stream_app_error(s, false);
-			}
-			if (r >= 0 || (r != -EAGAIN))
-				break;
-			if (!p->rx_on_qp || p->back_sent) {
-				s->st.switches_to_tcp += !p->back_sent;
-				continue; /* the rest comes from TCP */
-			}
-		} else {
-			/* SOVIA: a receive call pushes out coalesced writes. */
-			if (s->proto_ready && p->pending_slot >= 0)
-				sv_proto_flush(p, SV_FLUSH_RECV, now);
-			if (s->error) {
-				r = sv_stream_app_error(s, false);
-				break;
-			}
-			r = sv_stream_tcp_read(s, iov, iovcnt, flags);
-			if (r >= 0 || r != -EAGAIN)
-				break;
-			if (s->proto_ready && p->rx_on_qp && !p->back_sent)
-				continue; /* the challenge just moved us to the QP */
-		}
-		if (s->error && !(s->proto_ready && sv_proto_readable(p))) {
+		if (pass == RX_AGAIN)
+			continue;
+		if (s->error && !(s->proto && sv_proto_readable(s->proto))) {
 			r = sv_stream_app_error(s, false);
 			break;
 		}
-		if (!sv_stream_blocking(s, flags)) {
-			r = -EAGAIN;
+		r = -EAGAIN;
+		if (!sv_stream_blocking(s, flags) ||
+		    sv_stream_timed_out(s->opt.rcvtimeo_us, &clk, &timeout_at))
 			break;
-		}
-		if (sv_stream_timed_out(s->rcvtimeo_us, &timeout_at)) {
-			r = -EAGAIN;
-			break;
-		}
-		bool on_tcp = !(s->proto_ready && p->rx_on_qp && !p->back_sent);
-		if (now == SV_NOW_UNREAD)
-			now = sv_now_us();
-		int w = sv_stream_app_wait(s, on_tcp ? POLLIN : 0, timeout_at, &now);
-		waited_at = now;
-		drained = w > 0;
+		bool on_tcp = sv_stream_rx_medium(s) != SV_MEDIUM_QP;
+		int w = sv_stream_wait(s, &clk, on_tcp ? POLLIN : 0, timeout_at, SV_WAIT_APP);
 		if (w < 0) {
 			r = w;
 			break;
 		}
+		progress = w > 0 ? SV_PROGRESS_DRAINED : 0;
 	}
-	pthread_mutex_unlock(&s->lock);
+	sv_unlock(&s->lock);
 	if (r > 0 && !(flags & MSG_PEEK)) /* what we wrote got its answer */
-		atomic_store_explicit(&s->writes_seen,
-				      atomic_load_explicit(&s->writes, memory_order_relaxed),
+		atomic_store_explicit(&s->wt.writes_seen,
+				      atomic_load_explicit(&s->wt.writes, memory_order_relaxed),
 				      memory_order_relaxed);
 	return r;
 }
 
-long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
+/* MSG_WAITALL: until the buffer is full, the end, an error, a signal or a
+ * timeout; what came before one of those is the result. */
+static long recv_all(struct sv_stream *s, struct msghdr *msg, int flags)
 {
-	if (!(flags & MSG_WAITALL) || (flags & MSG_PEEK))
-		return recv_some(s, msg, flags);
-	/* MSG_WAITALL: until the buffer is full, the end, an error, a signal
-	 * or a timeout; what came before one of those is the result. */
-	size_t want = 0, got = 0;
-	for (size_t i = 0; i < msg->msg_iovlen; i++)
-		want += msg->msg_iov[i].iov_len;
+	size_t want = sv_iov_total(msg->msg_iov, (int)msg->msg_iovlen), got = 0;
 	for (;;) {
-		struct iovec rest[64];
+		struct iovec rest[SV_IOV_MAX];
 		struct msghdr m = *msg;
 		m.msg_iov = rest;
 		m.msg_iovlen = (size_t)sv_iov_advance(msg->msg_iov, (int)msg->msg_iovlen, got, rest);
@@ -325,49 +274,32 @@ long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 
 long sv_stream_inq(struct sv_stream *s)
 {
-	pthread_mutex_lock(&s->lock);
-	if (s->proto_ready && !s->error)
-		sv_stream_progress(s);
-	long n = (long)(s->tcpbuf_len - s->tcpbuf_off);
-	bool rx_qp = s->proto_ready && s->proto.rx_on_qp && !s->proto.back_sent && !s->error;
+	sv_lock(&s->lock);
+	struct sv_clock clk = SV_CLOCK_INIT;
+	if (s->proto && !s->error)
+		sv_stream_progress(s, &clk, 0);
+	long n = (long)sv_stream_tcpbuf_held(s);
+	bool rx_qp = s->proto && sv_proto_rx_on_qp(s->proto) && !s->error;
 	if (rx_qp) {
-		n += (long)sv_proto_readable(&s->proto);
-	} else if (!s->proto_ready || !s->proto.peer_to_rdma) {
+		n += (long)sv_proto_readable(s->proto);
+	} else if (!s->proto || !sv_proto_peer_switch(s->proto, NULL)) {
 		/* TCP carries it: the kernel's count (during a switch it may
 		 * hold the echo, which is not data). */
 		int k = 0;
-		if (SV_REAL(ioctl)(s->fd, FIONREAD, &k) < 0) {
+		if (SV_REAL(ioctl)(s->fd, FIONREAD, &k) < 0)
 			n = -errno;
-		} else {
+		else
 			n += k;
-		}
 	}
-	pthread_mutex_unlock(&s->lock);
+	sv_unlock(&s->lock);
 	return n;
 }
 
-void sv_stream_pump_tcp(struct sv_stream *s)
+long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 {
-	if (!s->proto_ready || !s->proto.peer_to_rdma || s->error)
-		return;
-	static __thread uint8_t scratch[65536];
-	for (;;) {
-		struct iovec iov = {scratch, sizeof(scratch)};
-		size_t before = s->tcpbuf_len;
-		long n = sv_stream_tcp_read(s, &iov, 1, 0);
-		if (n <= 0)
-			return;
-		/* A failed challenge may have queued the would-be echo, which
-		 * comes after these bytes in the stream. */
-		size_t echo = s->tcpbuf_len - before;
-		uint8_t held[SV_CHALLENGE_SIZE];
-		memcpy(held, s->tcpbuf + before, echo);
-		s->tcpbuf_len = before;
-		if (sv_stream_tcpbuf_append(s, scratch, (size_t)n) < 0 ||
-		    sv_stream_tcpbuf_append(s, held, echo) < 0) {
-			sv_stream_break(s, -ENOMEM);
-			return;
-		}
-		sv_stream_wake(s);
-	}
+	long r = (flags & MSG_WAITALL) && !(flags & MSG_PEEK) ? recv_all(s, msg, flags)
+							     : recv_some(s, msg, flags);
+	if (r == -EAGAIN) /* epoll's edge rules (readiness.h) */
+		atomic_fetch_add_explicit(&s->wt.rx_eagain, 1, memory_order_relaxed);
+	return r;
 }

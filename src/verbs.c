@@ -12,7 +12,9 @@
 #include "real.h"
 #include "verbs.h"
 
+#include "lock.h"
 #include "log.h"
+#include "qp.h"
 #include "regcache.h"
 
 #include <errno.h>
@@ -45,6 +47,7 @@ struct sv_zc {
 };
 
 struct sv_verbs {
+	struct sv_qp q; /* first: the stream's view (qp.h) */
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd; /* shared: see pd_get */
 	struct sv_regcache *rc; /* the PD's, shared too */
@@ -61,6 +64,8 @@ struct sv_verbs {
 
 /* Verbs calls that return an error number return it positive; some
  * providers return it negative. Either way, -errno. */
+static const struct sv_qp_ops qp_ops;
+
 static int neg_err(int r)
 {
 	if (r < 0)
@@ -125,7 +130,7 @@ struct sv_pd_ent {
 	unsigned int refs;
 };
 
-static pthread_mutex_t pd_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sv_lock pd_lock = SV_LOCK_INIT(SV_RANK_TRANSPORT);
 static struct sv_pd_ent *pd_list;
 
 static const struct sv_regcache_ops regcache_ops;
@@ -133,7 +138,7 @@ static const struct sv_regcache_ops regcache_ops;
 static int pd_get(struct ibv_context *ctx, struct ibv_pd **out, struct sv_regcache **rc_out)
 {
 	int r = 0;
-	pthread_mutex_lock(&pd_lock);
+	sv_lock(&pd_lock);
 	struct sv_pd_ent *e;
 	for (e = pd_list; e; e = e->next)
 		if (e->ctx == ctx)
@@ -177,7 +182,7 @@ static int pd_get(struct ibv_context *ctx, struct ibv_pd **out, struct sv_regcac
 free_entry:
 	free(e);
 unlock:
-	pthread_mutex_unlock(&pd_lock);
+	sv_unlock(&pd_lock);
 	return r;
 }
 
@@ -185,14 +190,14 @@ void sv_verbs_atfork_child(void)
 {
 	/* The parent's contexts and PDs are the parent's (their files are
 	 * useless here): start afresh. */
-	pthread_mutex_init(&pd_lock, NULL);
+	sv_lock_reinit(&pd_lock);
 	ctx_list = NULL;
 	pd_list = NULL;
 }
 
 static void pd_put(struct ibv_pd *pd)
 {
-	pthread_mutex_lock(&pd_lock);
+	sv_lock(&pd_lock);
 	for (struct sv_pd_ent **pe = &pd_list; *pe; pe = &(*pe)->next) {
 		struct sv_pd_ent *e = *pe;
 		if (e->pd != pd)
@@ -208,7 +213,7 @@ static void pd_put(struct ibv_pd *pd)
 		}
 		break;
 	}
-	pthread_mutex_unlock(&pd_lock);
+	sv_unlock(&pd_lock);
 }
 
 /* ---- Zero-copy registrations ------------------------------------------ */
@@ -529,9 +534,9 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 	if (!id || !id->verbs || id->qp || prm->buf_size <= SV_HDR_SIZE || prm->window < 1)
 		return -EINVAL;
 	int r = 0;
-	pthread_mutex_lock(&pd_lock);
+	sv_lock(&pd_lock);
 	struct ibv_context *ctx = own_ctx(id->verbs->device, &r);
-	pthread_mutex_unlock(&pd_lock);
+	sv_unlock(&pd_lock);
 	if (!ctx)
 		return r;
 	uint32_t nr = sv_proto_nrecv(prm), ns = sv_proto_nsend(prm);
@@ -542,6 +547,7 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 	struct sv_verbs *v = calloc(1, sizeof(*v));
 	if (!v)
 		return -ENOMEM;
+	v->q.ops = &qp_ops;
 	v->id = id;
 	v->nrecv = nr;
 	v->nsend = ns;
@@ -635,22 +641,6 @@ void sv_verbs_destroy(struct sv_verbs *v)
 
 /* ---- Completions ------------------------------------------------------- */
 
-/* Mark the core broken, as its own fail() does. The core has no call for a
- * failure found below it; an sv_proto_abort(p, err) there would replace
- * this. Once it is set, the core takes no new work and on_send_done only
- * returns slots. */
-static void break_core(struct sv_proto *p, int err)
-{
-	if (!p->error)
-		p->error = err;
-	/* A sending direction still on TCP (no TO_RDMA yet, or back after a
-	 * TO_TCP) is not the QP's: it stays on TCP. Resetting it made a
-	 * rejected connect, whose flushed receives come here, fail the
-	 * application's TCP writes with ECONNRESET (the bed.mixed flake). */
-	if (p->tx_state != SV_TX_TCP)
-		p->tx_state = SV_TX_RESET;
-}
-
 /* A failed work request. On an RC QP any failure moves the QP to the error
  * state, after which everything still posted completes with a flush error. */
 static int wc_failed(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc *wc,
@@ -662,18 +652,18 @@ static int wc_failed(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc
 	sv_dbg("verbs: QP %u: %s %u failed: %s (vendor error 0x%x)", v->qp ? v->qp->qp_num : 0,
 	       kind == SV_WR_SEND ? "send slot" : "receive buffer", idx,
 	       ibv_wc_status_str(wc->status), wc->vendor_err);
-	break_core(p, -ECONNRESET);
+	sv_proto_abort(p, -ECONNRESET);
 	return -ECONNRESET;
 }
 
 static int complete(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc *wc,
-		    uint64_t now_us)
+		    struct sv_clock *clk)
 {
 	uint32_t kind = (uint32_t)(wc->wr_id >> 32), idx = (uint32_t)wc->wr_id;
 	if ((kind != SV_WR_SEND || idx >= v->nsend) && (kind != SV_WR_RECV || idx >= v->nrecv)) {
 		sv_err("verbs: completion with unknown wr_id 0x%llx (status %s)",
 		       (unsigned long long)wc->wr_id, ibv_wc_status_str(wc->status));
-		break_core(p, -EIO);
+		sv_proto_abort(p, -EIO);
 		return -EIO;
 	}
 	int err = 0;
@@ -684,15 +674,15 @@ static int complete(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc 
 		 * application, which the core allows once zc_inflight drops. Drop
 		 * the registrations before the core learns of it. */
 		zc_release(v, idx);
-		int r = sv_proto_on_send_done(p, idx, now_us);
+		int r = sv_proto_on_send_done(p, idx, clk);
 		return err ? err : r;
 	}
 	if (err || wc->status != IBV_WC_SUCCESS)
 		return err; /* a flushed receive holds nothing */
-	return sv_proto_on_recv(p, idx, wc->byte_len, now_us);
+	return sv_proto_on_recv(p, idx, wc->byte_len, clk);
 }
 
-int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, uint64_t now_us)
+int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, struct sv_clock *clk)
 {
 	struct ibv_wc wc[SV_POLL_BATCH];
 	int handled = 0, err = 0;
@@ -700,7 +690,7 @@ int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, uint64_t now_us)
 		int n = ibv_poll_cq(v->cq, SV_POLL_BATCH, wc);
 		if (n < 0) {
 			sv_err("verbs: ibv_poll_cq failed (%d)", n);
-			break_core(p, -EIO);
+			sv_proto_abort(p, -EIO);
 			if (!err)
 				err = -EIO;
 			break;
@@ -708,7 +698,7 @@ int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, uint64_t now_us)
 		/* Every completion taken from the CQ is handed on, even after an
 		 * error: each one releases a slot the core is waiting for. */
 		for (int i = 0; i < n; i++) {
-			int r = complete(v, p, &wc[i], now_us);
+			int r = complete(v, p, &wc[i], clk);
 			if (r < 0 && !err)
 				err = r;
 		}
@@ -748,4 +738,79 @@ void sv_verbs_drain_events(struct sv_verbs *v)
 	}
 	if (errno != EAGAIN && errno != EWOULDBLOCK)
 		sv_dbg("verbs: ibv_get_cq_event: %s", strerror(errno));
+}
+
+/* ---- The stream's view (qp.h) ---------------------------------------------- */
+
+static struct sv_verbs *of(const struct sv_qp *q)
+{
+	return (struct sv_verbs *)q;
+}
+
+static struct sv_xport q_xport(struct sv_qp *q)
+{
+	return sv_verbs_xport(of(q));
+}
+
+static int q_poll(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk)
+{
+	return sv_verbs_poll(of(q), p, clk);
+}
+
+static int q_arm(struct sv_qp *q)
+{
+	return sv_verbs_arm(of(q));
+}
+
+static int q_fd(const struct sv_qp *q)
+{
+	return sv_verbs_fd(of(q));
+}
+
+static void q_drain_events(struct sv_qp *q)
+{
+	sv_verbs_drain_events(of(q));
+}
+
+static uint32_t q_num(const struct sv_qp *q)
+{
+	return sv_verbs_qp_num(of(q));
+}
+
+static int q_connected(struct sv_qp *q)
+{
+	return sv_verbs_connected(of(q));
+}
+
+static void q_to_error(struct sv_qp *q)
+{
+	sv_verbs_qp_error(of(q));
+}
+
+static void q_destroy(struct sv_qp *q)
+{
+	sv_verbs_destroy(of(q));
+}
+
+static void q_regcache_stats(struct sv_qp *q, struct sv_regcache_stats *st)
+{
+	sv_verbs_regcache_stats(of(q), st);
+}
+
+static const struct sv_qp_ops qp_ops = {
+	.xport = q_xport,
+	.poll = q_poll,
+	.arm = q_arm,
+	.fd = q_fd,
+	.drain_events = q_drain_events,
+	.num = q_num,
+	.connected = q_connected,
+	.to_error = q_to_error,
+	.destroy = q_destroy,
+	.regcache_stats = q_regcache_stats,
+};
+
+struct sv_qp *sv_verbs_qp(struct sv_verbs *v)
+{
+	return &v->q;
 }

@@ -31,7 +31,7 @@ struct sv_verbs;
  * address resolved on the active side, the connect request's id on the
  * passive side) and the registered receive and send pools for `prm`.
  * The protection domain is shared by all connections on one device.
- * Call sv_proto_init right after, before rdma_connect/rdma_accept: the core
+ * Call sv_proto_new right after, before rdma_connect/rdma_accept: the core
  * posts every receive buffer there. Returns 0 or -errno. */
 int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct sv_proto_params *prm);
 
@@ -55,7 +55,11 @@ void sv_verbs_atfork_child(void);
  * created object. */
 void sv_verbs_destroy(struct sv_verbs *v);
 
-/* The ops and context to pass to sv_proto_init. */
+/* The same QP as the stream sees it (qp.h). */
+struct sv_qp;
+struct sv_qp *sv_verbs_qp(struct sv_verbs *v);
+
+/* The ops and context to pass to sv_proto_new. */
 struct sv_xport sv_verbs_xport(struct sv_verbs *v);
 
 /* Poll the CQ until it is empty and feed each completion to the core, in
@@ -73,7 +77,7 @@ struct sv_xport sv_verbs_xport(struct sv_verbs *v);
  * The QP goes to the error state (so that everything posted is flushed)
  * by sv_verbs_qp_error: answer RDMA_CM_EVENT_DISCONNECTED with
  * rdma_disconnect and sv_verbs_qp_error. */
-int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, uint64_t now_us);
+int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, struct sv_clock *clk);
 
 /* Request an event on the channel for the next completion. Poll once more
  * after arming and before sleeping, or a completion that raced in is missed. */

@@ -215,7 +215,7 @@ static const struct sv_xport_ops fake_ops = {
 uint64_t fake_clock_us = 1;
 unsigned fake_clock_reads;
 
-static uint64_t fake_now(void)
+uint64_t fake_clock_read(void)
 {
 	fake_clock_reads++;
 	return fake_clock_us;
@@ -293,7 +293,7 @@ void fake_pair_destroy(struct fake_pair *fp)
 
 struct sv_xport fake_xport(struct fake_ep *ep)
 {
-	return (struct sv_xport){.ops = &fake_ops, .ctx = ep, .now = fake_now};
+	return (struct sv_xport){.ops = &fake_ops, .ctx = ep};
 }
 
 /* ---- Completions -------------------------------------------------------- */
@@ -302,14 +302,15 @@ int fake_poll(struct fake_ep *ep, struct sv_proto *p, uint64_t now_us)
 {
 	int n = 0, err = 0;
 	struct fake_ev ev;
+	struct sv_clock clk = {.us = now_us, .read = fake_clock_read};
 	while (evq_pop(&ep->cq, &ev)) {
 		int r;
 		if (ev.kind == FAKE_EV_RECV) {
 			ep->rstate[ev.idx] = FAKE_RB_OWNED;
-			r = sv_proto_on_recv(p, ev.idx, ev.byte_len, now_us);
+			r = sv_proto_on_recv(p, ev.idx, ev.byte_len, &clk);
 		} else {
 			ep->sbusy[ev.idx] = 0;
-			r = sv_proto_on_send_done(p, ev.idx, now_us);
+			r = sv_proto_on_send_done(p, ev.idx, &clk);
 		}
 		ep->delivered++;
 		n++;

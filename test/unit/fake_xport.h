@@ -98,9 +98,10 @@ void fake_pair_destroy(struct fake_pair *fp);
 struct sv_xport fake_xport(struct fake_ep *ep);
 
 /* Hand the queued completions to the core, oldest first, until none is left
- * (completions the core causes meanwhile are delivered too). Returns the
- * number delivered, or the first negative value the core returned (the rest
- * are still delivered). */
+ * (completions the core causes meanwhile are delivered too), with a clock
+ * reading now_us (SV_NOW_UNREAD: a clock the core reads from fake_clock_us
+ * if it needs the time). Returns the number delivered, or the first
+ * negative value the core returned (the rest are still delivered). */
 int fake_poll(struct fake_ep *ep, struct sv_proto *p, uint64_t now_us);
 
 /* Completions queued and not yet polled; ... of them, received messages. */
@@ -136,9 +137,16 @@ int fake_inject(struct fake_ep *ep, const void *bytes, uint32_t nbytes, uint32_t
 int fake_inject_msg(struct fake_ep *ep, const struct sv_hdr *h, const void *payload,
 		    uint32_t plen, uint32_t byte_len);
 
-/* The transports' clock (struct sv_xport.now): what it says (tests set it)
- * and how often the core read it (only for SV_NOW_UNREAD callers). */
+/* The tests' clock source: what it says (tests set it) and how often the
+ * core read it (only through clocks with no reading yet). */
 extern uint64_t fake_clock_us;
 extern unsigned fake_clock_reads;
+uint64_t fake_clock_read(void);
+
+/* The tests give the time as a number: a clock with that reading, or, for
+ * SV_NOW_UNREAD, one with none yet, which reads fake_clock_us when the core
+ * needs the time. */
+#define SV_NOW_UNREAD 0u
+#define FAKE_CLK(now) (&(struct sv_clock){.us = (now), .read = fake_clock_read})
 
 #endif

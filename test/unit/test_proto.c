@@ -13,6 +13,7 @@
 #include "fake_xport.h"
 #include "log.h"
 #include "proto.h"
+#include "proto_int.h"
 
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -22,6 +23,65 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+
+/* The calls that take a clock, with the time as a number (FAKE_CLK). */
+static long t_send(struct sv_proto *p, const struct iovec *iov, int n, int fl, uint64_t now)
+{
+	return sv_proto_send(p, iov, n, fl, FAKE_CLK(now));
+}
+static long t_recv(struct sv_proto *p, const struct iovec *iov, int n, int fl, uint64_t now)
+{
+	return sv_proto_recv(p, iov, n, fl, FAKE_CLK(now));
+}
+static int t_flush(struct sv_proto *p, enum sv_flush_reason why, uint64_t now)
+{
+	return sv_proto_flush(p, why, FAKE_CLK(now));
+}
+static uint64_t t_timers(struct sv_proto *p, uint64_t now)
+{
+	return sv_proto_timers(p, FAKE_CLK(now));
+}
+static uint64_t t_next_deadline(struct sv_proto *p, uint64_t now)
+{
+	return sv_proto_next_deadline(p, FAKE_CLK(now));
+}
+static int t_send_to_rdma(struct sv_proto *p, uint64_t seq, uint64_t now)
+{
+	return sv_proto_send_to_rdma(p, seq, FAKE_CLK(now));
+}
+static int t_send_to_tcp(struct sv_proto *p, uint64_t now)
+{
+	return sv_proto_send_to_tcp(p, FAKE_CLK(now));
+}
+static int t_send_fin(struct sv_proto *p, uint64_t now)
+{
+	return sv_proto_send_fin(p, FAKE_CLK(now));
+}
+static int t_shutdown_tx(struct sv_proto *p, uint64_t now)
+{
+	return sv_proto_shutdown_tx(p, FAKE_CLK(now));
+}
+static int t_send_back(struct sv_proto *p, const void *pre, size_t n, uint64_t now)
+{
+	return sv_proto_send_back(p, pre, n, FAKE_CLK(now));
+}
+static int t_send_returns(struct sv_proto *p, uint64_t now)
+{
+	return sv_proto_send_returns(p, FAKE_CLK(now));
+}
+#define sv_proto_send t_send
+#define sv_proto_recv t_recv
+#define sv_proto_flush t_flush
+#define sv_proto_timers t_timers
+#define sv_proto_next_deadline t_next_deadline
+#define sv_proto_send_to_rdma t_send_to_rdma
+#define sv_proto_send_to_tcp t_send_to_tcp
+#define sv_proto_send_fin t_send_fin
+#define sv_proto_shutdown_tx t_shutdown_tx
+#define sv_proto_send_back t_send_back
+#define sv_proto_send_returns t_send_returns
+/* The receive side reads TCP (the core's own view, BACK or not). */
+#define sv_proto_rx_on_tcp(p) (!(p)->rx_on_qp)
 
 enum { SA = 0, SB = 1 };
 

@@ -1,0 +1,167 @@
+/* Descriptor calls on a stream: dup, dup2, dup3 and fcntl(F_DUPFD*) make
+ * every copy the same stream, which lives until the last copy is closed
+ * (src/stream_close.c); fcntl(F_SETFL) and ioctl(FIONBIO) tell the stream
+ * its mode may have changed; ioctl(FIONREAD/SIOCINQ) counts what libsovia
+ * holds as well. Other fcntl and ioctl requests go to the kernel
+ * unchanged. */
+#include "preload.h"
+#include "real.h"
+#include "wait.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/sockios.h>
+#include <stdarg.h>
+#include <sys/ioctl.h>
+
+/* dup of an accelerated stream: the copy is the same stream. Returns fd's
+ * entry, held, when the copy must become the stream's; NULL when the
+ * kernel's dup is all (not a stream, plain TCP for good, or it could not be
+ * shared and went back to TCP). */
+static struct sv_fd *share_begin(int fd)
+{
+	if (sv_passthrough())
+		return NULL;
+	struct sv_fd *f = sv_fd_get(fd);
+	if (f && f->ops->share) {
+		int saved = errno;
+		int r = f->ops->share(f);
+		if (r == 0) {
+			errno = saved;
+			return f;
+		}
+		if (r < 0) {
+			sv_fd_put(f);
+			sv_fd_detach(fd);
+			errno = saved;
+			return NULL;
+		}
+		errno = saved;
+	}
+	sv_fd_put(f);
+	return NULL;
+}
+
+/* The kernel's dup of fd gave nfd (or failed). */
+static int share_end(struct sv_fd *f, int fd, int nfd)
+{
+	if (!f)
+		return nfd;
+	if (nfd >= 0 && nfd != fd) {
+		int saved = errno;
+		if (!f->ops->add_copy(f, nfd))
+			sv_fd_detach(fd); /* nfd is the kernel's: the stream must be too */
+		errno = saved;
+	}
+	sv_fd_put(f);
+	return nfd;
+}
+
+/* dup2/dup3 onto another fd close it first, the way the kernel would. */
+static void dup_target(int fd, int fd2)
+{
+	if (fd == fd2 || sv_passthrough() || fcntl(fd, F_GETFD) < 0)
+		return; /* an invalid fd leaves fd2 alone */
+	sv_epoll_on_close(fd2);
+	struct sv_fd *f = sv_fd_remove(fd2);
+	if (!f)
+		return;
+	int saved = errno;
+	f->ops->close(f);
+	sv_fd_put(f);
+	errno = saved;
+}
+
+SV_EXPORT int dup(int fd)
+{
+	struct sv_fd *f = share_begin(fd);
+	return share_end(f, fd, SV_REAL(dup)(fd));
+}
+
+SV_EXPORT int dup2(int fd, int fd2)
+{
+	struct sv_fd *f = share_begin(fd);
+	dup_target(fd, fd2);
+	return share_end(f, fd, SV_REAL(dup2)(fd, fd2));
+}
+
+SV_EXPORT int dup3(int fd, int fd2, int flags)
+{
+	struct sv_fd *f = share_begin(fd);
+	dup_target(fd, fd2);
+	return share_end(f, fd, SV_REAL(dup3)(fd, fd2, flags));
+}
+
+/* O_NONBLOCK set or cleared on a stream's fd: the stream remembers only
+ * "blocking" and checks before it sleeps, so this is for promptness (a
+ * call on a fd made non-blocking returns EAGAIN without spinning first). */
+static void mode_changed(int fd)
+{
+	struct sv_fd *f = sv_fd_get(fd);
+	if (f && f->ops->mode_changed)
+		f->ops->mode_changed(f);
+	sv_fd_put(f);
+}
+
+/* The result r of a call that may have changed fd's mode, passed on. */
+static int mode_call_done(int fd, int r)
+{
+	int saved = errno;
+	if (r == 0)
+		mode_changed(fd);
+	errno = saved;
+	return r;
+}
+
+static int fcntl_common(int (*real)(int, int, ...), int fd, int cmd, void *arg)
+{
+	if (cmd == F_SETFL && !sv_passthrough())
+		return mode_call_done(fd, real(fd, cmd, arg));
+	if (cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC)
+		return real(fd, cmd, arg);
+	struct sv_fd *f = share_begin(fd);
+	return share_end(f, fd, real(fd, cmd, arg));
+}
+
+SV_EXPORT int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return fcntl_common(SV_REAL(fcntl), fd, cmd, arg);
+}
+
+SV_EXPORT int fcntl64(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return fcntl_common(SV_REAL(fcntl64), fd, cmd, arg);
+}
+
+/* FIONREAD/SIOCINQ count what libsovia holds as well. */
+SV_EXPORT int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	if (req == FIONBIO && !sv_passthrough())
+		return mode_call_done(fd, SV_REAL(ioctl)(fd, req, arg));
+	if (sv_passthrough() || (req != FIONREAD && req != SIOCINQ))
+		return SV_REAL(ioctl)(fd, req, arg);
+	struct sv_fd *f = sv_fd_get(fd);
+	if (!f || !f->ops->inq) {
+		sv_fd_put(f);
+		return SV_REAL(ioctl)(fd, req, arg);
+	}
+	int saved = errno;
+	long r = f->ops->inq(f);
+	sv_fd_put(f);
+	if (r >= 0 && arg)
+		*(int *)arg = r > INT_MAX ? INT_MAX : (int)r;
+	return (int)sv_ret(r < 0 ? r : 0, saved);
+}

@@ -1,0 +1,123 @@
+/* stdio on a socket libsovia may carry: glibc's FILE would read, write and
+ * close the fd with its internal calls, past the interposer, so fdopen()
+ * builds the FILE on fopencookie, whose calls come back through read,
+ * write and close. That holds for a socket that may still become a stream,
+ * too: ftpd fdopen()s its active-mode data socket before connect(), and its
+ * fclose() must finish the connection (a real FILE would close the
+ * kernel's socket under libsovia's feet, and the peer would never get the
+ * end of the data). fileno() and fileno_unlocked() give such a FILE's fd,
+ * as they do for any fdopen'ed FILE. */
+#include "lock.h"
+#include "preload.h"
+#include "real.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+struct cookie {
+	int fd;
+	FILE *fp;
+	struct cookie *next;
+};
+
+/* The FILEs made here, for fileno(). */
+static struct sv_lock cookies_lock = SV_LOCK_INIT(SV_RANK_STDIO);
+static struct cookie *cookies;
+static atomic_int ncookies;
+
+static ssize_t cookie_read(void *c, char *buf, size_t n)
+{
+	return read(((struct cookie *)c)->fd, buf, n);
+}
+
+static ssize_t cookie_write(void *c, const char *buf, size_t n)
+{
+	/* stdio treats a short write as an error: write it all. */
+	size_t done = 0;
+	while (done < n) {
+		ssize_t r = write(((struct cookie *)c)->fd, buf + done, n - done);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return done ? (ssize_t)done : -1;
+		}
+		done += (size_t)r;
+	}
+	return (ssize_t)done;
+}
+
+static int cookie_close(void *arg)
+{
+	struct cookie *c = arg;
+	sv_lock(&cookies_lock);
+	for (struct cookie **pp = &cookies; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			atomic_fetch_sub(&ncookies, 1);
+			break;
+		}
+	}
+	sv_unlock(&cookies_lock);
+	int r = close(c->fd);
+	free(c);
+	return r;
+}
+
+SV_EXPORT FILE *fdopen(int fd, const char *mode)
+{
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	bool ours = f && f->ops->stdio_cookie;
+	sv_fd_put(f);
+	if (!ours)
+		return SV_REAL(fdopen)(fd, mode);
+	struct cookie *c = malloc(sizeof(*c));
+	if (!c)
+		return NULL;
+	c->fd = fd;
+	cookie_io_functions_t io = {
+		.read = cookie_read,
+		.write = cookie_write,
+		.seek = NULL,
+		.close = cookie_close,
+	};
+	c->fp = fopencookie(c, mode, io);
+	if (!c->fp) {
+		free(c);
+		return NULL;
+	}
+	sv_lock(&cookies_lock);
+	c->next = cookies;
+	cookies = c;
+	atomic_fetch_add(&ncookies, 1);
+	sv_unlock(&cookies_lock);
+	return c->fp;
+}
+
+/* The fd of a FILE made here, or -1. */
+static int cookie_fd(FILE *fp)
+{
+	if (atomic_load(&ncookies) == 0)
+		return -1;
+	int fd = -1;
+	sv_lock(&cookies_lock);
+	for (struct cookie *c = cookies; c; c = c->next) {
+		if (c->fp == fp) {
+			fd = c->fd;
+			break;
+		}
+	}
+	sv_unlock(&cookies_lock);
+	return fd;
+}
+
+SV_EXPORT int fileno(FILE *fp)
+{
+	int fd = fp ? cookie_fd(fp) : -1;
+	return fd >= 0 ? fd : SV_REAL(fileno)(fp);
+}
+
+SV_EXPORT int fileno_unlocked(FILE *fp)
+{
+	int fd = fp ? cookie_fd(fp) : -1;
+	return fd >= 0 ? fd : SV_REAL(fileno_unlocked)(fp);
+}

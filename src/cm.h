@@ -1,0 +1,49 @@
+/* The connection manager under the upgrade: librdmacm's calls, and the
+ * queue pair made for a connection, as one operations table. The library
+ * uses librdmacm and the verbs transport (cm_rdma.c); the stream-layer
+ * tests put an in-process fake in its place (sv_cm_use) before the first
+ * connection, so the upgrade, the helper and the stream run unchanged
+ * without an RDMA device. Every call returns as librdmacm's do: 0, or -1
+ * with errno set. */
+#ifndef SV_CM_H
+#define SV_CM_H
+
+#include "proto.h"
+
+#include <rdma/rdma_cma.h>
+
+struct sv_qp;
+
+struct sv_cm_ops {
+	struct rdma_event_channel *(*create_event_channel)(void);
+	int (*create_id)(struct rdma_event_channel *ch, struct rdma_cm_id **id, void *ctx,
+			 enum rdma_port_space ps);
+	int (*destroy_id)(struct rdma_cm_id *id);
+	int (*resolve_addr)(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst,
+			    int timeout_ms);
+	int (*resolve_route)(struct rdma_cm_id *id, int timeout_ms);
+	int (*connect)(struct rdma_cm_id *id, struct rdma_conn_param *param);
+	int (*accept)(struct rdma_cm_id *id, struct rdma_conn_param *param);
+	int (*reject)(struct rdma_cm_id *id, const void *pd, uint8_t len);
+	int (*establish)(struct rdma_cm_id *id);
+	int (*disconnect)(struct rdma_cm_id *id);
+	int (*bind_addr)(struct rdma_cm_id *id, struct sockaddr *addr);
+	int (*listen)(struct rdma_cm_id *id, int backlog);
+	int (*get_event)(struct rdma_event_channel *ch, struct rdma_cm_event **ev);
+	int (*ack_event)(struct rdma_cm_event *ev);
+	struct sockaddr *(*peer_addr)(struct rdma_cm_id *id);
+	/* The queue pair for a connection on id (bound to a device: address
+	 * resolved, or a connect request's id), its buffers registered for
+	 * prm, in the INIT state. 0 or -errno (not the librdmacm convention). */
+	int (*create_qp)(struct sv_qp **out, struct rdma_cm_id *id,
+			 const struct sv_proto_params *prm);
+	/* In a fork's child: what the parent opened is the parent's. */
+	void (*atfork_child)(void);
+};
+
+/* The table in use: librdmacm's unless sv_cm_use put another. */
+extern const struct sv_cm_ops *sv_cm;
+extern const struct sv_cm_ops sv_cm_rdma;
+void sv_cm_use(const struct sv_cm_ops *ops);
+
+#endif

@@ -1,0 +1,45 @@
+/* The connection manager the library uses: librdmacm, and a verbs QP on
+ * libsovia's own device context for each connection (verbs.c). */
+#include "cm.h"
+
+#include "verbs.h"
+
+static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_proto_params *prm)
+{
+	struct sv_verbs *v;
+	int r = sv_verbs_create(&v, id, prm);
+	*out = r < 0 ? NULL : sv_verbs_qp(v);
+	return r;
+}
+
+static int reject(struct rdma_cm_id *id, const void *pd, uint8_t len)
+{
+	return rdma_reject(id, pd, len);
+}
+
+const struct sv_cm_ops sv_cm_rdma = {
+	.create_event_channel = rdma_create_event_channel,
+	.create_id = rdma_create_id,
+	.destroy_id = rdma_destroy_id,
+	.resolve_addr = rdma_resolve_addr,
+	.resolve_route = rdma_resolve_route,
+	.connect = rdma_connect,
+	.accept = rdma_accept,
+	.reject = reject,
+	.establish = rdma_establish,
+	.disconnect = rdma_disconnect,
+	.bind_addr = rdma_bind_addr,
+	.listen = rdma_listen,
+	.get_event = rdma_get_cm_event,
+	.ack_event = rdma_ack_cm_event,
+	.peer_addr = rdma_get_peer_addr,
+	.create_qp = create_qp,
+	.atfork_child = sv_verbs_atfork_child,
+};
+
+const struct sv_cm_ops *sv_cm = &sv_cm_rdma;
+
+void sv_cm_use(const struct sv_cm_ops *ops)
+{
+	sv_cm = ops;
+}

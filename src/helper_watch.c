@@ -1,0 +1,217 @@
+/* The streams the helper thread watches, and when it looks at each: the
+ * policy of docs/design.md ("The helper thread"). A stream whose
+ * application calls in (or sleeps inside libsovia) is left to it and only
+ * looked at now and then, the interval doubling while it stays active; an
+ * idle one is armed and slept on; everything else is looked at on every
+ * wake-up and by its own deadline. The mechanism of each look is the
+ * stream's (stream_service.c). */
+#include "helper_int.h"
+
+#include "lock.h"
+#include "log.h"
+#include "real.h"
+#include "stream.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+/* The first look at a stream its active application drives comes after
+ * SV_HELPER_LOOK_US; each look that finds it still active doubles the
+ * interval, up to SV_HELPER_LOOK_MAX_US. Each look costs the process a
+ * wake-up and the stream's lock. */
+#define SV_HELPER_LOOK_US 1000u
+#define SV_HELPER_LOOK_MAX_US 16000u
+
+struct sv_watch {
+	struct sv_stream *s;
+	struct sv_watch *next;
+	uint64_t due;        /* idle watches: the next look (0 = none) */
+	bool idle;           /* looked at only when due, fired or kicked */
+	bool fired;          /* the channel copy woke the helper */
+	atomic_bool kick;    /* sv_helper_watch asked for a look now */
+	uint32_t look_us;    /* the interval while the application stays active;
+			      * 0 after it was found idle */
+	int chan, chan_of;   /* our copy of its completion channel, and what it copies */
+	bool chan_in_epoll;
+};
+
+static struct sv_lock watch_lock = SV_LOCK_INIT(SV_RANK_HELPER);
+static struct sv_watch *watches; /* under watch_lock */
+static int epfd = -1;
+
+void sv_watch_init(int fd)
+{
+	epfd = fd;
+}
+
+void sv_helper_watch(struct sv_stream *s)
+{
+	if (sv_helper_start() < 0)
+		return;
+	sv_lock(&watch_lock);
+	struct sv_watch *w = sv_stream_watch(s);
+	if (w) {
+		/* Watched already (its watch may be out of the list while the
+		 * helper services it): have it looked at now. */
+		atomic_store(&w->kick, true);
+	} else if ((w = calloc(1, sizeof(*w)))) {
+		sv_stream_get(s);
+		sv_stream_set_watch(s, w);
+		w->s = s;
+		w->chan = w->chan_of = -1;
+		w->next = watches;
+		watches = w;
+	}
+	sv_unlock(&watch_lock);
+	sv_helper_wake();
+}
+
+void sv_watch_fired(void *watch)
+{
+	/* Serviced in the next round (a watch is freed only there, after it
+	 * left epoll). */
+	((struct sv_watch *)watch)->fired = true;
+}
+
+/* Sleep on (or stop sleeping on) a watch's completion channel copy. */
+static void chan_update(struct sv_watch *w, int old_chan, bool armed)
+{
+	if (old_chan >= 0 && old_chan != w->chan) {
+		if (w->chan_in_epoll)
+			SV_REAL(epoll_ctl)(epfd, EPOLL_CTL_DEL, old_chan, NULL);
+		SV_REAL(close)(old_chan);
+		w->chan_in_epoll = false;
+	}
+	if (!armed || w->chan < 0)
+		return;
+	/* One-shot: the application's own traffic wakes the helper at most
+	 * once per arming; it arms again only when the stream is idle. */
+	struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = w};
+	if (SV_REAL(epoll_ctl)(epfd, w->chan_in_epoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, w->chan,
+			       &e) == 0)
+		w->chan_in_epoll = true;
+	else
+		sv_dbg("helper: epoll_ctl on a completion channel: %s", strerror(errno));
+}
+
+static void watch_free(struct sv_watch *w)
+{
+	if (w->chan >= 0) {
+		if (w->chan_in_epoll)
+			SV_REAL(epoll_ctl)(epfd, EPOLL_CTL_DEL, w->chan, NULL);
+		SV_REAL(close)(w->chan);
+	}
+	sv_lock(&watch_lock);
+	sv_stream_set_watch(w->s, NULL);
+	sv_unlock(&watch_lock);
+	sv_stream_put(w->s);
+	free(w);
+}
+
+/* The next look at a stream whose active application drives it. Coalesced
+ * bytes waiting for their timer keep it near that deadline (at least
+ * SV_HELPER_LOOK_US away): should the application stop calling before it,
+ * the helper flushes them. */
+static uint64_t active_look(struct sv_watch *w, uint64_t now, uint64_t flush)
+{
+	uint32_t look = w->look_us ? w->look_us * 2 : SV_HELPER_LOOK_US;
+	w->look_us = look < SV_HELPER_LOOK_MAX_US ? look : SV_HELPER_LOOK_MAX_US;
+	uint64_t next = now + w->look_us;
+	if (flush) {
+		uint64_t soon = flush > now + SV_HELPER_LOOK_US ? flush : now + SV_HELPER_LOOK_US;
+		if (soon < next)
+			next = soon;
+	}
+	return next;
+}
+
+/* Look at one stream. Returns its next deadline; *done when it needs the
+ * helper no more. */
+static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
+{
+	int old_chan = w->chan;
+	struct sv_service sv = {
+		.now = now,
+		.fired = w->fired,
+		.kicked = kicked,
+		.try_only = w->look_us && !w->fired && !kicked,
+		.chan = w->chan,
+		.chan_of = w->chan_of,
+	};
+	sv_stream_service(w->s, &sv);
+	w->fired = false;
+	w->chan = sv.chan;
+	w->chan_of = sv.chan_of;
+	w->idle = sv.driven;
+	uint64_t next = sv.next;
+	if (sv.driven && sv.active) {
+		next = active_look(w, now, sv.flush_deadline);
+	} else if (sv.driven) {
+		w->look_us = 0; /* when it calls in again, look often at first */
+		if (!sv.armed && !next)
+			next = now + SV_HELPER_LOOK_US; /* could not arm: look by the clock */
+	}
+	*done = sv.done;
+	chan_update(w, old_chan, sv.armed && !sv.done);
+	return next;
+}
+
+uint64_t sv_watch_service_all(uint64_t now)
+{
+	uint64_t next = 0;
+	sv_lock(&watch_lock);
+	struct sv_watch *list = watches;
+	watches = NULL;
+	sv_unlock(&watch_lock);
+
+	struct sv_watch *keep = NULL;
+	while (list) {
+		struct sv_watch *w = list;
+		list = list->next;
+		bool kicked = atomic_exchange(&w->kick, false);
+		uint64_t d = w->due;
+		if (!w->idle || kicked || w->fired || (w->due && w->due <= now)) {
+			bool done;
+			d = look(w, now, kicked, &done);
+			w->due = d;
+			/* A stream that asked to be watched again while it was
+			 * being serviced (it started its upgrade) stays. */
+			if (done && atomic_exchange(&w->kick, false)) {
+				done = false;
+				w->idle = false;
+			}
+			if (done) {
+				watch_free(w);
+				continue;
+			}
+		}
+		if (d && (!next || d < next))
+			next = d;
+		w->next = keep;
+		keep = w;
+	}
+	sv_lock(&watch_lock);
+	while (keep) {
+		struct sv_watch *w = keep;
+		keep = keep->next;
+		w->next = watches;
+		watches = w;
+	}
+	sv_unlock(&watch_lock);
+	return next;
+}
+
+void sv_watch_atfork_child(void)
+{
+	/* The parent's watches stay the parent's: their channel copies are
+	 * closed, the list forgotten (its streams are the parent's). */
+	for (struct sv_watch *w = watches; w; w = w->next)
+		if (w->chan >= 0)
+			SV_REAL(close)(w->chan);
+	sv_lock_reinit(&watch_lock);
+	watches = NULL;
+	epfd = -1;
+}

@@ -1,0 +1,67 @@
+/* A connection's queue pair as the stream sees it: the message transport
+ * under the protocol core (proto.h's sv_xport) plus what the stream needs
+ * to wait on it and end it. The verbs transport (verbs.c) is the real one;
+ * the stream-layer tests give an in-process fake. Calls are serialised by
+ * the stream's lock. */
+#ifndef SV_QP_H
+#define SV_QP_H
+
+#include "proto.h"
+
+#include <stdint.h>
+
+struct sv_qp;
+struct sv_regcache_stats;
+
+struct sv_qp_ops {
+	/* The transport to give the core. */
+	struct sv_xport (*xport)(struct sv_qp *q);
+	/* Take every completion and feed it to the core, in order. The number
+	 * handled, or -errno (a failed work request: the core is aborted;
+	 * every completion is consumed even then). */
+	int (*poll)(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk);
+	/* Ask for an event on fd() at the next completion (poll once more
+	 * after arming, before sleeping). 0 or -errno. */
+	int (*arm)(struct sv_qp *q);
+	/* The completion channel: readable once an armed completion came. */
+	int (*fd)(const struct sv_qp *q);
+	/* Take the channel's events (never blocks). */
+	void (*drain_events)(struct sv_qp *q);
+	/* The QP's number, for rdma_connect/rdma_accept. */
+	uint32_t (*num)(const struct sv_qp *q);
+	/* Ready to send and receive (RTR, then RTS). 0 or -errno. */
+	int (*connected)(struct sv_qp *q);
+	/* Into the error state: everything posted comes back flushed. */
+	void (*to_error)(struct sv_qp *q);
+	/* Free it all (after the core that used its buffers is gone). */
+	void (*destroy)(struct sv_qp *q);
+	/* The counters of the registration cache its zero-copy sends use
+	 * (may be NULL: no cache). */
+	void (*regcache_stats)(struct sv_qp *q, struct sv_regcache_stats *st);
+};
+
+struct sv_qp {
+	const struct sv_qp_ops *ops;
+};
+
+static inline int sv_qp_poll(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk)
+{
+	return q->ops->poll(q, p, clk);
+}
+
+static inline int sv_qp_arm(struct sv_qp *q)
+{
+	return q->ops->arm(q);
+}
+
+static inline int sv_qp_fd(const struct sv_qp *q)
+{
+	return q->ops->fd(q);
+}
+
+static inline void sv_qp_drain_events(struct sv_qp *q)
+{
+	q->ops->drain_events(q);
+}
+
+#endif

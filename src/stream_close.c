@@ -1,0 +1,213 @@
+/* Closing: the application's close() returns at once; the helper thread
+ * delivers what is still queued, sends FIN, and closes the QP and the TCP
+ * socket (SOVIA's close thread). Process exit pushes everything out. Also
+ * the copies of a stream's fd (dup), which close does one at a time. */
+#include "stream_int.h"
+
+#include "config.h"
+#include "helper.h"
+#include "log.h"
+#include "real.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+/* How long a closed connection may take to deliver its last bytes. */
+#define SV_LINGER_US (30u * 1000000u)
+
+/* A descriptor number far from the ones the application uses. */
+static int high_fd_base(void)
+{
+	struct rlimit rl;
+	int base = 1000;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    (rlim_t)base >= rl.rlim_cur)
+		base = (int)(rl.rlim_cur > 64 ? rl.rlim_cur - 64 : 3);
+	return base;
+}
+
+/* The stream's own copy of its socket: the application may close any of
+ * its fds, or its only one, while the connection lives on. */
+static int keep_private(struct sv_stream *s)
+{
+	int keep = SV_REAL(fcntl)(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
+	if (keep < 0)
+		return -errno;
+	s->fd = keep;
+	s->fd_private = true;
+	return 0;
+}
+
+int sv_stream_share(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	int r = s->fd_private ? 0 : keep_private(s);
+	sv_unlock(&s->lock);
+	return r;
+}
+
+void sv_stream_opened(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	s->opens++;
+	sv_unlock(&s->lock);
+}
+
+/* Nothing of ours to finish: the kernel closes as usual. */
+static int close_now(struct sv_stream *s, int r)
+{
+	int fd = s->fd;
+	if (sv_cfg.stats)
+		sv_stream_print_stats(s, "close");
+	s->fd = -1;
+	/* Judged under the lock: the helper's start_connect sets id and state
+	 * under it. */
+	bool helper_part = s->id || s->state == SV_CONN_RESOLVING ||
+			   s->state == SV_CONN_REQUESTED || s->state == SV_CONN_DETACHED ||
+			   s->state == SV_CONN_CONNECTING;
+	sv_unlock(&s->lock);
+	if (helper_part)
+		sv_helper_watch(s); /* let the helper drop its part */
+	if (SV_REAL(close)(fd) < 0 && r == 0)
+		r = -errno;
+	return r;
+}
+
+int sv_stream_close(struct sv_stream *s, int appfd)
+{
+	sv_lock(&s->lock);
+	int r = 0;
+	if (s->fd != appfd && SV_REAL(close)(appfd) < 0)
+		r = -errno; /* a copy: the stream has its own */
+	if (s->opens > 1) {
+		s->opens--; /* other copies keep the connection */
+		sv_unlock(&s->lock);
+		return r;
+	}
+	s->opens = 0;
+	s->cl.app_closed = true;
+	if (!s->proto || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED)
+		return close_now(s, r);
+	if (s->fd == appfd) {
+		/* The application's fd number is free again at once; the
+		 * connection lives on a private copy until it is finished. */
+		int fd = s->fd;
+		int k = keep_private(s);
+		if (k < 0) {
+			r = k;
+			sv_warn("fd %d: cannot keep the connection for a lingering close (%d)", fd, r);
+		} else if (SV_REAL(close)(fd) < 0) {
+			r = -errno;
+		}
+	}
+	if (s->state == SV_CONN_SWITCHING)
+		sv_info("fd %d: closed while switching to RDMA: the switch finishes first", appfd);
+	s->cl.linger_deadline_us = sv_now_us() + SV_LINGER_US;
+	sv_unlock(&s->lock);
+	sv_helper_watch(s);
+	return r;
+}
+
+/* Is everything of ours out, so the connection may end? */
+static bool linger_finished(struct sv_stream *s, uint64_t now)
+{
+	struct sv_proto *p = s->proto;
+	struct sv_clock clk = {.us = now, .read = sv_now_us};
+	if (s->state == SV_CONN_DETACHING) {
+		sv_stream_progress(s, &clk, 0);
+		return s->state != SV_CONN_DETACHING;
+	}
+	if (!p || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED || s->error)
+		return true;
+	sv_stream_progress(s, &clk, 0);
+	if (sv_proto_tx_state(p) == SV_TX_OPEN && !s->sw.tx_held)
+		sv_proto_send_fin(p, &clk); /* -EAGAIN: try again after credits */
+	bool delivered = sv_proto_sends_done(p) && !sv_proto_tx_pending(p);
+	/* A switch under way finishes first (the helper pumps the peer's TCP
+	 * bytes up to its echo): closed now, the peer's echo would find our
+	 * socket closed or unread, and the kernel would answer with a reset
+	 * instead of the FIN the peer must see. */
+	return (sv_proto_tx_state(p) != SV_TX_OPEN || s->sw.tx_held) && delivered &&
+	       !s->sw.echo_owed && s->state != SV_CONN_SWITCHING;
+}
+
+uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
+{
+	bool finished = linger_finished(s, now);
+	if (!finished && now < s->cl.linger_deadline_us) {
+		struct sv_clock clk = {.us = now, .read = sv_now_us};
+		uint64_t next = s->proto ? sv_proto_next_deadline(s->proto, &clk) : 0;
+		uint64_t tick = now + 10000; /* completions also wake us */
+		return next && next < tick ? next : tick;
+	}
+	if (!finished)
+		sv_info("fd %d: closing with data undelivered after the linger time", s->fd);
+	sv_stream_kernel_shut(s);
+	if (sv_cfg.stats)
+		sv_stream_print_stats(s, "close");
+	if (s->id && s->proto)
+		sv_upgrade_disconnect(s); /* the peer learns at once, not by timeout */
+	if (s->fd >= 0) {
+		if (!finished || s->error) {
+			/* Like TCP's abortive close: the peer sees a reset. */
+			struct linger lg = {.l_onoff = 1, .l_linger = 0};
+			SV_REAL(setsockopt)(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+		}
+		SV_REAL(close)(s->fd);
+		s->fd = -1;
+	}
+	*done = true;
+	return 0;
+}
+
+/* A connection closed in the middle of its switch: let it finish, as its
+ * lingering close would have (sv_stream_linger), for up to 2 s. */
+static void exit_finish_switch(struct sv_stream *s, struct sv_clock *clk)
+{
+	uint64_t until = sv_clock_now(clk) + 2000000u;
+	while (s->cl.app_closed && s->state == SV_CONN_SWITCHING && !s->error &&
+	       sv_clock_update(clk) < until) {
+		sv_stream_progress(s, clk, 0);
+		sv_stream_pump_tcp(s);
+		if (s->state == SV_CONN_SWITCHING)
+			sv_stream_wait(s, clk, 0, clk->us + 1000, 0);
+	}
+}
+
+/* Our sending on the QP: everything out, and the FIN of a connection the
+ * application closed but the helper had not finished yet. */
+static void exit_finish_tx(struct sv_stream *s, struct sv_clock *clk)
+{
+	struct sv_proto *p = s->proto;
+	if (!p || s->state == SV_CONN_FALLBACK || s->error || sv_proto_tx_state(p) != SV_TX_OPEN)
+		return;
+	sv_stream_drain(s);
+	uint64_t end = sv_clock_update(clk) + 2000000u;
+	while (s->cl.app_closed && sv_proto_tx_state(p) == SV_TX_OPEN && !s->error &&
+	       sv_clock_update(clk) < end) {
+		sv_stream_progress(s, clk, 0);
+		if (sv_proto_send_fin(p, clk) != -EAGAIN)
+			break;
+		sv_stream_wait(s, clk, 0, end, 0);
+	}
+	sv_stream_drain(s);
+}
+
+void sv_stream_exit_flush(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	struct sv_clock clk = SV_CLOCK_INIT;
+	exit_finish_switch(s, &clk);
+	exit_finish_tx(s, &clk);
+	uint64_t end = sv_clock_update(&clk) + 5000000u;
+	while (s->state == SV_CONN_DETACHING && !s->error && sv_clock_update(&clk) < end) {
+		sv_stream_progress(s, &clk, 0);
+		if (s->state == SV_CONN_DETACHING)
+			sv_stream_wait(s, &clk, POLLOUT, clk.us + 10000, 0);
+	}
+	if (sv_cfg.stats && !s->stats_printed)
+		sv_stream_print_stats(s, "exit");
+	sv_unlock(&s->lock);
+}

@@ -1,0 +1,242 @@
+/* What the helper thread does for a stream when it looks at it: a
+ * non-blocking connect's end, the delayed start of the upgrade, the
+ * upgrade's timeouts, the switch (pumping TCP while the application does
+ * not read), the timers of an idle application, lingering close and the
+ * way back's end. When to look is the helper's policy (helper_watch.c);
+ * this is the mechanism, run under the stream's lock. */
+#include "stream_int.h"
+
+#include "log.h"
+#include "real.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <string.h>
+
+/* A non-blocking connect in progress: the upgrade starts once it is done.
+ * Not told by POLLOUT (the application may have filled the send buffer
+ * already, for a peer that does not read yet) nor by SO_ERROR (reading it
+ * would take the outcome away from the application): the TCP state
+ * tells. True when it let go of the lock. */
+static bool service_connecting(struct sv_stream *s, struct sv_service *sv)
+{
+	struct tcp_info ti;
+	socklen_t tl = sizeof(ti);
+	if (s->fd >= 0 && SV_REAL(getsockopt)(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
+	    ti.tcpi_state == TCP_SYN_SENT) {
+		sv->next = sv->now + 5000; /* connects take round trips: look every 5 ms */
+		return false;
+	}
+	socklen_t ll = sizeof(s->tuple.local), pl = sizeof(s->tuple.peer);
+	bool ok = s->fd >= 0 &&
+		  getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) == 0 &&
+		  getsockname(s->fd, (struct sockaddr *)&s->tuple.local, &ll) == 0;
+	sv->done = true; /* the upgrade watches it again */
+	if (!ok) {
+		sv_dbg("fd %d: the non-blocking connect failed", s->fd);
+		sv_stream_fall_back(s, SV_FB_NO_ROUTE);
+		return false;
+	}
+	sv_stream_set_state(s, SV_CONN_TCP);
+	sv_unlock(&s->lock);
+	sv_stream_start_client(s);
+	return true;
+}
+
+/* A client connection that waits out SOVIA_UPGRADE_DELAY_MS, or to ask
+ * again after "no listener" (upgrade.c). A close, a fork or exec (which
+ * call the upgrade off) or a broken connection meanwhile: no upgrade. True
+ * when it let go of the lock. */
+static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
+{
+	bool go = s->state == SV_CONN_TCP && !s->cl.app_closed && !s->error;
+	if (go && sv->now < s->sw.upgrade_at) {
+		sv->next = s->sw.upgrade_at;
+		return false;
+	}
+	s->sw.upgrade_at = 0;
+	sv->done = true; /* the upgrade watches it again */
+	if (!go)
+		return false;
+	sv_unlock(&s->lock);
+	sv_upgrade_connect_now(s);
+	return true;
+}
+
+/* On RDMA with nothing in between (switch, echo, close) for the helper: the
+ * application's own calls drive the stream. */
+static bool app_drives(const struct sv_stream *s)
+{
+	return s->state == SV_CONN_RDMA && !s->sw.echo_owed &&
+	       !sv_proto_peer_switch(s->proto, NULL) && s->qp && !s->error && !s->cl.app_closed;
+}
+
+/* A stream its application drives, found idle (no call since the last
+ * look, nobody waiting in libsovia): arm the CQ, so the helper sleeps on
+ * the completion channel (its own copy) and the core's deadline. An idle
+ * application's connection then still answers BACK, sends its delayed
+ * ACKs and flushes its coalesced bytes. */
+static void idle_watch(struct sv_stream *s, struct sv_service *sv, struct sv_clock *clk)
+{
+	int fd = sv_qp_fd(s->qp);
+	if (sv->chan < 0 || sv->chan_of != fd) {
+		/* The copy keeps the helper's epoll registration tied to the
+		 * channel it armed, even if the stream's descriptor is closed
+		 * and its number reused meanwhile. */
+		int copy = SV_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, 0);
+		if (copy < 0) {
+			sv_dbg("fd %d: helper: no copy of the completion channel: %s", s->fd,
+			       strerror(errno));
+			return; /* the helper keeps looking by the clock */
+		}
+		sv->chan = copy;
+		sv->chan_of = fd;
+	}
+	if (sv_qp_arm(s->qp) < 0)
+		return;
+	/* Look once more: a completion before the arming would never signal. */
+	int r = sv_stream_poll_cq(s, clk);
+	if (r < 0) {
+		sv->next = sv->now; /* the next look sees the new state */
+		return;
+	}
+	if (r > 0) {
+		sv_stream_progress(s, clk, SV_PROGRESS_DRAINED);
+		sv_stream_wake(s);
+		sv->next = sv->now;
+		return;
+	}
+	sv->armed = true;
+	sv->next = sv_proto_next_deadline(s->proto, clk);
+}
+
+/* Switching or on RDMA. */
+static void service_on_qp(struct sv_stream *s, struct sv_service *sv, struct sv_clock *clk)
+{
+	/* Did the application call in since the last look, or does it wait
+	 * inside libsovia now? */
+	bool active = s->wt.waiters || s->wt.app_calls != s->wt.helper_seen;
+	s->wt.helper_seen = s->wt.app_calls;
+	if (active && !sv->fired && app_drives(s)) {
+		/* Its calls poll the CQ and run the timers: the completions
+		 * stay the application's. */
+		sv->driven = sv->active = true;
+		sv->flush_deadline = sv_proto_flush_deadline(s->proto);
+		return;
+	}
+	if (sv->fired && s->qp)
+		sv_qp_drain_events(s->qp);
+	if (s->state == SV_CONN_RDMA && s->qp)
+		s->st.helper_polls++;
+	sv_stream_progress(s, clk, 0);
+	/* What we took from the CQ may be what a waiter (or a spinning call
+	 * between its looks) waits for; its poll may also have lost the
+	 * channel's event to us. */
+	sv_stream_wake(s);
+	sv_stream_pump_tcp(s); /* the switch completes even if nobody reads */
+	uint64_t dl = s->sw.deadline_us;
+	if (s->sw.tx_held && dl && sv->now >= dl && !s->sw.echo_owed)
+		sv_stream_unhold(s, "timeout");
+	if (s->state == SV_CONN_SWITCHING && dl && sv->now >= dl && s->proto &&
+	    !sv_proto_qp_used(s->proto)) {
+		/* Connected, yet nothing moved: nothing in-band happened, so
+		 * TCP can simply carry on. */
+		sv_stream_fall_back(s, SV_FB_TIMEOUT);
+		sv->done = true;
+		return;
+	}
+	if (s->cl.app_closed) {
+		sv->next = sv_stream_linger(s, sv->now, &sv->done);
+		return;
+	}
+	if (app_drives(s)) {
+		/* The helper stands in only while the application is idle; a
+		 * wake-up that found it active does not arm. */
+		sv->driven = true;
+		sv->active = active;
+		if (active)
+			sv->flush_deadline = sv_proto_flush_deadline(s->proto);
+		else
+			idle_watch(s, sv, clk);
+		return;
+	}
+	sv->next = s->proto ? sv_proto_next_deadline(s->proto, clk) : 0;
+	/* A switch takes a few round trips whose completions do not wake the
+	 * helper: look again every millisecond until it is over (bounded by
+	 * the upgrade's deadline). */
+	if (s->state == SV_CONN_SWITCHING && (!sv->next || sv->next > sv->now + 1000))
+		sv->next = sv->now + 1000;
+}
+
+static void service_detaching(struct sv_stream *s, struct sv_service *sv, struct sv_clock *clk)
+{
+	/* The peer asked, or our application did and went on: finish giving
+	 * back (the bytes may wait for TCP's buffer space). */
+	if (s->state == SV_CONN_DETACHING)
+		sv_stream_progress(s, clk, 0);
+	if (s->state == SV_CONN_DETACHING)
+		sv->next = sv->now + 1000;
+	else if (s->state == SV_CONN_DETACHED)
+		sv->next = sv_stream_detached_service(s, sv->now, &sv->done);
+	else if (s->cl.app_closed)
+		sv->next = sv_stream_linger(s, sv->now, &sv->done);
+	else
+		sv->done = true;
+}
+
+void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
+{
+	sv->done = sv->driven = sv->active = sv->armed = false;
+	sv->next = sv->flush_deadline = 0;
+	if (sv->try_only) {
+		/* It held the lock: it is inside libsovia (its waits let go of
+		 * the lock) and runs the timers itself. Come back later rather
+		 * than queue behind it and make it queue behind us. */
+		if (!sv_trylock(&s->lock)) {
+			sv->driven = sv->active = true;
+			return;
+		}
+	} else {
+		sv_lock(&s->lock);
+	}
+	struct sv_clock clk = {.us = sv->now, .read = sv_now_us};
+	if (s->state == SV_CONN_CONNECTING) {
+		if (service_connecting(s, sv))
+			return;
+	} else if (s->sw.upgrade_at) {
+		if (service_upgrade_at(s, sv))
+			return;
+	} else {
+		switch (s->state) {
+		case SV_CONN_CONNECTING:
+		case SV_CONN_TCP:
+		case SV_CONN_RESOLVING:
+		case SV_CONN_REQUESTED:
+			if (s->sw.deadline_us && sv->now >= s->sw.deadline_us) {
+				sv_stream_fall_back(s, SV_FB_TIMEOUT);
+				sv->done = true;
+			}
+			sv->next = s->sw.deadline_us;
+			break;
+		case SV_CONN_SWITCHING:
+		case SV_CONN_RDMA:
+			service_on_qp(s, sv, &clk);
+			break;
+		case SV_CONN_FALLBACK:
+		case SV_CONN_BROKEN:
+			if (s->cl.app_closed)
+				sv->next = sv_stream_linger(s, sv->now, &sv->done);
+			else
+				sv->done = true;
+			break;
+		case SV_CONN_DETACHING:
+		case SV_CONN_DETACHED:
+			service_detaching(s, sv, &clk);
+			break;
+		case SV_CONN_NSTATES:
+			break;
+		}
+	}
+	sv_unlock(&s->lock);
+}

@@ -1,0 +1,85 @@
+/* A stream's statistics (SOVIA_STATS): one line per connection on stderr,
+ * at close, exit or the end of the way back. */
+#include "stream_int.h"
+
+#include "real.h"
+#include "regcache.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+
+void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool timeout,
+			   bool chan, bool kick)
+{
+	uint64_t us = to > from ? to - from : 0;
+	s->st.waits_slept++;
+	s->st.slept_us += us;
+	if (us > s->st.slept_max_us)
+		s->st.slept_max_us = us;
+	s->st.woken_timeout += timeout;
+	s->st.woken_chan += chan;
+	s->st.woken_kick += kick;
+}
+
+static void addr_str(const struct sockaddr_storage *ss, char *out, size_t len)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+	unsigned port = 0;
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+		port = ntohs(in->sin_port);
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+		port = ntohs(in6->sin6_port);
+	}
+	snprintf(out, len, "%s:%u", host, port);
+}
+
+#define U(x) ((unsigned long long)(x))
+
+void sv_stream_print_stats(struct sv_stream *s, const char *when)
+{
+	if (s->stats_printed)
+		return;
+	s->stats_printed = true;
+	char local[64], peer[64], line[1536];
+	addr_str(&s->tuple.local, local, sizeof(local));
+	addr_str(&s->tuple.peer, peer, sizeof(peer));
+	static const struct sv_proto_stats none;
+	const struct sv_proto_stats *p = s->proto ? sv_proto_stats(s->proto) : &none;
+	/* The device's registration cache, shared by its connections. */
+	struct sv_regcache_stats rc = {0};
+	if (s->qp && s->qp->ops->regcache_stats)
+		s->qp->ops->regcache_stats(s->qp, &rc);
+	int n = snprintf(
+		line, sizeof(line),
+		"libsovia stats [%s] %s -> %s %s state=%s fallback=%s "
+		"rdma_tx_bytes=%llu rdma_rx_bytes=%llu tcp_tx_bytes=%llu tcp_rx_bytes=%llu "
+		"rdma_tx_msgs=%llu rdma_rx_msgs=%llu zcopy_tx_bytes=%llu credit_stalls=%llu "
+		"acks_sent=%llu acks_piggybacked=%llu coalesced_writes=%llu collected_writes=%llu "
+		"flushes=timer:%llu,full:%llu,large:%llu,recv:%llu,close:%llu,idle:%llu,nodelay:%llu "
+		"switches=to_rdma:%llu,to_tcp:%llu gave_back_bytes=%llu got_back_bytes=%llu "
+		"regcache=hits:%llu,misses:%llu,stale:%llu,uncached:%llu "
+		"waits=spun:%llu,slept:%llu,slept_us:%llu,slept_max_us:%llu "
+		"woken=chan:%llu,kick:%llu,timeout:%llu helper_polls=%llu spin_avg_us=%u\n",
+		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
+		sv_fallback_name(s->fallback), U(p->tx_bytes), U(p->rx_bytes),
+		U(s->st.tcp_tx_bytes), U(s->st.tcp_rx_bytes), U(p->tx_msgs), U(p->rx_msgs),
+		U(p->tx_zcopy_bytes), U(p->credit_stalls), U(p->updates_sent),
+		U(p->acks_piggybacked), U(p->coalesced_writes), U(p->collected_writes),
+		U(p->flushes_timer), U(p->flushes_full), U(p->flushes_large), U(p->flushes_recv),
+		U(p->flushes_close), U(p->flushes_idle), U(p->flushes_nodelay),
+		U(s->st.switches_to_rdma), U(s->st.switches_to_tcp), U(p->gave_back),
+		U(p->got_back), U(rc.hits), U(rc.misses), U(rc.stale), U(rc.uncached),
+		U(s->st.waits_spun), U(s->st.waits_slept), U(s->st.slept_us), U(s->st.slept_max_us),
+		U(s->st.woken_chan), U(s->st.woken_kick), U(s->st.woken_timeout),
+		U(s->st.helper_polls),
+		(unsigned)atomic_load_explicit(&s->wt.wait_avg_us, memory_order_relaxed));
+	if (n > 0) {
+		ssize_t w = SV_REAL(write)(2, line,
+					   (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+		(void)w;
+	}
+}

@@ -1,0 +1,184 @@
+/* The switch of a connection to the QP (docs/protocol.md, section 3, steps
+ * 4 and 5): TO_RDMA over the QP, the challenges echoed on TCP, and the
+ * checks that prove the RDMA peer is the TCP peer. */
+#include "stream_int.h"
+
+#include "config.h"
+#include "log.h"
+#include "real.h"
+
+#include <errno.h>
+#include <string.h>
+
+void sv_stream_maybe_rdma(struct sv_stream *s)
+{
+	if ((s->state == SV_CONN_SWITCHING || s->state == SV_CONN_REQUESTED) && s->proto &&
+	    sv_proto_rx_on_qp(s->proto) && !s->sw.tx_held && !s->sw.echo_owed) {
+		sv_stream_set_state(s, SV_CONN_RDMA);
+		sv_info("fd %d: on RDMA", s->fd);
+	}
+}
+
+void sv_stream_established(struct sv_stream *s)
+{
+	if (s->state == SV_CONN_FALLBACK || s->state == SV_CONN_BROKEN || s->error)
+		return;
+	if (s->cl.tx_shut && s->is_client) {
+		/* The client finished sending on TCP before the QP came up:
+		 * the echo can no longer follow TCP's FIN, so this connection
+		 * stays on TCP (nothing in-band happened yet). */
+		sv_upgrade_disconnect(s);
+		s->fallback = SV_FB_SHUTDOWN;
+		sv_stream_fall_back(s, SV_FB_SHUTDOWN);
+		return;
+	}
+	if (s->state == SV_CONN_RDMA || s->state == SV_CONN_SWITCHING)
+		return; /* the server's QP works from its accept on: the switch
+			 * can be under way or done before ESTABLISHED reaches us */
+	sv_stream_set_state(s, SV_CONN_SWITCHING);
+	struct sv_clock clk = SV_CLOCK_INIT;
+	s->sw.deadline_us = sv_clock_now(&clk) + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	if (s->is_client) {
+		/* The client moves first: TCP carried [0, tcp_tx); its data then
+		 * waits until the server proves it is the TCP peer. */
+		if (sv_proto_send_to_rdma(s->proto, s->tcp_tx, &clk) < 0) {
+			sv_stream_fall_back(s, SV_FB_RESOURCES);
+			return;
+		}
+		s->sw.tx_held = true;
+		s->sw.echo_owed = true;
+		s->sw.echo_sent = 0;
+	}
+	sv_stream_progress(s, &clk, 0);
+}
+
+/* The server's reply to a verified client: move our sending as well. */
+static void server_switch_tx(struct sv_stream *s)
+{
+	if (s->cl.tx_shut)
+		return; /* finished on TCP: our direction simply stays there */
+	struct sv_clock clk = SV_CLOCK_INIT;
+	int r = sv_proto_send_to_rdma(s->proto, s->tcp_tx, &clk);
+	if (r < 0) {
+		sv_stream_break(s, r);
+		return;
+	}
+	s->sw.echo_owed = true;
+	s->sw.echo_sent = 0;
+	s->st.switches_to_rdma++;
+}
+
+void sv_stream_unhold(struct sv_stream *s, const char *why)
+{
+	if (!s->sw.tx_held)
+		return;
+	/* The server cannot prove itself any more: our sending goes back to
+	 * TCP with TO_TCP (it carries no data, so even an impostor learns
+	 * nothing) and the connection carries on there. */
+	sv_info("fd %d: the server did not prove itself (%s): sending stays on TCP", s->fd, why);
+	struct sv_clock clk = SV_CLOCK_INIT;
+	if (sv_proto_send_to_tcp(s->proto, &clk) < 0) {
+		sv_stream_break(s, -ECONNRESET);
+		return;
+	}
+	s->sw.tx_held = false;
+	s->st.switches_to_tcp++;
+	s->fallback = SV_FB_CHALLENGE;
+	sv_stream_set_state(s, SV_CONN_FALLBACK);
+	sv_stream_wake(s);
+}
+
+/* A verified challenge moved the peer's sending to the QP. */
+static void rx_switched(struct sv_stream *s)
+{
+	s->st.switches_to_rdma++;
+	if (s->is_client)
+		s->sw.tx_held = false; /* the server proved itself: our data may go */
+	else if (sv_proto_tx_state(s->proto) == SV_TX_TCP)
+		server_switch_tx(s);
+	if (s->state == SV_CONN_REQUESTED)
+		sv_stream_set_state(s, SV_CONN_SWITCHING); /* ESTABLISHED is on its way */
+	sv_stream_maybe_rdma(s);
+	sv_stream_wake(s);
+}
+
+void sv_stream_challenge_failed(struct sv_stream *s, const char *why)
+{
+	sv_warn("fd %d: the RDMA peer failed the challenge (%s); the connection stays on TCP",
+		s->fd, why);
+	sv_proto_send_reset(s->proto);
+	sv_proto_rx_refuse(s->proto);
+	s->fallback = SV_FB_CHALLENGE;
+	sv_stream_set_state(s, SV_CONN_FALLBACK);
+	/* What we took for an echo is the TCP peer's data: it goes in front. */
+	if (sv_stream_tcpbuf_append(s, s->sw.chal_got, s->sw.chal_len) < 0)
+		sv_stream_break(s, -ENOMEM);
+	s->sw.chal_len = 0;
+	sv_stream_wake(s);
+}
+
+void sv_stream_check_echo(struct sv_stream *s)
+{
+	if (memcmp(s->sw.chal_got, s->sw.my_challenge, SV_CHALLENGE_SIZE) != 0) {
+		sv_stream_challenge_failed(s, "wrong echo");
+		return;
+	}
+	s->sw.chal_len = 0;
+	if (s->sw.qp_lost) {
+		/* A real echo, but its QP is gone: TCP carries on after it. */
+		sv_proto_rx_refuse(s->proto);
+		s->fallback = SV_FB_QP_LOST;
+		sv_stream_set_state(s, SV_CONN_FALLBACK);
+		sv_stream_wake(s);
+		return;
+	}
+	if (sv_proto_rx_accept(s->proto) < 0) {
+		sv_stream_break(s, -ECONNRESET);
+		return;
+	}
+	rx_switched(s);
+}
+
+int sv_stream_write_echo(struct sv_stream *s)
+{
+	if (!s->sw.echo_owed || sv_proto_to_rdma_pending(s->proto))
+		return -EAGAIN;
+	while (s->sw.echo_sent < SV_CHALLENGE_SIZE) {
+		ssize_t r = SV_REAL(send)(s->fd, s->sw.peer_challenge + s->sw.echo_sent,
+					  SV_CHALLENGE_SIZE - s->sw.echo_sent,
+					  MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (r < 0)
+			return -errno;
+		s->sw.echo_sent += (uint32_t)r;
+	}
+	s->sw.echo_owed = false;
+	sv_stream_kernel_shut(s); /* TCP's FIN after the echo, if it is due */
+	sv_stream_maybe_rdma(s);
+	return 1;
+}
+
+void sv_stream_pump_tcp(struct sv_stream *s)
+{
+	if (!s->proto || !sv_proto_peer_switch(s->proto, NULL) || s->error)
+		return;
+	static __thread uint8_t scratch[65536];
+	for (;;) {
+		struct iovec iov = {scratch, sizeof(scratch)};
+		size_t before = s->tcpbuf_len;
+		long n = sv_stream_tcp_read(s, &iov, 1, 0);
+		if (n <= 0)
+			return;
+		/* A failed challenge may have queued the would-be echo, which
+		 * comes after these bytes in the stream. */
+		size_t echo = s->tcpbuf_len - before;
+		uint8_t held[SV_CHALLENGE_SIZE];
+		memcpy(held, s->tcpbuf + before, echo);
+		s->tcpbuf_len = before;
+		if (sv_stream_tcpbuf_append(s, scratch, (size_t)n) < 0 ||
+		    sv_stream_tcpbuf_append(s, held, echo) < 0) {
+			sv_stream_break(s, -ENOMEM);
+			return;
+		}
+		sv_stream_wake(s);
+	}
+}

@@ -1,0 +1,385 @@
+/* The server's half of the upgrade: an RDMA listener beside each listening
+ * socket, and connect requests matched to the connections the application
+ * accepted (docs/protocol.md, section 3, step 3). */
+#include "upgrade_int.h"
+
+#include "config.h"
+#include "helper.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sv_listener {
+	struct rdma_cm_id *id;
+	struct sockaddr_storage addr;
+	int fd;
+	/* Holders, under up_lock: the application's listening fd, a queued
+	 * creation job, and each accepted connection still waiting for its
+	 * upgrade request. The application may close its listening socket
+	 * right after accept() (nc -l does): like TCP's, the connections it
+	 * accepted must not suffer, so the RDMA listener outlives the fd. */
+	int refs;
+	bool failed; /* no RDMA listener could be had on its address */
+};
+
+/* A connect request waiting for the application to accept its TCP side. */
+struct pending_req {
+	struct rdma_cm_id *id;
+	struct sv_cm_req req;
+	uint64_t deadline;
+	struct pending_req *next;
+};
+
+/* An accepted connection a request may still come for. */
+struct unmatched {
+	struct sv_stream *s;
+	struct sv_listener *l; /* held until the request came or the wait ended */
+	uint64_t deadline;
+	struct unmatched *next;
+};
+
+static struct pending_req *pending;
+static struct unmatched *unmatched;
+/* Finished entries whose holds are dropped once up_lock is released and
+ * every event taken is acknowledged: the last reference of a stream takes
+ * up_lock itself, and a listener's id may not be destroyed inside its own
+ * CONNECT_REQUEST event. */
+static struct unmatched *release_later;
+
+/* Drop a holder. With up_lock. */
+static void listener_put(struct sv_listener *l)
+{
+	if (--l->refs > 0)
+		return;
+	if (l->id)
+		sv_cm->destroy_id(l->id);
+	free(l);
+}
+
+static void release_unmatched(struct unmatched *u)
+{
+	u->next = release_later;
+	release_later = u;
+}
+
+void sv_up_run_releases(void)
+{
+	sv_lock(&sv_up_lock);
+	struct unmatched *list = release_later;
+	release_later = NULL;
+	for (struct unmatched *u = list; u; u = u->next)
+		listener_put(u->l);
+	sv_unlock(&sv_up_lock);
+	while (list) {
+		struct unmatched *n = list->next;
+		sv_stream_put(list->s);
+		free(list);
+		list = n;
+	}
+}
+
+/* ---- Listeners ------------------------------------------------------------- */
+
+/* Open the RDMA listener on l->addr. With up_lock. */
+static void create_listener(struct sv_listener *l)
+{
+	if (sv_cm->create_id(sv_helper_channel(), &l->id,
+			     (void *)((uintptr_t)l | SV_LISTENER_TAG), RDMA_PS_TCP) < 0)
+		goto failed;
+	if (sv_cm->bind_addr(l->id, (struct sockaddr *)&l->addr) < 0) {
+		sv_info("fd %d: no RDMA listener on its address (%s); its connections stay on TCP",
+			l->fd, strerror(errno));
+		goto destroy_id;
+	}
+	if (sv_cm->listen(l->id, 128) < 0) {
+		sv_info("fd %d: rdma_listen: %s", l->fd, strerror(errno));
+		goto destroy_id;
+	}
+	sv_dbg("fd %d: RDMA listener up beside it", l->fd);
+	return;
+
+destroy_id:
+	sv_cm->destroy_id(l->id);
+	l->id = NULL;
+failed:
+	l->failed = true;
+}
+
+static void listen_job(void *arg, int rdma_err)
+{
+	struct sv_listener *l = arg;
+	sv_lock(&sv_up_lock);
+	if (rdma_err)
+		l->failed = true;
+	else if (l->refs > 1)
+		create_listener(l); /* the application still listens */
+	listener_put(l);            /* the job's hold */
+	sv_unlock(&sv_up_lock);
+}
+
+struct sv_listener *sv_upgrade_listen(int fd)
+{
+	if (sv_helper_start() < 0)
+		return NULL;
+	struct sv_listener *l = calloc(1, sizeof(*l));
+	if (!l)
+		return NULL;
+	l->fd = fd;
+	socklen_t len = sizeof(l->addr);
+	if (getsockname(fd, (struct sockaddr *)&l->addr, &len) < 0) {
+		free(l);
+		return NULL;
+	}
+	l->refs = 2; /* the fd and the job */
+	int r = sv_helper_when_ready(listen_job, l);
+	if (r == 0)
+		return l; /* opened by the helper once rdma_cm is up */
+	if (r < 0) {
+		free(l);
+		return NULL;
+	}
+	sv_lock(&sv_up_lock);
+	l->refs = 1;
+	create_listener(l);
+	bool failed = l->failed;
+	if (failed)
+		listener_put(l);
+	sv_unlock(&sv_up_lock);
+	return failed ? NULL : l;
+}
+
+bool sv_upgrade_listener_usable(struct sv_listener *l)
+{
+	sv_lock(&sv_up_lock);
+	bool ok = !l->failed;
+	sv_unlock(&sv_up_lock);
+	return ok;
+}
+
+void sv_upgrade_unlisten(struct sv_listener *l)
+{
+	if (!l)
+		return;
+	sv_lock(&sv_up_lock);
+	listener_put(l);
+	sv_unlock(&sv_up_lock);
+}
+
+/* ---- Accepted connections and requests ----------------------------------------- */
+
+void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
+{
+	struct unmatched *u = malloc(sizeof(*u));
+	sv_lock(&s->lock);
+	if (!u) {
+		sv_stream_fall_back(s, SV_FB_RESOURCES);
+		sv_unlock(&s->lock);
+		return;
+	}
+	uint64_t deadline = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	s->sw.deadline_us = deadline;
+	sv_unlock(&s->lock);
+	sv_stream_get(s);
+	u->s = s;
+	u->l = l;
+	u->deadline = deadline;
+	sv_lock(&sv_up_lock);
+	l->refs++;
+	u->next = unmatched;
+	unmatched = u;
+	sv_unlock(&sv_up_lock);
+	sv_dbg("fd %d accepted: waiting for its upgrade request", s->fd);
+	sv_helper_watch(s); /* wakes the helper to match it, and times it out */
+}
+
+/* Attach the QP of request `id` to stream s and accept. False when the
+ * stream cannot take it (the caller rejects). */
+static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const struct sv_cm_req *req)
+{
+	sv_lock(&s->lock);
+	if (s->state != SV_CONN_TCP || s->id || s->cl.app_closed) {
+		sv_dbg("fd %d: upgrade request refused: state %s%s%s", s->fd,
+		       sv_conn_state_name(s->state), s->id ? ", has an id" : "",
+		       s->cl.app_closed ? ", closed" : "");
+		sv_unlock(&s->lock);
+		return false; /* already upgrading (a duplicate), or gone */
+	}
+	s->id = id;
+	id->context = s;
+	int r = sv_up_attach_qp(s);
+	if (r == 0)
+		r = sv_proto_set_peer(s->proto, req->nrecv, req->buf_size);
+	if (r == 0)
+		r = s->qp->ops->connected(s->qp); /* ready before rdma_accept */
+	struct sv_cm_rep rep = {.version = SV_CM_VERSION};
+	uint32_t qp_num = 0;
+	if (r == 0) {
+		const struct sv_proto_params *prm = sv_proto_params(s->proto);
+		memcpy(s->sw.peer_challenge, req->challenge, SV_CHALLENGE_SIZE);
+		rep.nrecv = (uint16_t)sv_proto_nrecv(prm);
+		rep.buf_size = prm->buf_size;
+		memcpy(rep.challenge, s->sw.my_challenge, SV_CHALLENGE_SIZE);
+		qp_num = s->qp->ops->num(s->qp);
+		sv_stream_set_state(s, SV_CONN_REQUESTED);
+		s->sw.deadline_us = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	}
+	sv_unlock(&s->lock);
+	if (r < 0) {
+		sv_cm->reject(id, NULL, 0);
+		sv_up_drop_qp(s, SV_FB_RESOURCES);
+		return true; /* the id belongs to the stream now */
+	}
+	uint8_t pd[SV_CM_REP_LEN];
+	sv_cm_rep_encode(&rep, pd);
+	struct rdma_conn_param cp = {
+		.private_data = pd,
+		.private_data_len = sizeof(pd),
+		.retry_count = 7,
+		.rnr_retry_count = 7,
+		.qp_num = qp_num,
+	};
+	if (sv_cm->accept(id, &cp) < 0) {
+		sv_dbg("fd %d: rdma_accept: %s", s->fd, strerror(errno));
+		sv_up_drop_qp(s, SV_FB_RESOURCES);
+	}
+	return true;
+}
+
+/* The accepted stream a request is for. With up_lock. */
+static struct unmatched **find_unmatched(const struct sv_cm_req *req)
+{
+	for (struct unmatched **pp = &unmatched; *pp; pp = &(*pp)->next) {
+		struct sv_stream *s = (*pp)->s;
+		if (sv_addr_equal(&s->tuple.local, &req->server) &&
+		    sv_addr_equal(&s->tuple.peer, &req->client))
+			return pp;
+	}
+	return NULL;
+}
+
+/* Try to match a request; true when it is settled (accepted or refused).
+ * A refused id is left in *destroy. */
+static bool match_request(struct rdma_cm_id *id, const struct sv_cm_req *req,
+			  struct rdma_cm_id **destroy)
+{
+	struct unmatched **pp = find_unmatched(req);
+	if (!pp)
+		return false;
+	struct unmatched *u = *pp;
+	*pp = u->next;
+	sv_dbg("upgrade request matched fd %d", u->s->fd);
+	if (!accept_request(u->s, id, req)) {
+		sv_cm->reject(id, NULL, 0);
+		*destroy = id;
+	}
+	release_unmatched(u);
+	return true;
+}
+
+/* The request must come from the TCP peer's host. */
+static bool from_tcp_peer(struct rdma_cm_id *id, const struct sv_cm_req *req)
+{
+	struct sockaddr *peer = sv_cm->peer_addr(id);
+	struct sockaddr_storage ps = {0};
+	memcpy(&ps, peer, peer->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+						       : sizeof(struct sockaddr_in));
+	return sv_addr_same_host(&ps, &req->client);
+}
+
+void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy)
+{
+	struct rdma_cm_id *id = ev->id;
+	struct sv_cm_req req;
+	int r = sv_cm_req_decode(ev->param.conn.private_data, ev->param.conn.private_data_len,
+				 &req);
+	if (r < 0) {
+		/* Not ours (an rsockets peer, say), or another version. */
+		sv_dbg("upgrade request: not libsovia's or another version (%d): rejected", r);
+		sv_up_reject(id, r == -EPROTONOSUPPORT);
+		*destroy = id;
+		return;
+	}
+	if (!from_tcp_peer(id, &req)) {
+		sv_warn("an upgrade request from another host than its TCP peer: refused");
+		sv_up_reject(id, false);
+		*destroy = id;
+		return;
+	}
+	id->context = NULL;
+	if (match_request(id, &req, destroy))
+		return;
+	sv_dbg("upgrade request: no accepted connection yet; waiting for accept()");
+	struct pending_req *p = malloc(sizeof(*p));
+	if (!p) {
+		sv_up_reject(id, false);
+		*destroy = id;
+		return;
+	}
+	p->id = id;
+	p->req = req;
+	p->deadline = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	p->next = pending;
+	pending = p;
+}
+
+/* Requests that waited for their accept(): matched now, or timed out. */
+static uint64_t pending_timers(uint64_t now)
+{
+	uint64_t next = 0;
+	for (struct pending_req **pp = &pending; *pp;) {
+		struct pending_req *p = *pp;
+		struct rdma_cm_id *refused = NULL;
+		bool settled = match_request(p->id, &p->req, &refused);
+		if (refused)
+			sv_cm->destroy_id(refused); /* its event was acknowledged long ago */
+		if (!settled && now >= p->deadline) {
+			sv_dbg("upgrade request: no matching accepted connection in time: rejected");
+			sv_up_reject(p->id, false);
+			sv_cm->destroy_id(p->id);
+			settled = true;
+		}
+		if (settled) {
+			*pp = p->next;
+			free(p);
+			continue;
+		}
+		if (!next || p->deadline < next)
+			next = p->deadline;
+		pp = &p->next;
+	}
+	return next;
+}
+
+uint64_t sv_upgrade_timers(uint64_t now)
+{
+	sv_lock(&sv_up_lock);
+	uint64_t next = pending_timers(now);
+	for (struct unmatched **pp = &unmatched; *pp;) {
+		struct unmatched *u = *pp;
+		sv_lock(&u->s->lock);
+		bool gone = now >= u->deadline || u->s->cl.app_closed || u->s->state != SV_CONN_TCP;
+		sv_unlock(&u->s->lock);
+		if (gone) {
+			*pp = u->next;
+			release_unmatched(u);
+			continue;
+		}
+		if (!next || u->deadline < next)
+			next = u->deadline;
+		pp = &u->next;
+	}
+	sv_unlock(&sv_up_lock);
+	sv_up_run_releases();
+	return next;
+}
+
+void sv_upgrade_atfork_child(void)
+{
+	/* The parent's requests and connections are the parent's. */
+	sv_lock_reinit(&sv_up_lock);
+	pending = NULL;
+	unmatched = NULL;
+	release_later = NULL;
+}
