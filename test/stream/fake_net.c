@@ -1,0 +1,813 @@
+/* The in-process fake of rdma_cm and RC queue pairs: see fake_net.h. */
+#include "fake_net.h"
+
+#include "lock.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+/* One lock for the whole fake: below the streams' locks (it is called with
+ * a stream's lock held), and never held while calling into the core. */
+static struct sv_lock net_lock = SV_LOCK_INIT(SV_RANK_TRANSPORT);
+
+static unsigned violations;
+static char why[256];
+static bool no_route;
+static uint64_t delivered;
+static long break_after = -1;
+static enum fake_side hold_side;
+static unsigned qps_alive, qps_created;
+
+static void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void violation(const char *fmt, ...)
+{
+	if (violations++ == 0) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(why, sizeof(why), fmt, ap);
+		va_end(ap);
+	}
+}
+
+static void *xcalloc(size_t n, size_t sz)
+{
+	void *p = calloc(n ? n : 1, sz ? sz : 1);
+	if (!p)
+		abort();
+	return p;
+}
+
+static void notify(int fd)
+{
+	uint64_t one = 1;
+	ssize_t r = write(fd, &one, sizeof(one));
+	(void)r;
+}
+
+static void unnotify(int fd)
+{
+	uint64_t v;
+	ssize_t r = read(fd, &v, sizeof(v));
+	(void)r;
+}
+
+/* ---- Queue pairs ------------------------------------------------------------ */
+
+struct cqe {
+	bool send;
+	bool flushed;
+	uint32_t idx, len;
+	struct cqe *next;
+};
+
+/* A message sent and not delivered yet (held). */
+struct flight {
+	uint32_t slot, len;
+	uint8_t *bytes;
+	struct flight *next;
+};
+
+enum qp_state { QP_INIT, QP_RTS, QP_ERR };
+
+struct fqp {
+	struct sv_qp q; /* first */
+	uint32_t num, nrecv, nsend, buf_size;
+	uint8_t *rbuf, *sbuf;
+	uint32_t *posted; /* posted receive buffers, oldest first (a ring) */
+	uint32_t phead, pcount;
+	struct cqe *cq_head, *cq_tail;
+	struct flight *fl_head, *fl_tail;
+	bool hold;
+	bool armed;
+	int evfd;
+	enum qp_state state;
+	struct fqp *peer;
+	struct fqp *next; /* every live QP */
+};
+
+static struct fqp *qps;
+static uint32_t next_qp_num = 100;
+
+static struct fqp *of(const struct sv_qp *q)
+{
+	return (struct fqp *)q;
+}
+
+static void push_cqe(struct fqp *f, bool send, bool flushed, uint32_t idx, uint32_t len)
+{
+	struct cqe *c = xcalloc(1, sizeof(*c));
+	*c = (struct cqe){.send = send, .flushed = flushed, .idx = idx, .len = len};
+	if (f->cq_tail)
+		f->cq_tail->next = c;
+	else
+		f->cq_head = c;
+	f->cq_tail = c;
+	if (f->armed) {
+		f->armed = false;
+		notify(f->evfd);
+	}
+}
+
+/* Into the error state: the posted receives and the sends in flight come
+ * back flushed. With net_lock. */
+static void qp_error(struct fqp *f)
+{
+	if (f->state == QP_ERR)
+		return;
+	f->state = QP_ERR;
+	while (f->pcount) {
+		push_cqe(f, false, true, f->posted[f->phead], 0);
+		f->phead = (f->phead + 1) % f->nrecv;
+		f->pcount--;
+	}
+	while (f->fl_head) {
+		struct flight *m = f->fl_head;
+		f->fl_head = m->next;
+		push_cqe(f, true, true, m->slot, 0);
+		free(m->bytes);
+		free(m);
+	}
+	f->fl_tail = NULL;
+}
+
+static void break_pair(struct fqp *f);
+
+/* A message reaches the peer: into its oldest posted buffer. With
+ * net_lock. */
+static void deliver(struct fqp *f, uint32_t slot, const uint8_t *bytes, uint32_t len)
+{
+	struct fqp *p = f->peer;
+	if (!p || p->state != QP_RTS || f->state != QP_RTS) {
+		push_cqe(f, true, true, slot, 0); /* the link is gone: lost */
+		return;
+	}
+	if (!p->pcount) {
+		violation("QP %u sent into QP %u, which had no receive posted", f->num, p->num);
+		push_cqe(f, true, true, slot, 0);
+		return;
+	}
+	uint32_t b = p->posted[p->phead];
+	p->phead = (p->phead + 1) % p->nrecv;
+	p->pcount--;
+	memcpy(p->rbuf + (size_t)b * p->buf_size, bytes, len);
+	push_cqe(p, false, false, b, len);
+	push_cqe(f, true, false, slot, len);
+	delivered++;
+	if (break_after > 0 && --break_after == 0)
+		break_pair(f);
+}
+
+static int q_post_recv(void *ctx, uint32_t i)
+{
+	struct fqp *f = ctx;
+	sv_lock(&net_lock);
+	int r = 0;
+	if (i >= f->nrecv) {
+		violation("QP %u: post_recv(%u) of %u", f->num, i, f->nrecv);
+		r = -EINVAL;
+	} else if (f->state == QP_ERR) {
+		push_cqe(f, false, true, i, 0);
+	} else {
+		f->posted[(f->phead + f->pcount) % f->nrecv] = i;
+		f->pcount++;
+	}
+	sv_unlock(&net_lock);
+	return r;
+}
+
+static int q_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iovec *iov,
+		       int iovcnt)
+{
+	struct fqp *f = ctx;
+	size_t total = len;
+	for (int i = 0; i < iovcnt; i++)
+		total += iov[i].iov_len;
+	if (slot >= f->nsend || total > f->buf_size) {
+		violation("QP %u: post_send slot %u, %zu bytes", f->num, slot, total);
+		return -EINVAL;
+	}
+	/* What the hardware reads: the header and payload in the send buffer,
+	 * then the application's memory (zero copy). */
+	uint8_t *bytes = malloc(total);
+	if (!bytes)
+		return -ENOMEM;
+	memcpy(bytes, f->sbuf + (size_t)slot * f->buf_size, len);
+	size_t off = len;
+	for (int i = 0; i < iovcnt; i++) {
+		memcpy(bytes + off, iov[i].iov_base, iov[i].iov_len);
+		off += iov[i].iov_len;
+	}
+	sv_lock(&net_lock);
+	int r = 0;
+	if (f->state == QP_INIT) {
+		r = -EINVAL; /* as ibv_post_send before RTS */
+	} else if (f->state == QP_ERR) {
+		push_cqe(f, true, true, slot, 0);
+	} else if (break_after == 0) {
+		break_pair(f);
+		push_cqe(f, true, true, slot, 0);
+	} else if (f->hold) {
+		struct flight *m = xcalloc(1, sizeof(*m));
+		*m = (struct flight){.slot = slot, .len = (uint32_t)total, .bytes = bytes};
+		bytes = NULL;
+		if (f->fl_tail)
+			f->fl_tail->next = m;
+		else
+			f->fl_head = m;
+		f->fl_tail = m;
+	} else {
+		deliver(f, slot, bytes, (uint32_t)total);
+	}
+	sv_unlock(&net_lock);
+	free(bytes);
+	return r;
+}
+
+static void *q_recv_buf(void *ctx, uint32_t i)
+{
+	struct fqp *f = ctx;
+	return f->rbuf + (size_t)(i < f->nrecv ? i : 0) * f->buf_size;
+}
+
+static void *q_send_buf(void *ctx, uint32_t i)
+{
+	struct fqp *f = ctx;
+	return f->sbuf + (size_t)(i < f->nsend ? i : 0) * f->buf_size;
+}
+
+static const struct sv_xport_ops xport_ops = {
+	.recv_buf = q_recv_buf,
+	.send_buf = q_send_buf,
+	.post_recv = q_post_recv,
+	.post_send = q_post_send,
+};
+
+static struct sv_xport q_xport(struct sv_qp *q)
+{
+	return (struct sv_xport){.ops = &xport_ops, .ctx = of(q)};
+}
+
+/* As the verbs transport: a flushed work request is the expected
+ * aftermath of a break or the normal end, anything else fails the core. */
+static int q_poll(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk)
+{
+	struct fqp *f = of(q);
+	int n = 0, err = 0;
+	for (;;) {
+		sv_lock(&net_lock);
+		struct cqe *c = f->cq_head;
+		if (c) {
+			f->cq_head = c->next;
+			if (!f->cq_head)
+				f->cq_tail = NULL;
+		}
+		sv_unlock(&net_lock);
+		if (!c)
+			break;
+		int r = 0;
+		if (c->flushed && !sv_proto_flush_is_end(p))
+			r = sv_proto_abort(p, -ECONNRESET);
+		if (c->send) {
+			int s = sv_proto_on_send_done(p, c->idx, clk);
+			r = r ? r : s;
+		} else if (!c->flushed) {
+			r = sv_proto_on_recv(p, c->idx, c->len, clk);
+		}
+		free(c);
+		n++;
+		if (r < 0 && !err)
+			err = r;
+	}
+	return err ? err : n;
+}
+
+static int q_arm(struct sv_qp *q)
+{
+	struct fqp *f = of(q);
+	sv_lock(&net_lock);
+	f->armed = true;
+	if (f->cq_head) { /* as a CQ armed with entries in it: an event at the next one */
+		f->armed = false;
+		notify(f->evfd);
+	}
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static int q_fd(const struct sv_qp *q)
+{
+	return of(q)->evfd;
+}
+
+static void q_drain_events(struct sv_qp *q)
+{
+	unnotify(of(q)->evfd);
+}
+
+static uint32_t q_num(const struct sv_qp *q)
+{
+	return of(q)->num;
+}
+
+static int q_connected(struct sv_qp *q)
+{
+	struct fqp *f = of(q);
+	sv_lock(&net_lock);
+	if (f->state == QP_INIT)
+		f->state = QP_RTS;
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static void q_to_error(struct sv_qp *q)
+{
+	sv_lock(&net_lock);
+	qp_error(of(q));
+	sv_unlock(&net_lock);
+}
+
+static void q_destroy(struct sv_qp *q)
+{
+	struct fqp *f = of(q);
+	sv_lock(&net_lock);
+	for (struct fqp **pp = &qps; *pp; pp = &(*pp)->next) {
+		if (*pp == f) {
+			*pp = f->next;
+			break;
+		}
+	}
+	if (f->peer)
+		f->peer->peer = NULL;
+	qps_alive--;
+	sv_unlock(&net_lock);
+	while (f->cq_head) {
+		struct cqe *c = f->cq_head;
+		f->cq_head = c->next;
+		free(c);
+	}
+	while (f->fl_head) {
+		struct flight *m = f->fl_head;
+		f->fl_head = m->next;
+		free(m->bytes);
+		free(m);
+	}
+	close(f->evfd);
+	free(f->rbuf);
+	free(f->sbuf);
+	free(f->posted);
+	free(f);
+}
+
+static const struct sv_qp_ops qp_ops = {
+	.xport = q_xport,
+	.poll = q_poll,
+	.arm = q_arm,
+	.fd = q_fd,
+	.drain_events = q_drain_events,
+	.num = q_num,
+	.connected = q_connected,
+	.to_error = q_to_error,
+	.destroy = q_destroy,
+};
+
+/* ---- rdma_cm ---------------------------------------------------------------- */
+
+struct fid {
+	struct rdma_cm_id id; /* first */
+	struct sockaddr_storage src, dst; /* this end's address, the peer's */
+	bool listening;
+	bool connected, disconnected;
+	struct fid *peer;       /* the other end of a connection */
+	struct fid *listener;   /* a request's: the listener it came to */
+	uint32_t qp_num;
+	struct fid *next;       /* every id (never freed: events may name them) */
+};
+
+struct fev {
+	struct rdma_cm_event ev; /* first */
+	uint8_t pd[256];
+	struct fev *next;
+};
+
+struct fchan {
+	struct rdma_event_channel ch; /* first */
+	struct fev *head, *tail;
+};
+
+static struct fid *ids;
+
+static struct fqp *qp_by_num(uint32_t num)
+{
+	for (struct fqp *f = qps; f; f = f->next)
+		if (f->num == num)
+			return f;
+	return NULL;
+}
+
+static uint16_t port_of(const struct sockaddr_storage *a)
+{
+	return a->ss_family == AF_INET6 ? ((const struct sockaddr_in6 *)a)->sin6_port
+					: ((const struct sockaddr_in *)a)->sin_port;
+}
+
+/* An event for id, on its channel. With net_lock. */
+static void queue_event(struct fid *id, enum rdma_cm_event_type type, int status,
+			struct fid *listen, const void *pd, size_t len)
+{
+	struct fchan *c = (struct fchan *)id->id.channel;
+	struct fev *e = xcalloc(1, sizeof(*e));
+	e->ev.id = &id->id;
+	e->ev.listen_id = listen ? &listen->id : NULL;
+	e->ev.event = type;
+	e->ev.status = status;
+	if (pd && len) {
+		if (len > sizeof(e->pd))
+			len = sizeof(e->pd);
+		memcpy(e->pd, pd, len);
+		e->ev.param.conn.private_data = e->pd;
+		e->ev.param.conn.private_data_len = (uint8_t)len;
+	}
+	if (c->tail)
+		c->tail->next = e;
+	else
+		c->head = e;
+	c->tail = e;
+	notify(c->ch.fd);
+}
+
+static struct rdma_event_channel *f_create_event_channel(void)
+{
+	struct fchan *c = xcalloc(1, sizeof(*c));
+	c->ch.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	return &c->ch;
+}
+
+static int f_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **out, void *ctx,
+		       enum rdma_port_space ps)
+{
+	struct fid *f = xcalloc(1, sizeof(*f));
+	f->id.channel = ch;
+	f->id.context = ctx;
+	f->id.ps = ps;
+	sv_lock(&net_lock);
+	f->next = ids;
+	ids = f;
+	sv_unlock(&net_lock);
+	*out = &f->id;
+	return 0;
+}
+
+static int f_destroy_id(struct rdma_cm_id *id)
+{
+	struct fid *f = (struct fid *)id;
+	sv_lock(&net_lock);
+	f->listening = false;
+	f->id.context = NULL;
+	if (f->peer)
+		f->peer->peer = NULL;
+	f->peer = NULL;
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static int f_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst,
+			  int timeout_ms)
+{
+	(void)timeout_ms;
+	struct fid *f = (struct fid *)id;
+	size_t len = dst->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+						: sizeof(struct sockaddr_in);
+	sv_lock(&net_lock);
+	memcpy(&f->src, src, len);
+	memcpy(&f->dst, dst, len);
+	queue_event(f, no_route ? RDMA_CM_EVENT_ADDR_ERROR : RDMA_CM_EVENT_ADDR_RESOLVED,
+		    no_route ? -EHOSTUNREACH : 0, NULL, NULL, 0);
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static int f_resolve_route(struct rdma_cm_id *id, int timeout_ms)
+{
+	(void)timeout_ms;
+	sv_lock(&net_lock);
+	queue_event((struct fid *)id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0, NULL, NULL, 0);
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static bool addr_match(const struct sockaddr_storage *listen, const struct sockaddr_storage *dst)
+{
+	if (port_of(listen) != port_of(dst))
+		return false;
+	if (listen->ss_family != AF_INET || dst->ss_family != AF_INET)
+		return listen->ss_family == dst->ss_family;
+	const struct sockaddr_in *l = (const struct sockaddr_in *)listen;
+	const struct sockaddr_in *d = (const struct sockaddr_in *)dst;
+	return l->sin_addr.s_addr == INADDR_ANY || l->sin_addr.s_addr == d->sin_addr.s_addr;
+}
+
+static int f_connect(struct rdma_cm_id *id, struct rdma_conn_param *cp)
+{
+	struct fid *f = (struct fid *)id;
+	sv_lock(&net_lock);
+	f->qp_num = cp->qp_num;
+	struct fid *l = ids;
+	while (l && !(l->listening && addr_match(&l->src, &f->dst)))
+		l = l->next;
+	if (!l) {
+		queue_event(f, RDMA_CM_EVENT_REJECTED, 8, NULL, NULL, 0); /* invalid service ID */
+		sv_unlock(&net_lock);
+		return 0;
+	}
+	struct fid *r = xcalloc(1, sizeof(*r));
+	r->id.channel = l->id.channel;
+	r->id.context = l->id.context;
+	r->id.ps = l->id.ps;
+	r->src = f->dst;
+	r->dst = f->src;
+	r->listener = l;
+	r->peer = f;
+	f->peer = r;
+	r->next = ids;
+	ids = r;
+	queue_event(r, RDMA_CM_EVENT_CONNECT_REQUEST, 0, l, cp->private_data,
+		    cp->private_data_len);
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static int f_accept(struct rdma_cm_id *id, struct rdma_conn_param *cp)
+{
+	struct fid *r = (struct fid *)id;
+	sv_lock(&net_lock);
+	struct fid *c = r->peer;
+	r->qp_num = cp->qp_num;
+	struct fqp *sq = qp_by_num(r->qp_num), *cq = c ? qp_by_num(c->qp_num) : NULL;
+	if (!c || !sq || !cq) {
+		sv_unlock(&net_lock);
+		errno = EINVAL;
+		return -1;
+	}
+	sq->peer = cq;
+	cq->peer = sq;
+	queue_event(c, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, NULL, cp->private_data,
+		    cp->private_data_len);
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static int f_reject(struct rdma_cm_id *id, const void *pd, uint8_t len)
+{
+	struct fid *r = (struct fid *)id;
+	sv_lock(&net_lock);
+	if (r->peer)
+		queue_event(r->peer, RDMA_CM_EVENT_REJECTED, 28, NULL, pd, len); /* the consumer's */
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static int f_establish(struct rdma_cm_id *id)
+{
+	struct fid *c = (struct fid *)id;
+	sv_lock(&net_lock);
+	c->connected = true;
+	if (c->peer) {
+		c->peer->connected = true;
+		queue_event(c->peer, RDMA_CM_EVENT_ESTABLISHED, 0, NULL, NULL, 0);
+	}
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+/* Both ends hear of it once. With net_lock. */
+static void disconnect_ids(struct fid *f)
+{
+	struct fid *p = f->peer;
+	if (!f->disconnected && f->connected) {
+		f->disconnected = true;
+		queue_event(f, RDMA_CM_EVENT_DISCONNECTED, 0, NULL, NULL, 0);
+	}
+	if (p && !p->disconnected && p->connected) {
+		p->disconnected = true;
+		queue_event(p, RDMA_CM_EVENT_DISCONNECTED, 0, NULL, NULL, 0);
+	}
+}
+
+static int f_disconnect(struct rdma_cm_id *id)
+{
+	sv_lock(&net_lock);
+	disconnect_ids((struct fid *)id);
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static int f_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+	struct fid *f = (struct fid *)id;
+	memcpy(&f->src, addr, addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+							  : sizeof(struct sockaddr_in));
+	return 0;
+}
+
+static int f_listen(struct rdma_cm_id *id, int backlog)
+{
+	(void)backlog;
+	sv_lock(&net_lock);
+	((struct fid *)id)->listening = true;
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static int f_get_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev)
+{
+	struct fchan *c = (struct fchan *)ch;
+	sv_lock(&net_lock);
+	struct fev *e = c->head;
+	if (e) {
+		c->head = e->next;
+		if (!c->head) {
+			c->tail = NULL;
+			unnotify(c->ch.fd);
+		}
+	}
+	sv_unlock(&net_lock);
+	if (!e) {
+		errno = EAGAIN;
+		return -1;
+	}
+	*ev = &e->ev;
+	return 0;
+}
+
+static int f_ack_event(struct rdma_cm_event *ev)
+{
+	free(ev);
+	return 0;
+}
+
+static struct sockaddr *f_peer_addr(struct rdma_cm_id *id)
+{
+	return (struct sockaddr *)&((struct fid *)id)->dst;
+}
+
+static int f_create_qp(struct sv_qp **out, struct rdma_cm_id *id,
+		       const struct sv_proto_params *prm)
+{
+	struct fid *fi = (struct fid *)id;
+	struct fqp *f = xcalloc(1, sizeof(*f));
+	f->q.ops = &qp_ops;
+	f->nrecv = sv_proto_nrecv(prm);
+	f->nsend = sv_proto_nsend(prm);
+	f->buf_size = prm->buf_size;
+	f->rbuf = xcalloc(f->nrecv, f->buf_size);
+	f->sbuf = xcalloc(f->nsend, f->buf_size);
+	f->posted = xcalloc(f->nrecv, sizeof(*f->posted));
+	f->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	sv_lock(&net_lock);
+	f->num = next_qp_num++;
+	f->hold = hold_side == (fi->listener ? FAKE_SERVER : FAKE_CLIENT);
+	f->next = qps;
+	qps = f;
+	qps_alive++;
+	qps_created++;
+	sv_unlock(&net_lock);
+	*out = &f->q;
+	return 0;
+}
+
+static void f_atfork_child(void)
+{
+	/* The parent's connections are the parent's: the child starts with
+	 * none (their memory stays, unused). */
+	sv_lock_reinit(&net_lock);
+	qps = NULL;
+	ids = NULL;
+	qps_alive = 0;
+}
+
+static const struct sv_cm_ops fake_ops = {
+	.create_event_channel = f_create_event_channel,
+	.create_id = f_create_id,
+	.destroy_id = f_destroy_id,
+	.resolve_addr = f_resolve_addr,
+	.resolve_route = f_resolve_route,
+	.connect = f_connect,
+	.accept = f_accept,
+	.reject = f_reject,
+	.establish = f_establish,
+	.disconnect = f_disconnect,
+	.bind_addr = f_bind_addr,
+	.listen = f_listen,
+	.get_event = f_get_event,
+	.ack_event = f_ack_event,
+	.peer_addr = f_peer_addr,
+	.create_qp = f_create_qp,
+	.atfork_child = f_atfork_child,
+};
+
+/* ---- The tests' controls ------------------------------------------------------- */
+
+static void break_pair(struct fqp *f)
+{
+	struct fqp *p = f->peer;
+	qp_error(f);
+	if (p)
+		qp_error(p);
+	for (struct fid *i = ids; i; i = i->next)
+		if (i->qp_num == f->num || (p && i->qp_num == p->num))
+			disconnect_ids(i);
+	break_after = -1;
+}
+
+void fake_net_break_all(void)
+{
+	sv_lock(&net_lock);
+	for (struct fqp *f = qps; f; f = f->next)
+		if (f->peer && f->state != QP_ERR)
+			break_pair(f);
+	sv_unlock(&net_lock);
+}
+
+void fake_net_use(void)
+{
+	sv_lock(&net_lock);
+	violations = 0;
+	why[0] = '\0';
+	no_route = false;
+	break_after = -1;
+	hold_side = FAKE_NONE;
+	sv_unlock(&net_lock);
+	sv_cm_use(&fake_ops);
+}
+
+unsigned fake_net_violations(void)
+{
+	return violations;
+}
+
+const char *fake_net_why(void)
+{
+	return why;
+}
+
+void fake_net_no_route(bool on)
+{
+	sv_lock(&net_lock);
+	no_route = on;
+	sv_unlock(&net_lock);
+}
+
+uint64_t fake_net_delivered(void)
+{
+	sv_lock(&net_lock);
+	uint64_t n = delivered;
+	sv_unlock(&net_lock);
+	return n;
+}
+
+void fake_net_break_after(long n)
+{
+	sv_lock(&net_lock);
+	break_after = n;
+	sv_unlock(&net_lock);
+}
+
+void fake_net_hold(enum fake_side side)
+{
+	sv_lock(&net_lock);
+	hold_side = side;
+	sv_unlock(&net_lock);
+}
+
+void fake_net_release(void)
+{
+	sv_lock(&net_lock);
+	for (struct fqp *f = qps; f; f = f->next) {
+		f->hold = false;
+		while (f->fl_head) {
+			struct flight *m = f->fl_head;
+			f->fl_head = m->next;
+			if (!f->fl_head)
+				f->fl_tail = NULL;
+			deliver(f, m->slot, m->bytes, m->len);
+			free(m->bytes);
+			free(m);
+		}
+	}
+	sv_unlock(&net_lock);
+}
+
+unsigned fake_net_qps_alive(void)
+{
+	return qps_alive;
+}
+
+unsigned fake_net_qps_created(void)
+{
+	return qps_created;
+}

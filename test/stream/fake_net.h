@@ -1,0 +1,58 @@
+/* An in-process fake of rdma_cm and of RC queue pairs, for the stream-layer
+ * tests: the connection manager's operations table (src/cm.h) and the
+ * queue pairs it creates (src/qp.h), with no RDMA device.
+ *
+ * rdma_cm: every address resolves (tests use loopback), a connect request
+ * goes to the listener bound to its destination (REJECTED with the IB CM's
+ * "invalid service ID" when there is none), and the events come on the
+ * channel in the order rdma_cm gives them. A disconnect gives both ends
+ * DISCONNECTED.
+ *
+ * Queue pairs: a send is delivered at once into the oldest receive buffer
+ * the peer posted, and completes then (completion on RC means delivered).
+ * It enforces what the hardware would: no send before the QP is connected,
+ * no send into a peer that posted no buffer (counted in fake_net_violations;
+ * the protocol's credits must prevent it), no message larger than the
+ * buffer. A QP in the error state flushes everything posted. A test may
+ * hold one side's sends in flight (they are neither delivered nor
+ * completed) and break the connection at any moment: the sends in flight
+ * are then lost, as on a real link, and come back flushed. */
+#ifndef SV_FAKE_NET_H
+#define SV_FAKE_NET_H
+
+#include "cm.h"
+#include "qp.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Install the fake as the library's connection manager and reset it. */
+void fake_net_use(void);
+
+/* Work requests the hardware would have refused (see above): 0 in a test
+ * that passes. The first one is described in fake_net_why(). */
+unsigned fake_net_violations(void);
+const char *fake_net_why(void);
+
+/* The next connect requests find no route (ADDR_ERROR). */
+void fake_net_no_route(bool on);
+/* Sends completed (delivered) so far, on every QP. */
+uint64_t fake_net_delivered(void);
+
+/* Break every connected pair after `n` more delivered messages (counted
+ * over all QPs; 0 breaks at the next send; -1 never). */
+void fake_net_break_after(long n);
+/* Hold the sends of the QPs created from now on by one side: they stay in
+ * flight, neither delivered nor completed, until released or lost. */
+enum fake_side { FAKE_NONE, FAKE_CLIENT, FAKE_SERVER };
+void fake_net_hold(enum fake_side side);
+/* Deliver (and complete) every send held in flight, in order. */
+void fake_net_release(void);
+/* Break every connected pair now: both QPs go to the error state (what
+ * was in flight is lost), both ends get DISCONNECTED. */
+void fake_net_break_all(void);
+/* Queue pairs alive, created so far. */
+unsigned fake_net_qps_alive(void);
+unsigned fake_net_qps_created(void);
+
+#endif

@@ -1,0 +1,222 @@
+/* The stream-layer tests' harness: see harness.h. */
+#include "harness.h"
+
+#include "config.h"
+#include "log.h"
+#include "upgrade.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t h_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void h_setup(void)
+{
+	const char *log = getenv("SOVIA_TEST_LOG");
+	sv_log_threshold = log ? atoi(log) : -1;
+	sv_config_defaults(&sv_cfg);
+	sv_cfg.upgrade_delay_ms = 0;
+	sv_cfg.upgrade_timeout_ms = 5000;
+	sv_cfg.window = 4;
+	sv_cfg.buf_size = 4096;
+	sv_cfg.coalesce_size = 1024;
+	sv_cfg.reg_threshold = 1u << 30; /* the fake has no registration */
+	fake_net_use();
+}
+
+void h_teardown(void)
+{
+	cr_expect_eq(fake_net_violations(), 0, "the fake network saw: %s", fake_net_why());
+}
+
+void h_listen(struct pair *p, bool rdma)
+{
+	memset(p, 0, sizeof(*p));
+	p->cfd = p->sfd = -1;
+	p->lfd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(p->lfd, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(p->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(listen(p->lfd, 16), 0);
+	if (rdma) {
+		p->l = sv_upgrade_listen(p->lfd);
+		cr_assert_not_null(p->l, "no RDMA listener");
+	}
+}
+
+void h_connect(struct pair *p)
+{
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p->lfd, (struct sockaddr *)&a, &al), 0);
+	p->cfd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(p->cfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	p->sfd = accept(p->lfd, NULL, NULL);
+	cr_assert_geq(p->sfd, 0);
+	p->c = sv_stream_new(p->cfd, true);
+	p->s = sv_stream_new(p->sfd, false);
+	cr_assert(p->c && p->s);
+	if (p->l)
+		sv_stream_start_server(p->s, p->l);
+	sv_stream_start_client(p->c);
+}
+
+void h_pair_rdma(struct pair *p)
+{
+	h_listen(p, true);
+	h_connect(p);
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
+		     sv_conn_state_name(h_state(p->c)));
+	cr_assert_eq(h_wait_state(p->s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s",
+		     sv_conn_state_name(h_state(p->s)));
+}
+
+void h_pair_free(struct pair *p)
+{
+	sv_stream_put(p->c);
+	sv_stream_put(p->s);
+	if (p->l)
+		sv_upgrade_unlisten(p->l);
+	close(p->lfd);
+}
+
+enum sv_conn_state h_state(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	enum sv_conn_state st = s->state;
+	sv_unlock(&s->lock);
+	return st;
+}
+
+enum sv_fallback h_fallback(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	enum sv_fallback f = s->fallback;
+	sv_unlock(&s->lock);
+	return f;
+}
+
+enum sv_conn_state h_wait_state(struct sv_stream *s, enum sv_conn_state want, int ms)
+{
+	uint64_t end = h_ms() + (uint64_t)ms;
+	enum sv_conn_state st;
+	while ((st = h_state(s)) != want && h_ms() < end)
+		usleep(1000);
+	return st;
+}
+
+struct h_counts h_counts(struct sv_stream *s)
+{
+	struct h_counts c = {0};
+	sv_lock(&s->lock);
+	if (s->proto) {
+		const struct sv_proto_stats *p = sv_proto_stats(s->proto);
+		c.rdma_tx = p->tx_bytes;
+		c.rdma_rx = p->rx_bytes;
+		c.gave_back = p->gave_back;
+		c.got_back = p->got_back;
+	}
+	c.tcp_tx = s->st.tcp_tx_bytes;
+	c.tcp_rx = s->st.tcp_rx_bytes;
+	sv_unlock(&s->lock);
+	return c;
+}
+
+long h_write(struct sv_stream *s, const void *buf, size_t n, int flags)
+{
+	struct iovec iov = {(void *)buf, n};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	return sv_stream_sendmsg(s, &m, flags | MSG_NOSIGNAL);
+}
+
+long h_read(struct sv_stream *s, void *buf, size_t n, int flags)
+{
+	struct iovec iov = {buf, n};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	return sv_stream_recvmsg(s, &m, flags);
+}
+
+long h_write_all(struct sv_stream *s, const void *buf, size_t n)
+{
+	size_t done = 0;
+	while (done < n) {
+		/* Writes of varying sizes: small ones coalesce, large ones go
+		 * as whole messages. */
+		size_t want = n - done, chunk = 1 + (done * 7919) % 20000;
+		long r = h_write(s, (const uint8_t *)buf + done, want < chunk ? want : chunk, 0);
+		if (r < 0)
+			return done ? (long)done : r;
+		done += (size_t)r;
+	}
+	return (long)done;
+}
+
+size_t h_read_all(struct sv_stream *s, void *buf, size_t n, long *end)
+{
+	size_t got = 0;
+	*end = 1;
+	while (got < n) {
+		long r = h_read(s, (uint8_t *)buf + got, n - got, 0);
+		if (r <= 0) {
+			*end = r;
+			return got;
+		}
+		got += (size_t)r;
+	}
+	return got;
+}
+
+static uint8_t pattern_byte(uint64_t seed, uint64_t i)
+{
+	uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xBF58476D1CE4E5B9ull);
+	x ^= x >> 31;
+	x *= 0x94D049BB133111EBull;
+	return (uint8_t)(x >> 56);
+}
+
+void h_pattern(uint8_t *buf, size_t n, uint64_t seed, uint64_t from)
+{
+	for (size_t i = 0; i < n; i++)
+		buf[i] = pattern_byte(seed, from + i);
+}
+
+bool h_pattern_ok(const uint8_t *buf, size_t n, uint64_t seed, uint64_t from)
+{
+	for (size_t i = 0; i < n; i++)
+		if (buf[i] != pattern_byte(seed, from + i))
+			return false;
+	return true;
+}
+
+static void *writer_main(void *arg)
+{
+	struct h_writer *w = arg;
+	uint8_t *buf = malloc(w->len);
+	h_pattern(buf, w->len, w->seed, 0);
+	w->written = h_write_all(w->s, buf, w->len);
+	free(buf);
+	w->end = w->close_fd ? sv_stream_close(w->s, w->fd) : sv_stream_shutdown(w->s, SHUT_WR);
+	return NULL;
+}
+
+void h_writer_start(struct h_writer *w)
+{
+	cr_assert_eq(pthread_create(&w->t, NULL, writer_main, w), 0);
+}
+
+void h_writer_join(struct h_writer *w)
+{
+	pthread_join(w->t, NULL);
+}

@@ -1,0 +1,87 @@
+/* The stream-layer tests' harness: real streams (src/stream*.c), the real
+ * upgrade and helper thread, over the fake RDMA network (fake_net.h) and
+ * real kernel TCP connections on loopback. Each test runs in its own
+ * process (Criterion's default), so the helper thread and the library's
+ * settings start afresh. */
+#ifndef SV_TEST_HARNESS_H
+#define SV_TEST_HARNESS_H
+
+#include "fake_net.h"
+#include "stream_int.h"
+#include "upgrade.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Settings for a test: SOVIA_* defaults, no upgrade delay, small buffers
+ * (so that a transfer is many messages), the fake network. */
+void h_setup(void);
+/* Everything ended cleanly on the fake network. */
+void h_teardown(void);
+
+struct pair {
+	int lfd;                 /* the listening socket */
+	struct sv_listener *l;   /* its RDMA listener (NULL: none) */
+	int cfd, sfd;            /* the client's and the server's sockets */
+	struct sv_stream *c, *s; /* their streams */
+};
+
+/* A listening socket on 127.0.0.1 (any port), with an RDMA listener
+ * beside it unless `rdma` is false. */
+void h_listen(struct pair *p, bool rdma);
+/* Connect a client to it and accept; both become streams and start their
+ * upgrade (the client's on its own, the server's waiting for a request). */
+void h_connect(struct pair *p);
+/* Both, and wait until both streams are on RDMA. */
+void h_pair_rdma(struct pair *p);
+/* Drop the test's references (the streams' fds are closed or not, as the
+ * test left them). */
+void h_pair_free(struct pair *p);
+
+/* The stream's state, and a bounded wait for one (returns the state it
+ * ended in). */
+enum sv_conn_state h_state(struct sv_stream *s);
+enum sv_fallback h_fallback(struct sv_stream *s);
+enum sv_conn_state h_wait_state(struct sv_stream *s, enum sv_conn_state want, int ms);
+
+/* Bytes each way by medium. */
+struct h_counts {
+	uint64_t rdma_tx, rdma_rx, tcp_tx, tcp_rx, gave_back, got_back;
+};
+struct h_counts h_counts(struct sv_stream *s);
+
+/* The stream's calls, on one buffer. */
+long h_write(struct sv_stream *s, const void *buf, size_t n, int flags);
+long h_read(struct sv_stream *s, void *buf, size_t n, int flags);
+/* Write all of it (blocking); the bytes written, or -errno at the first
+ * failure that wrote nothing more. */
+long h_write_all(struct sv_stream *s, const void *buf, size_t n);
+/* Read until n bytes, EOF or an error; *end gets 0 (EOF), -errno, or 1
+ * (n bytes read, no end seen). Returns the bytes read. */
+size_t h_read_all(struct sv_stream *s, void *buf, size_t n, long *end);
+
+/* A reproducible byte pattern: byte i of stream `seed`. */
+void h_pattern(uint8_t *buf, size_t n, uint64_t seed, uint64_t from);
+/* Does buf hold bytes [from, from + n) of stream `seed`? */
+bool h_pattern_ok(const uint8_t *buf, size_t n, uint64_t seed, uint64_t from);
+
+/* A thread that writes `len` bytes of pattern `seed` to a stream, then
+ * shuts its sending down (or closes the stream's fd, with close_fd). */
+struct h_writer {
+	struct sv_stream *s;
+	int fd;
+	size_t len;
+	uint64_t seed;
+	bool close_fd;
+	long written;  /* result */
+	int end;       /* the shutdown's or close's result */
+	pthread_t t;
+};
+void h_writer_start(struct h_writer *w);
+void h_writer_join(struct h_writer *w);
+
+/* Monotonic milliseconds. */
+uint64_t h_ms(void);
+
+#endif

@@ -1,0 +1,116 @@
+/* Connections that stay on TCP, with the reason, and keep every byte:
+ * no RDMA listener at the peer, no route, and an RDMA peer that is not the
+ * TCP peer (a failed challenge). */
+#include "harness.h"
+
+#include "config.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+TestSuite(fallback, .init = h_setup, .fini = h_teardown, .timeout = 60);
+
+/* Both ways on TCP, then check it stayed there. */
+static void exchange_on_tcp(struct pair *p)
+{
+	uint8_t out[5000], in[5000];
+	long end;
+	h_pattern(out, sizeof(out), 30, 0);
+	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(p->s, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), 30, 0));
+	cr_assert_eq(h_write_all(p->s, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(p->c, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), 30, 0));
+	struct h_counts c = h_counts(p->c), s = h_counts(p->s);
+	cr_assert_eq(c.rdma_tx + s.rdma_tx, 0);
+	cr_assert_eq(c.tcp_tx, sizeof(out));
+	cr_assert_eq(s.tcp_tx, sizeof(out));
+}
+
+/* A server without libsovia (no RDMA listener): the client asks again a
+ * few times, then stays on TCP, "rejected". */
+Test(fallback, no_listener_at_the_peer)
+{
+	struct pair p;
+	h_listen(&p, false);
+	h_connect(&p);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(p.c)));
+	cr_assert_eq(h_fallback(p.c), SV_FB_REJECTED);
+	exchange_on_tcp(&p);
+	cr_assert(sv_stream_kernel_only(p.c));
+	h_pair_free(&p);
+}
+
+/* No RDMA route to the peer: the client stays on TCP at once; the server,
+ * whose request never comes, once its wait is over. */
+Test(fallback, no_route)
+{
+	sv_cfg.upgrade_timeout_ms = 300;
+	fake_net_no_route(true);
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	cr_assert_eq(h_fallback(p.c), SV_FB_NO_ROUTE);
+	exchange_on_tcp(&p);
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	cr_assert_eq(h_fallback(p.s), SV_FB_TIMEOUT);
+	cr_assert_eq(fake_net_qps_created(), 0);
+	h_pair_free(&p);
+}
+
+/* What follows the client's switch point on TCP is not the server's
+ * challenge (here: bytes written on the client's socket past libsovia, as
+ * when the RDMA peer is an impostor and the TCP peer knows nothing of the
+ * switch): the server drops the QP and stays on TCP, gives those bytes to
+ * its application as data, and its own sending, which never left TCP,
+ * goes on there. */
+Test(fallback, failed_challenge_keeps_tcp_working)
+{
+	/* The server's RESET of the QP is held: the client's stream keeps
+	 * its side as it was, so its socket shows what the server's TCP
+	 * carries. */
+	fake_net_hold(FAKE_SERVER);
+	struct pair p;
+	h_listen(&p, true);
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
+	p.cfd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(p.cfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	p.sfd = accept(p.lfd, NULL, NULL);
+	/* Eight bytes the client's stream does not count: its switch point
+	 * (TO_RDMA at 0) is before them. */
+	const char junk[8] = "notecho!";
+	cr_assert_eq(send(p.cfd, junk, sizeof(junk), 0), (long)sizeof(junk));
+	p.c = sv_stream_new(p.cfd, true);
+	p.s = sv_stream_new(p.sfd, false);
+	sv_stream_start_server(p.s, p.l);
+	sv_stream_start_client(p.c);
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "server: %s",
+		     sv_conn_state_name(h_state(p.s)));
+	cr_assert_eq(h_fallback(p.s), SV_FB_CHALLENGE);
+	/* The bytes taken for an echo are the application's, first. */
+	char got[8];
+	long end;
+	cr_assert_eq(h_read_all(p.s, got, sizeof(got), &end), sizeof(got));
+	cr_assert_eq(memcmp(got, junk, sizeof(junk)), 0);
+	/* The server's writes still go: its sending never left TCP. */
+	cr_assert_eq(h_write(p.s, "hello", 5, 0), 5);
+	/* They arrive on the client's socket after whatever the server's
+	 * stream had sent before (nothing). */
+	char raw[5];
+	size_t n = 0;
+	while (n < sizeof(raw)) {
+		ssize_t r = recv(p.cfd, raw + n, sizeof(raw) - n, 0);
+		cr_assert_gt(r, 0, "the client's socket ended: %s", r < 0 ? strerror(errno) : "EOF");
+		n += (size_t)r;
+	}
+	cr_assert_eq(memcmp(raw, "hello", 5), 0);
+	h_pair_free(&p);
+}

@@ -1,0 +1,125 @@
+/* The switch to RDMA, in both directions, idle and under traffic. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+TestSuite(switch, .init = h_setup, .fini = h_teardown, .timeout = 60);
+
+/* Both directions move to the QP; then each side's bytes reach the other
+ * intact, every one of them over the QP. */
+Test(switch, both_directions_carry_bytes_over_the_qp)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	enum { N = 300000 };
+	uint8_t *in = malloc(N);
+	struct h_writer w = {.s = p.c, .fd = p.cfd, .len = N, .seed = 1};
+	h_writer_start(&w);
+	long end;
+	size_t got = h_read_all(p.s, in, N, &end);
+	h_writer_join(&w);
+	cr_assert_eq(w.written, N);
+	cr_assert_eq(got, N);
+	cr_assert(h_pattern_ok(in, N, 1, 0), "the client's bytes arrived changed");
+	cr_assert_eq(h_read(p.s, in, 1, 0), 0, "EOF after the client's shutdown");
+
+	struct h_writer back = {.s = p.s, .fd = p.sfd, .len = N, .seed = 2};
+	h_writer_start(&back);
+	got = h_read_all(p.c, in, N, &end);
+	h_writer_join(&back);
+	cr_assert_eq(got, N);
+	cr_assert(h_pattern_ok(in, N, 2, 0), "the server's bytes arrived changed");
+
+	struct h_counts c = h_counts(p.c), s = h_counts(p.s);
+	cr_assert_eq(c.rdma_tx, N, "client: %lu bytes over the QP", (unsigned long)c.rdma_tx);
+	cr_assert_eq(s.rdma_tx, N, "server: %lu bytes over the QP", (unsigned long)s.rdma_tx);
+	cr_assert_eq(c.tcp_tx + s.tcp_tx, 0, "nothing went over TCP");
+	cr_assert_eq(s.rdma_rx, N);
+	free(in);
+	h_pair_free(&p);
+}
+
+/* A client that writes from its first moment: what TCP carried before the
+ * switch point and what the QP carried after it are one stream. */
+Test(switch, under_traffic_keeps_the_byte_stream)
+{
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	enum { N = 2000000 };
+	uint8_t *in = malloc(N);
+	struct h_writer w = {.s = p.c, .fd = p.cfd, .len = N, .seed = 3};
+	h_writer_start(&w);
+	long end;
+	size_t got = h_read_all(p.s, in, N, &end);
+	h_writer_join(&w);
+	cr_assert_eq(got, N);
+	cr_assert(h_pattern_ok(in, N, 3, 0), "the stream changed across the switch");
+	cr_assert_eq(h_read(p.s, in, 1, 0), 0);
+	struct h_counts c = h_counts(p.c);
+	cr_assert_eq(c.rdma_tx + c.tcp_tx, N);
+	cr_assert_gt(c.rdma_tx, 0, "the upgrade never came (state %s)",
+		     sv_conn_state_name(h_state(p.c)));
+	cr_assert_eq(h_state(p.s), SV_CONN_RDMA);
+	free(in);
+	h_pair_free(&p);
+}
+
+/* A ping-pong of small messages on RDMA: each one answered, in order, with
+ * coalescing and delayed ACKs on both sides. */
+Test(switch, ping_pong)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	for (int i = 0; i < 2000; i++) {
+		uint8_t msg[64], got[64];
+		size_t n = 1 + (size_t)i % sizeof(msg);
+		h_pattern(msg, n, 4, (uint64_t)i * 64);
+		cr_assert_eq(h_write(p.c, msg, n, 0), (long)n);
+		long end;
+		cr_assert_eq(h_read_all(p.s, got, n, &end), n);
+		cr_assert(h_pattern_ok(got, n, 4, (uint64_t)i * 64));
+		cr_assert_eq(h_write(p.s, got, n, 0), (long)n);
+		cr_assert_eq(h_read_all(p.c, got, n, &end), n);
+		cr_assert(h_pattern_ok(got, n, 4, (uint64_t)i * 64), "reply %d", i);
+	}
+	cr_assert_eq(h_counts(p.c).tcp_tx, 0);
+	h_pair_free(&p);
+}
+
+/* A non-blocking connect: the stream waits for it, then upgrades. */
+Test(switch, after_a_non_blocking_connect)
+{
+	struct pair p;
+	h_listen(&p, true);
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
+	p.cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int r = connect(p.cfd, (struct sockaddr *)&a, sizeof(a));
+	cr_assert(r == 0 || errno == EINPROGRESS);
+	p.c = sv_stream_new(p.cfd, true);
+	if (r == 0)
+		sv_stream_start_client(p.c);
+	else
+		sv_stream_start_connecting(p.c);
+	p.sfd = accept(p.lfd, NULL, NULL);
+	p.s = sv_stream_new(p.sfd, false);
+	sv_stream_start_server(p.s, p.l);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
+		     sv_conn_state_name(h_state(p.c)));
+	uint8_t b[3] = {1, 2, 3}, g[3];
+	long w;
+	while ((w = h_write(p.c, b, 3, 0)) == -EAGAIN)
+		;
+	cr_assert_eq(w, 3);
+	long end;
+	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
+	cr_assert_eq(memcmp(b, g, 3), 0);
+	cr_assert_eq(h_counts(p.c).rdma_tx, 3);
+	h_pair_free(&p);
+}
