@@ -259,8 +259,11 @@ enum {
 				  * posted carries the ACK a timer would send) */
 };
 #define SV_TX_TIMER_EVERY 16
-/* Take the CQ's completions into the core. A failure breaks the stream.
- * The completions taken, or -errno. */
+/* Take the CQ's completions into the core. Whoever takes them wakes the
+ * stream's other threads: a reader's completions may be the credits a
+ * writer spins or sleeps for (a spin watches wake_gen; a sleep on the same
+ * channel may have lost the event). A failure breaks the stream. The
+ * completions taken, or -errno. */
 int sv_stream_poll_cq(struct sv_stream *s, struct sv_clock *clk);
 /* Poll the CQ into the core and make whatever progress that allows: the
  * timers, the echo, a finished switch, the way back. 0 or the error. */

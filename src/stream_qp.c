@@ -13,6 +13,8 @@ int sv_stream_poll_cq(struct sv_stream *s, struct sv_clock *clk)
 	int r = sv_qp_poll(s->qp, s->proto, clk);
 	if (r < 0)
 		sv_stream_break(s, r);
+	else if (r > 0)
+		sv_stream_wake(s); /* a spinning thread sees the mark move */
 	return r;
 }
 
