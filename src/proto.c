@@ -227,6 +227,7 @@ bool sv_proto_flush_is_end(struct sv_proto *p)
 
 void sv_proto_rx_lost_qp(struct sv_proto *p)
 {
+	p->rx_lost = true;
 	if (!p->rx_on_qp || p->rx_switch_pending || p->rx_fin)
 		return;
 	/* What arrived is read first, then TCP: as if a TO_TCP had come

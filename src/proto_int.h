@@ -54,6 +54,8 @@ struct sv_proto {
 	bool rx_on_qp;           /* the peer's data comes over the QP now */
 	bool rx_switch_pending;  /* TO_TCP arrived: QP data ends at rx_switch_seq */
 	bool rx_fin;             /* FIN arrived: EOF at rx_fin_seq */
+	bool rx_lost;            /* the QP was lost (sv_proto_rx_lost_qp): what it
+				  * delivered stays readable, error or not */
 	bool qp_ended;           /* a flushed work request was the normal end
 				  * (sv_proto_peer_ended): so is every later one */
 	bool peer_to_rdma;       /* TO_RDMA arrived: TCP carries the peer's bytes up to

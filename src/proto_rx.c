@@ -212,12 +212,16 @@ static uint64_t rx_limit(const struct sv_proto *p)
 	return lim;
 }
 
-/* Bytes the peer sent before its FIN: after the FIN every one of them is
- * here (RC delivers in order), so they stay readable whatever happens to
- * the connection afterwards; an error is reported once they are read. */
+/* Bytes the QP delivered stay readable after an error when they are
+ * whole: the peer's bytes before its FIN (after the FIN every one of them
+ * is here: RC delivers in order), and, when the QP was lost, everything it
+ * delivered (the stream reads TCP after it). An error is reported once
+ * they are read. */
 static bool rx_held_after_error(const struct sv_proto *p)
 {
-	return p->rx_fin && p->rcv_read < p->rx_fin_seq;
+	if (p->rx_fin && p->rcv_read < p->rx_fin_seq)
+		return true;
+	return p->rx_lost && p->rx_on_qp && p->rcv_read < rx_limit(p);
 }
 
 uint64_t sv_proto_readable(const struct sv_proto *p)

@@ -1818,6 +1818,26 @@ Test(proto, to_tcp_with_nothing_unread_is_on_tcp_at_once)
 	check_quiescent();
 }
 
+/* A QP that fails under the core (it is aborted) after delivering bytes
+ * the application has not read: they stay readable, then the receive side
+ * is on TCP, where the peer goes on. */
+Test(proto, a_lost_qp_keeps_what_it_delivered_readable)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 300, 0);
+	pump();
+	cr_assert_eq(get(SB, 100, 0), 100);
+	sv_proto_abort(&P[SB], -ECONNRESET);
+	sv_proto_rx_lost_qp(&P[SB]);
+	cr_assert_eq(sv_proto_readable(&P[SB]), 200);
+	cr_assert_eq(get(SB, 150, 0), 150);
+	cr_assert_eq(get(SB, 150, 0), 50);
+	cr_assert(sv_proto_rx_on_tcp(&P[SB]), "the QP's part is read: TCP next");
+	cr_assert_eq(sv_proto_readable(&P[SB]), 0);
+}
+
 Test(proto, fin_after_data)
 {
 	struct sv_proto_params prm = prm_default();
