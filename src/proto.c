@@ -169,8 +169,12 @@ const struct sv_proto_stats *sv_proto_stats(const struct sv_proto *p)
 
 int sv_proto_abort(struct sv_proto *p, int err)
 {
-	if (!p->error)
+	if (!p->error) {
 		p->error = err < 0 ? err : -ECONNRESET;
+		/* What is in flight now comes back flushed, if at all: its
+		 * completion will not say whether it arrived. */
+		p->tx_lost = p->inflight > 0;
+	}
 	/* A sending direction on TCP (no TO_RDMA yet, or back after a TO_TCP)
 	 * is not the QP's: its bytes go on over TCP whatever became of the
 	 * QP, and the stream layer decides what the break means for it. */
@@ -244,10 +248,14 @@ int sv_proto_tx_lost_qp(struct sv_proto *p, const void **buf, size_t *len)
 {
 	*buf = NULL;
 	*len = 0;
-	if (p->tx_state != SV_TX_OPEN)
+	/* RESET: the core was aborted when the QP failed under it, with our
+	 * sending on the QP. */
+	if (p->tx_state != SV_TX_OPEN && p->tx_state != SV_TX_RESET && p->tx_state != SV_TX_FIN)
 		return -EINVAL;
-	if (!sv_proto_sends_done(p))
+	if (p->tx_lost || !sv_proto_sends_done(p))
 		return -EIO; /* messages in flight may be lost */
+	if (p->tx_state == SV_TX_FIN)
+		return 0; /* everything arrived, the FIN too: nothing moves */
 	if (p->pending_slot >= 0) {
 		/* Coalesced, never sent: the caller writes it on TCP. The
 		 * buffer stays as it is until the core sends again, which it

@@ -289,11 +289,13 @@ bool sv_proto_qp_used(const struct sv_proto *p);
 /* The QP is gone without a normal end: the receive side ends its QP part at
  * what has arrived (readable up to there, then TCP). */
 void sv_proto_rx_lost_qp(struct sv_proto *p);
-/* ... and the sending side, if every message it posted completed: it moves
- * to TCP, and *buf and *len are the bytes coalesced but never sent, which the
- * caller writes on TCP first (valid until the next call into the core).
- * -EIO when messages were in flight (they may be lost): the caller fails
- * the connection. -EINVAL when our sending is not on the QP. */
+/* ... and the sending side, while it is (or was, when the failure aborted
+ * the core) on the QP: if every message it posted arrived, it moves to
+ * TCP, and *buf and *len are the bytes coalesced but never sent, which the
+ * caller writes on TCP first (valid until the next call into the core);
+ * after its FIN nothing moves. -EIO when messages were in flight when the
+ * QP failed (they may be lost): the caller fails the connection. -EINVAL
+ * when our sending is not the QP's (TCP, BACK). */
 int sv_proto_tx_lost_qp(struct sv_proto *p, const void **buf, size_t *len);
 
 /* ---- Detaching: the way back (docs/protocol.md, section 10) ------------- */

@@ -48,6 +48,8 @@ struct sv_proto {
 				  * credit: the FIN follows them */
 	uint32_t peer_nrecv;     /* the peer's receive buffers: our credits' ceiling */
 	uint32_t zc_inflight;    /* zero-copy sends not yet completed */
+	bool tx_lost;            /* DATA was in flight when the core was aborted:
+				  * it may never have arrived */
 
 	/* Receiving. Control events are processed on arrival; their stream
 	 * offsets order them against the data still queued before them. */

@@ -417,7 +417,9 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, struct sv_clock *cl
 		return -EINVAL;
 	uint8_t kind = p->slot_kind[slot];
 	p->slot_kind[slot] = SV_SLOT_CONTROL;
-	if (p->to_rdma_inflight && slot == p->to_rdma_slot)
+	/* After an abort the completion does not say the TO_RDMA arrived: it
+	 * stays pending, and its echo is never written. */
+	if (p->to_rdma_inflight && slot == p->to_rdma_slot && !p->error)
 		p->to_rdma_inflight = false;
 	if (kind != SV_SLOT_CONTROL) {
 		p->inflight--;

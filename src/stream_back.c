@@ -51,7 +51,8 @@ static int send_back(struct sv_stream *s)
 
 void sv_stream_kernel_shut(struct sv_stream *s)
 {
-	if (!s->cl.shut_deferred || s->sw.echo_owed || s->fd < 0)
+	/* A failed connection was reset: no clean end on TCP. */
+	if (!s->cl.shut_deferred || s->sw.echo_owed || s->fd < 0 || s->error)
 		return;
 	bool on_qp = s->proto && !s->error &&
 		     (s->state == SV_CONN_RDMA || s->state == SV_CONN_SWITCHING ||

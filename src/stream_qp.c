@@ -84,10 +84,25 @@ static void break_unverified(struct sv_stream *s)
 	sv_stream_wake(s);
 }
 
-/* Our sending was on the QP: if every message posted completed, TCP
- * carries on from the next byte (with the bytes still held for
- * coalescing); otherwise bytes may be lost, and the stream fails rather
- * than go on with a gap. */
+/* The connection fails: bytes may be lost. The peer must see it fail too,
+ * never a clean end of a stream with a gap: its TCP connection is reset
+ * now (connect() to AF_UNSPEC dissolves it with a reset), and the
+ * application gets the error on its next call. */
+static void fail(struct sv_stream *s, int err)
+{
+	if (!s->error)
+		s->error = err < 0 ? err : -ECONNRESET;
+	s->cl.shut_deferred = false;
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+	SV_REAL(setsockopt)(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	struct sockaddr sa = {.sa_family = AF_UNSPEC};
+	SV_REAL(connect)(s->fd, &sa, sizeof(sa));
+}
+
+/* Our sending was on the QP: if every message posted arrived, TCP carries
+ * on from the next byte (with the bytes still held for coalescing);
+ * otherwise bytes may be lost, and the stream fails rather than go on with
+ * a gap. */
 static void break_tx(struct sv_stream *s, int err)
 {
 	const void *buf;
@@ -96,7 +111,7 @@ static void break_tx(struct sv_stream *s, int err)
 	sv_proto_offsets(s->proto, &snd, &rcv, &read);
 	if (s->sw.tx_held || sv_proto_tx_lost_qp(s->proto, &buf, &len) < 0) {
 		sv_dbg("fd %d: bytes we sent may be lost with the QP: the connection fails", s->fd);
-		s->error = err < 0 ? err : -ECONNRESET;
+		fail(s, err);
 		return;
 	}
 	sv_dbg("fd %d: our sending goes on over TCP from byte %llu (%zu coalesced first)", s->fd,
@@ -109,7 +124,7 @@ static void break_tx(struct sv_stream *s, int err)
 		off += (size_t)n;
 	}
 	if (off < len)
-		s->error = -ECONNRESET;
+		fail(s, -ECONNRESET);
 }
 
 void sv_stream_break(struct sv_stream *s, int err)
@@ -119,8 +134,8 @@ void sv_stream_break(struct sv_stream *s, int err)
 		return;
 	if (s->state == SV_CONN_DETACHING) {
 		sv_warn("fd %d: the QP broke while going back to TCP", s->fd);
-		s->error = err < 0 ? err : -ECONNRESET; /* bytes on their way back may be lost */
 		sv_stream_set_state(s, SV_CONN_BROKEN);
+		fail(s, err); /* bytes on their way back may be lost */
 		sv_stream_wake(s);
 		return;
 	}
@@ -153,9 +168,14 @@ void sv_stream_break(struct sv_stream *s, int err)
 	sv_proto_offsets(p, &snd, &rcv, &read);
 	sv_dbg("fd %d: receiving: the QP's part ends at byte %llu (%llu read), then TCP", s->fd,
 	       (unsigned long long)rcv, (unsigned long long)read);
+	/* Our echo goes only after a TO_RDMA known to have arrived: a peer
+	 * that did not see it must not take the echo for data. (One that
+	 * did takes what follows for a wrong echo and gives it back.) */
+	s->sw.echo_owed = false;
 	if (sv_proto_peer_switch(p, NULL))
-		s->error = -ECONNRESET; /* broke inside a switch */
-	if (sv_proto_tx_state(p) == SV_TX_OPEN)
+		fail(s, -ECONNRESET); /* broke inside a switch */
+	enum sv_tx_state tx = sv_proto_tx_state(p);
+	if (tx == SV_TX_OPEN || tx == SV_TX_RESET || tx == SV_TX_FIN)
 		break_tx(s, err);
 	/* The peer reads TCP from here on: a FIN we sent over the QP must
 	 * reach it there too. */

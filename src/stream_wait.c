@@ -77,10 +77,13 @@ bool sv_stream_timed_out(uint64_t timeo_us, struct sv_clock *clk, uint64_t *at)
 
 long sv_stream_app_error(struct sv_stream *s, bool sending)
 {
-	if (!s->error_told) {
+	if (s->error && !s->error_told) {
 		s->error_told = true;
 		return s->error;
 	}
+	/* Told already, or the core failed on its own (the stream's error
+	 * is set only where bytes may be lost): a send is refused as to a
+	 * peer that reset, and never returns 0. */
 	return sending ? -EPIPE : 0;
 }
 

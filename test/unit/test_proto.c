@@ -1838,6 +1838,59 @@ Test(proto, a_lost_qp_keeps_what_it_delivered_readable)
 	cr_assert_eq(sv_proto_readable(&P[SB]), 0);
 }
 
+/* The QP fails under a sender: with DATA in flight at that moment, the
+ * completions that come back later (flushed, slots freed) do not make it
+ * whole: bytes may be lost, and the sending side cannot go on over TCP.
+ * With nothing in flight it goes on there, the coalesced bytes first. */
+Test(proto, a_lost_qp_with_data_in_flight_cannot_go_on)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 1000, 0); /* large: messages of their own */
+	sv_proto_abort(&P[SA], -ECONNRESET);
+	fake_release_sends(&FP.ep[SA], 1000);
+	fake_poll(&FP.ep[SA], &P[SA], NOW);
+	cr_assert(sv_proto_sends_done(&P[SA]), "every slot came back");
+	const void *buf;
+	size_t len;
+	cr_assert_eq(sv_proto_tx_lost_qp(&P[SA], &buf, &len), -EIO);
+}
+
+Test(proto, a_lost_qp_with_nothing_in_flight_goes_on_over_tcp)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 1000, 0);
+	pump();
+	drain(SB);
+	pump();
+	put_all(SA, 10, MSG_MORE); /* coalesced, held */
+	sv_proto_abort(&P[SA], -ECONNRESET);
+	const void *buf;
+	size_t len;
+	cr_assert_eq(sv_proto_tx_lost_qp(&P[SA], &buf, &len), 0);
+	cr_assert_eq(len, 10);
+	cr_assert_eq(memcmp(buf, STREAM[SA] + 1000, 10), 0);
+	cr_assert_eq(sv_proto_tx_state(&P[SA]), SV_TX_TCP);
+}
+
+/* A TO_RDMA whose completion comes after the QP failed is not known to
+ * have arrived: its echo must never be written. */
+Test(proto, to_rdma_completing_after_an_abort_stays_pending)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	FP.ep[SA].hold_send_done = true;
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 0, NOW), 0);
+	sv_proto_abort(&P[SA], -ECONNRESET);
+	fake_release_sends(&FP.ep[SA], 1);
+	fake_poll(&FP.ep[SA], &P[SA], NOW);
+	cr_assert(sv_proto_to_rdma_pending(&P[SA]));
+}
+
 Test(proto, fin_after_data)
 {
 	struct sv_proto_params prm = prm_default();
