@@ -8,13 +8,29 @@
 #include <errno.h>
 #include <string.h>
 
+static void break_tx(struct sv_stream *s, int err);
+
+/* The QP ended normally (the peer's FIN came, then the flush of its
+ * disconnect) while our sending was still open: the core closed it, and it
+ * goes on over TCP, the connection's other medium. A peer that closed has
+ * closed its TCP socket too, and TCP answers our next writes as it answers
+ * writes to a closed peer; one whose QP failed after it only shut down its
+ * sending still reads what we write. */
+static void tx_after_end(struct sv_stream *s)
+{
+	if (sv_proto_tx_state(s->proto) == SV_TX_RESET && !sv_proto_error(s->proto) && !s->error)
+		break_tx(s, -ECONNRESET);
+}
+
 int sv_stream_poll_cq(struct sv_stream *s, struct sv_clock *clk)
 {
 	int r = sv_qp_poll(s->qp, s->proto, clk);
-	if (r < 0)
+	if (r < 0) {
 		sv_stream_break(s, r);
-	else if (r > 0)
+	} else if (r > 0) {
+		tx_after_end(s);
 		sv_stream_wake(s); /* a spinning thread sees the mark move */
+	}
 	return r;
 }
 
@@ -202,6 +218,7 @@ void sv_stream_qp_down(struct sv_stream *s, int err)
 	 * above then finds none. */
 	if (p && !sv_proto_peer_switch(p, NULL) &&
 	    ((sv_proto_rx_fin(p) && tx_done) || sv_proto_peer_ended(p))) {
+		tx_after_end(s);
 		sv_stream_wake(s); /* an ordinary end, nothing is lost */
 		sv_unlock(&s->lock);
 		return;
