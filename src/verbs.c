@@ -11,6 +11,7 @@
  * next signalled one: a later optimisation.) */
 #include "real.h"
 #include "verbs.h"
+#include "verbs_int.h"
 
 #include "lock.h"
 #include "log.h"
@@ -49,7 +50,7 @@ struct sv_zc {
 struct sv_verbs {
 	struct sv_qp q; /* first: the stream's view (qp.h) */
 	struct rdma_cm_id *id;
-	struct ibv_pd *pd; /* shared: see pd_get */
+	struct ibv_pd *pd; /* shared: see sv_verbs_pd_get */
 	struct sv_regcache *rc; /* the PD's, shared too */
 	struct ibv_comp_channel *chan;
 	struct ibv_cq *cq;
@@ -62,199 +63,7 @@ struct sv_verbs {
 	unsigned int unacked; /* channel events taken, not yet acknowledged */
 };
 
-/* Verbs calls that return an error number return it positive; some
- * providers return it negative. Either way, -errno. */
 static const struct sv_qp_ops qp_ops;
-
-static int neg_err(int r)
-{
-	if (r < 0)
-		r = -r;
-	return r ? -r : -EIO;
-}
-
-/* -errno for a call that returned NULL or -1 and set errno. */
-static int last_err(void)
-{
-	return errno > 0 ? -errno : -EIO;
-}
-
-/* ---- Device contexts of our own ------------------------------------------
- *
- * librdmacm opens each device once per process and keeps it; its context is
- * inherited by fork children, where the kernel refuses the writes rxe posts
- * with (the file was opened under the parent's credentials). So the QP and
- * everything under it live on a context libsovia opens itself in each
- * process, after any fork; librdmacm only connects (the id carries our QP's
- * number, and we move the QP through its states, rdma_init_qp_attr). */
-
-struct sv_ctx_ent {
-	struct sv_ctx_ent *next;
-	struct ibv_device *dev;
-	struct ibv_context *ctx;
-};
-
-static struct sv_ctx_ent *ctx_list; /* under pd_lock */
-
-/* Our context for dev, opened on first use and kept. Under pd_lock. */
-static struct ibv_context *own_ctx(struct ibv_device *dev, int *err)
-{
-	for (struct sv_ctx_ent *e = ctx_list; e; e = e->next)
-		if (e->dev == dev)
-			return e->ctx;
-	struct sv_ctx_ent *e = calloc(1, sizeof(*e));
-	if (!e) {
-		*err = -ENOMEM;
-		return NULL;
-	}
-	e->ctx = ibv_open_device(dev);
-	if (!e->ctx) {
-		*err = last_err();
-		sv_err("verbs: ibv_open_device %s: %s", ibv_get_device_name(dev), strerror(-*err));
-		free(e);
-		return NULL;
-	}
-	e->dev = dev;
-	e->next = ctx_list;
-	ctx_list = e;
-	return e->ctx;
-}
-
-/* ---- Protection domains, one per device context ------------------------ */
-
-struct sv_pd_ent {
-	struct sv_pd_ent *next;
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
-	struct sv_regcache *rc; /* zero-copy registrations in this PD */
-	unsigned int refs;
-};
-
-static struct sv_lock pd_lock = SV_LOCK_INIT(SV_RANK_TRANSPORT);
-static struct sv_pd_ent *pd_list;
-
-static const struct sv_regcache_ops regcache_ops;
-
-static int pd_get(struct ibv_context *ctx, struct ibv_pd **out, struct sv_regcache **rc_out)
-{
-	int r = 0;
-	sv_lock(&pd_lock);
-	struct sv_pd_ent *e;
-	for (e = pd_list; e; e = e->next)
-		if (e->ctx == ctx)
-			break;
-	if (!e) {
-		e = calloc(1, sizeof(*e));
-		if (!e) {
-			r = -ENOMEM;
-			goto unlock;
-		}
-		e->pd = ibv_alloc_pd(ctx);
-		if (!e->pd) {
-			r = last_err();
-			sv_err("verbs: ibv_alloc_pd on %s: %s", ibv_get_device_name(ctx->device),
-			       strerror(-r));
-			goto free_entry;
-		}
-		struct sv_regcache_params prm;
-		sv_regcache_default_params(&prm);
-		r = sv_regcache_create(&e->rc, &regcache_ops, e->pd, &prm);
-		if (r) {
-			sv_err("verbs: registration cache: %s", strerror(-r));
-			ibv_dealloc_pd(e->pd);
-			goto free_entry;
-		}
-		/* With libibverbs' fork support on (RDMAV_FORK_SAFE on a kernel
-		 * that needs it) every registered range is MADV_DONTFORK: a
-		 * cached one would be missing from children for as long as it
-		 * stays cached. Register per send then. */
-		if (ibv_is_fork_initialized() == IBV_FORK_ENABLED)
-			sv_regcache_disable(e->rc);
-		e->ctx = ctx;
-		e->next = pd_list;
-		pd_list = e;
-	}
-	e->refs++;
-	*out = e->pd;
-	*rc_out = e->rc;
-	goto unlock;
-
-free_entry:
-	free(e);
-unlock:
-	sv_unlock(&pd_lock);
-	return r;
-}
-
-void sv_verbs_atfork_child(void)
-{
-	/* The parent's contexts and PDs are the parent's (their files are
-	 * useless here): start afresh. */
-	sv_lock_reinit(&pd_lock);
-	ctx_list = NULL;
-	pd_list = NULL;
-}
-
-static void pd_put(struct ibv_pd *pd)
-{
-	sv_lock(&pd_lock);
-	for (struct sv_pd_ent **pe = &pd_list; *pe; pe = &(*pe)->next) {
-		struct sv_pd_ent *e = *pe;
-		if (e->pd != pd)
-			continue;
-		if (--e->refs == 0) {
-			*pe = e->next;
-			/* Every connection of the PD is gone: nothing is held. */
-			sv_regcache_destroy(e->rc);
-			int r = ibv_dealloc_pd(e->pd);
-			if (r)
-				sv_warn("verbs: ibv_dealloc_pd: %s", strerror(-neg_err(r)));
-			free(e);
-		}
-		break;
-	}
-	sv_unlock(&pd_lock);
-}
-
-/* ---- Zero-copy registrations ------------------------------------------ */
-
-/* User memory is registered through the PD's registration cache
- * (regcache.c): a registration made for one send is kept and reused by
- * later sends from the same pages, but only after checking that the
- * addresses still map the pages it pinned (the application may have freed
- * and unmapped them, and glibc does that through calls no interposer
- * sees). Where that check is impossible the cache registers per send.
- *
- * Sending only needs local read access, which every MR has: access 0 also
- * registers read-only memory (string constants, PROT_READ file mappings).
- * Should a provider refuse it, retry with LOCAL_WRITE. */
-static int rc_reg(void *ctx, void *addr, size_t len, void **mr, uint32_t *lkey)
-{
-	struct ibv_pd *pd = ctx;
-	struct ibv_mr *m = ibv_reg_mr(pd, addr, len, 0);
-	if (!m)
-		m = ibv_reg_mr(pd, addr, len, IBV_ACCESS_LOCAL_WRITE);
-	if (!m) {
-		int r = last_err();
-		sv_dbg("verbs: ibv_reg_mr of %zu user bytes at %p: %s", len, addr, strerror(-r));
-		return r;
-	}
-	*mr = m;
-	*lkey = m->lkey;
-	return 0;
-}
-
-static void rc_dereg(void *ctx, void *mr)
-{
-	int r = ibv_dereg_mr(mr);
-	if (r)
-		sv_warn("verbs: ibv_dereg_mr (user memory): %s", strerror(-neg_err(r)));
-}
-
-static const struct sv_regcache_ops regcache_ops = {
-	.reg = rc_reg,
-	.dereg = rc_dereg,
-};
 
 static void zc_release(struct sv_verbs *v, uint32_t slot)
 {
@@ -534,9 +343,7 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 	if (!id || !id->verbs || id->qp || prm->buf_size <= SV_HDR_SIZE || prm->window < 1)
 		return -EINVAL;
 	int r = 0;
-	sv_lock(&pd_lock);
-	struct ibv_context *ctx = own_ctx(id->verbs->device, &r);
-	sv_unlock(&pd_lock);
+	struct ibv_context *ctx = sv_verbs_own_ctx(id->verbs->device, &r);
 	if (!ctx)
 		return r;
 	uint32_t nr = sv_proto_nrecv(prm), ns = sv_proto_nsend(prm);
@@ -558,7 +365,7 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 		r = -ENOMEM;
 		goto destroy_partial;
 	}
-	r = pd_get(ctx, &v->pd, &v->rc);
+	r = sv_verbs_pd_get(ctx, &v->pd, &v->rc);
 	if (r)
 		goto destroy_partial;
 	v->chan = ibv_create_comp_channel(ctx);
@@ -635,7 +442,7 @@ void sv_verbs_destroy(struct sv_verbs *v)
 	if (v->chan && (r = ibv_destroy_comp_channel(v->chan)))
 		sv_warn("verbs: ibv_destroy_comp_channel: %s", strerror(-neg_err(r)));
 	if (v->pd)
-		pd_put(v->pd);
+		sv_verbs_pd_put(v->pd);
 	free(v);
 }
 
