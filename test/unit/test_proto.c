@@ -3351,7 +3351,7 @@ ParameterizedTest(int *kind, proto, back_malformed)
 	put_all(SA, 10, 0);
 	put_all(SB, 20, 0);
 	pump();
-	uint8_t pl[16];
+	uint8_t pl[32]; /* the longest payload below is 21 bytes */
 	memset(pl, 0, sizeof(pl));
 	struct sv_hdr h = {.type = SV_MSG_BACK, .len = 8, .seq = P[SB].rcv_nxt, .ack = P[SB].snd_nxt};
 	uint32_t plen = 8;
