@@ -11,10 +11,10 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 build=${SOVIA_BUILD_DIR:-$top/build}
 "$top/test/setup-deps.sh"
 "$top/test/bed/sovia-bed" --setup
-cmake -S "$top" -B "$build" -DSOVIA_WERROR=ON
+# Warnings are errors; the run-time checks (lock order, state transitions)
+# are on, in the unit tests and in every program the test bed runs.
+cmake -S "$top" -B "$build" -DSOVIA_WERROR=ON -DSOVIA_CHECKS=ON
 cmake --build "$build" -j"$(nproc)"
 cd "$build"
-# A test that fails is run again, up to twice: the test-bed tests run under
-# full CPU emulation, and one known bug (README, "Known problems") shows up
-# there now and then. Every failed attempt is still printed in full.
-ctest --output-on-failure --timeout 1800 --repeat until-pass:3 "$@"
+# Every test runs once: a test that fails is a bug to fix.
+ctest --output-on-failure --timeout 1800 "$@"
