@@ -14,10 +14,10 @@
  *
  * The probe must be longer than a small message's round trip. A wait the
  * probe does not cover ends in a sleep, and a slept wait lasts the reply
- * plus the wake-up, which under emulation was seen at 3.5 ms a wait: the
- * average then stays above half the bound and the stream never spins
- * again (the "slow mode" of docs/design.md). With the default 4 ms bound
- * the probe is 250 us; a 1 KiB round trip on the bed takes 120-200 us. */
+ * plus the wake-up, which under emulation can take milliseconds: the average
+ * then stays above half the bound and the stream never spins again (the
+ * "slow mode" of docs/design.md). With the default 4 ms bound the probe is
+ * 250 us, above a small message's round trip in the emulated bed. */
 #ifndef SV_SPIN_H
 #define SV_SPIN_H
 
@@ -41,11 +41,10 @@ uint32_t sv_spin_reader(uint32_t budget_us);
 /* A pass of the spin is a look at the completion queue. The clock is read
  * every SV_SPIN_CLOCK_PASSES passes and the CPU offered to others
  * (sched_yield) every SV_SPIN_YIELD_PASSES: both are system calls where
- * the clock has no vDSO (the bed's HPET: 0.93 us a read, 1.33 us a yield).
- * Doing both on every pass cost a 64 B ping-pong 1.5-3.5 us one way (one
- * bed run, three rounds interleaved: 14.5-16.2 us with a read and a yield
- * every 16 passes, 17.3-19.7 us with both on every pass). The yield still
- * comes every few microseconds for a peer that shares the CPU. */
+ * the clock has no vDSO (about 1 us each in the emulated bed), and doing
+ * both on every pass adds microseconds to each message of a ping-pong.
+ * The yield still comes every few microseconds for a peer that shares the
+ * CPU. */
 #define SV_SPIN_CLOCK_PASSES 32u
 #define SV_SPIN_YIELD_PASSES 64u
 
