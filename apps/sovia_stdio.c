@@ -2,14 +2,17 @@
  * fdopen(sock, "r+"), fprintf, fflush, fgets. The server answers every line
  * with its number and the line reversed; the client checks every answer.
  *
- *   sovia-stdio -s ADDR PORT          serve one connection
- *   sovia-stdio -c ADDR PORT LINES    send LINES lines, check the replies */
+ *   sovia-stdio -s ADDR PORT                 serve one connection
+ *   sovia-stdio -c ADDR PORT LINES [GO]      send LINES lines, check the replies;
+ *                                            with GO, wait after the first line
+ *                                            until the file GO exists */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int resolve(const char *host, const char *port, struct addrinfo **ai)
@@ -74,7 +77,20 @@ static int serve(const char *host, const char *port)
 	return 0;
 }
 
-static int client(const char *host, const char *port, long lines)
+/* Wait (at most 10 minutes) until `path` exists. */
+static int wait_for(const char *path)
+{
+	struct stat st;
+	for (int i = 0; i < 6000; i++) {
+		if (stat(path, &st) == 0)
+			return 0;
+		usleep(100000);
+	}
+	fprintf(stderr, "sovia-stdio: %s never came\n", path);
+	return -1;
+}
+
+static int client(const char *host, const char *port, long lines, const char *go)
 {
 	struct addrinfo *ai;
 	if (resolve(host, port, &ai) < 0)
@@ -117,6 +133,8 @@ static int client(const char *host, const char *port, long lines)
 			fprintf(stderr, "sovia-stdio: line %ld: got '%s' want '%s'\n", i, got, want);
 			return 2;
 		}
+		if (i == 1 && go && wait_for(go) < 0)
+			return 1;
 	}
 	shutdown(fileno(fp), SHUT_WR);
 	if (fgets(got, sizeof(got), fp)) {
@@ -132,8 +150,8 @@ int main(int argc, char **argv)
 {
 	if (argc == 4 && strcmp(argv[1], "-s") == 0)
 		return serve(argv[2], argv[3]);
-	if (argc == 5 && strcmp(argv[1], "-c") == 0)
-		return client(argv[2], argv[3], atol(argv[4]));
-	fprintf(stderr, "usage: sovia-stdio -s ADDR PORT | -c ADDR PORT LINES\n");
+	if ((argc == 5 || argc == 6) && strcmp(argv[1], "-c") == 0)
+		return client(argv[2], argv[3], atol(argv[4]), argc == 6 ? argv[5] : NULL);
+	fprintf(stderr, "usage: sovia-stdio -s ADDR PORT | -c ADDR PORT LINES [GO]\n");
 	return 1;
 }
