@@ -268,8 +268,9 @@ static void stats_print(const char *who, const struct sv_proto_stats *s)
 	       s->acks_piggybacked, s->coalesced_writes);
 	printf(PROG ": %s flushes: timer=%" PRIu64 " full=%" PRIu64 " large=%" PRIu64
 	       " recv=%" PRIu64 " close=%" PRIu64 " idle=%" PRIu64 " nodelay=%" PRIu64 "\n",
-	       who, s->flushes_timer, s->flushes_full, s->flushes_large, s->flushes_recv,
-	       s->flushes_close, s->flushes_idle, s->flushes_nodelay);
+	       who, s->flushes[SV_FLUSH_TIMER], s->flushes[SV_FLUSH_FULL],
+	       s->flushes[SV_FLUSH_LARGE], s->flushes[SV_FLUSH_RECV], s->flushes[SV_FLUSH_CLOSE],
+	       s->flushes[SV_FLUSH_IDLE], s->flushes[SV_FLUSH_NODELAY]);
 }
 
 /* ---- Connection manager ------------------------------------------------ */

@@ -37,14 +37,14 @@ static int k_close(struct sv_fd *f)
 	return sv_real.close(f->fd) < 0 ? -errno : 0;
 }
 
+/* Every call the kernel's. */
+#define KERNEL_CALLS                                                                        \
+	.recvmsg = k_recvmsg, .sendmsg = k_sendmsg, .shutdown = k_shutdown,                 \
+	.setsockopt = k_setsockopt, .getsockopt = k_getsockopt, .close = k_close
+
 const struct sv_fd_ops sv_kernel_ops = {
 	.name = "kernel",
-	.recvmsg = k_recvmsg,
-	.sendmsg = k_sendmsg,
-	.shutdown = k_shutdown,
-	.setsockopt = k_setsockopt,
-	.getsockopt = k_getsockopt,
-	.close = k_close,
+	KERNEL_CALLS,
 	.listened = sv_socket_listened,
 	.connected = sv_socket_connected,
 	/* ftpd fdopen()s its active-mode data socket before connect(): its
@@ -54,12 +54,7 @@ const struct sv_fd_ops sv_kernel_ops = {
 
 const struct sv_fd_ops sv_listen_ops = {
 	.name = "listen",
-	.recvmsg = k_recvmsg,
-	.sendmsg = k_sendmsg,
-	.shutdown = k_shutdown,
-	.setsockopt = k_setsockopt,
-	.getsockopt = k_getsockopt,
-	.close = k_close,
+	KERNEL_CALLS,
 	.release = sv_listen_release,
 	.accepted = sv_listen_accepted,
 	.atfork_child = sv_ours_atfork_child,

@@ -114,6 +114,18 @@ static inline uint32_t sv_proto_nsend(const struct sv_proto_params *p)
  * alone: this many times ack_timeout_us. */
 #define SV_ACK_BULK_FACTOR 16u
 
+/* Why a pending coalescing buffer is pushed out. */
+enum sv_flush_reason {
+	SV_FLUSH_TIMER,   /* the coalescing timer fired */
+	SV_FLUSH_FULL,    /* the next write did not fit */
+	SV_FLUSH_LARGE,   /* a write at or above the threshold */
+	SV_FLUSH_RECV,    /* the application called a receive function */
+	SV_FLUSH_CLOSE,   /* close, shutdown, or a medium switch */
+	SV_FLUSH_IDLE,    /* nothing in flight: sending now costs no batching */
+	SV_FLUSH_NODELAY, /* coalescing is off (TCP_NODELAY) */
+	SV_FLUSH_REASONS
+};
+
 struct sv_proto_stats {
 	uint64_t tx_bytes, rx_bytes;       /* payload over the transport */
 	uint64_t tx_msgs, rx_msgs;         /* messages of any type */
@@ -126,23 +138,11 @@ struct sv_proto_stats {
 					    * by Nagle-style coalescing */
 	uint64_t collected_writes;         /* small writes taken into a send buffer
 					    * while the window was closed */
-	uint64_t flushes_timer, flushes_full, flushes_large, flushes_recv,
-		flushes_close, flushes_idle, flushes_nodelay;
+	uint64_t flushes[SV_FLUSH_REASONS]; /* coalescing buffers pushed out, by reason */
 	uint64_t gave_back, got_back;      /* bytes returned by the way back, each way */
 };
 
 /* ---- The core ---------------------------------------------------------- */
-
-/* Why a pending coalescing buffer is pushed out. */
-enum sv_flush_reason {
-	SV_FLUSH_TIMER,   /* the coalescing timer fired */
-	SV_FLUSH_FULL,    /* the next write did not fit */
-	SV_FLUSH_LARGE,   /* a write at or above the threshold */
-	SV_FLUSH_RECV,    /* the application called a receive function */
-	SV_FLUSH_CLOSE,   /* close, shutdown, or a medium switch */
-	SV_FLUSH_IDLE,    /* nothing in flight: sending now costs no batching */
-	SV_FLUSH_NODELAY, /* coalescing is off (TCP_NODELAY) */
-};
 
 /* Where our sending stands. Both directions start on TCP: the QP carries a
  * direction only from its TO_RDMA on. */

@@ -99,33 +99,6 @@ bool sv_pr_tx_idle(const struct sv_proto *p)
 
 /* ---- Flushing the coalescing buffer --------------------------------------- */
 
-static void count_flush(struct sv_proto_stats *st, enum sv_flush_reason why)
-{
-	switch (why) {
-	case SV_FLUSH_TIMER:
-		st->flushes_timer++;
-		break;
-	case SV_FLUSH_FULL:
-		st->flushes_full++;
-		break;
-	case SV_FLUSH_LARGE:
-		st->flushes_large++;
-		break;
-	case SV_FLUSH_RECV:
-		st->flushes_recv++;
-		break;
-	case SV_FLUSH_CLOSE:
-		st->flushes_close++;
-		break;
-	case SV_FLUSH_IDLE:
-		st->flushes_idle++;
-		break;
-	case SV_FLUSH_NODELAY:
-		st->flushes_nodelay++;
-		break;
-	}
-}
-
 int sv_pr_flush_pending(struct sv_proto *p, enum sv_flush_reason why)
 {
 	if (p->pending_slot < 0)
@@ -144,7 +117,7 @@ int sv_pr_flush_pending(struct sv_proto *p, enum sv_flush_reason why)
 	if (r < 0)
 		return r;
 	p->snd_nxt += len;
-	count_flush(&p->st, why);
+	p->st.flushes[why]++;
 	return 0;
 }
 
@@ -320,7 +293,7 @@ static bool send_nodelay(struct sv_proto *p, const struct iovec *iov, int iovcnt
 		return false;
 	*sent = send_copy(p, iov, iovcnt, skip, total);
 	if (*sent > 0)
-		p->st.flushes_nodelay++;
+		p->st.flushes[SV_FLUSH_NODELAY]++;
 	return true;
 }
 
@@ -375,7 +348,7 @@ static long send_rest(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 	if (!small) {
 		long n = send_copy(p, iov, iovcnt, skip, total);
 		if (n > 0 && !p->prm.coalesce)
-			p->st.flushes_nodelay++;
+			p->st.flushes[SV_FLUSH_NODELAY]++;
 		return n;
 	}
 	long sent;

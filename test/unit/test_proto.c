@@ -759,7 +759,7 @@ Test(proto, clock_read_only_for_timers)
 	fake_clock_us = 50000 + prm.coalesce_timeout_us;
 	sv_proto_timers(&P[SA], SV_NOW_UNREAD);
 	cr_assert_eq(P[SA].pending_slot, -1, "the timer sent the buffer");
-	cr_assert_eq(P[SA].st.flushes_timer, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_TIMER], 1);
 	pump();
 	cr_assert_eq(drain(SB), 30);
 	check_quiescent();
@@ -793,7 +793,7 @@ Test(proto, credits_release_collected_bytes_without_a_clock_read)
 	for (int i = 0; i < 100 && fake_pending(&FP.ep[SA]); i++)
 		cr_assert_geq(fake_poll(&FP.ep[SA], &P[SA], SV_NOW_UNREAD), 0);
 	cr_assert_eq(P[SA].pending_slot, -1, "the credits sent the collected byte");
-	cr_assert_eq(P[SA].st.flushes_idle, 0, "not as an idle sender's");
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_IDLE], 0, "not as an idle sender's");
 	cr_assert_eq(fake_clock_reads, reads, "no clock read to release it");
 	FP.ep[SA].hold_send_done = false;
 	fake_release_sends(&FP.ep[SA], 10);
@@ -913,7 +913,7 @@ Test(proto, nodelay_collected_writes_go_with_credits)
 	pump();
 	settle(0, 10);
 	cr_assert_eq(RXO[SB], TXO[SA], "everything arrived without the timer");
-	cr_assert_eq(P[SA].st.flushes_timer, 0);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_TIMER], 0);
 	check_quiescent();
 }
 
@@ -1307,7 +1307,7 @@ Test(proto, coalesce_first_write_on_idle_is_sent)
 	put_all(SA, 10, 0);
 	cr_assert_eq(ndata(SA), 1, "an idle connection never delays the first write");
 	cr_assert_eq(data_msg(SA, 0)->h.len, 10);
-	cr_assert_eq(P[SA].st.flushes_idle, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_IDLE], 1);
 	cr_assert_eq(P[SA].pending_slot, -1);
 	cr_assert_eq(P[SA].inflight, 1);
 	/* Neither completed nor acknowledged: the next small write waits... */
@@ -1322,7 +1322,7 @@ Test(proto, coalesce_first_write_on_idle_is_sent)
 	deliver_ack(SB);
 	cr_assert_eq(ndata(SA), 2);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 7);
-	cr_assert_eq(P[SA].st.flushes_idle, 2);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_IDLE], 2);
 	cr_assert_eq(drain(SB), 7);
 	check_quiescent();
 }
@@ -1341,7 +1341,7 @@ Test(proto, coalesce_flushed_by_a_piggybacked_ack)
 	pump();
 	cr_assert_eq(ndata(SA), 2, "everything acknowledged: the held bytes go");
 	cr_assert_eq(data_msg(SA, 1)->h.len, 7);
-	cr_assert_eq(P[SA].st.flushes_idle, 2);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_IDLE], 2);
 	cr_assert_eq(drain(SB), 17);
 	cr_assert_eq(drain(SA), 5);
 	check_quiescent();
@@ -1372,7 +1372,7 @@ Test(proto, coalesce_holds_while_in_flight_then_idle)
 	deliver_ack(SB);
 	cr_assert_eq(ndata(SA), 2);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 35, "both writes in one message");
-	cr_assert_eq(P[SA].st.flushes_idle, 2);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_IDLE], 2);
 	cr_assert_eq(P[SA].pending_slot, -1);
 	cr_assert_eq(drain(SB), 35);
 	FP.ep[SA].hold_send_done = false;
@@ -1396,7 +1396,7 @@ Test(proto, coalesce_flush_full_when_next_write_does_not_fit)
 	/* 180 + 60 > 232: the write tops the buffer up to 232, which goes,
 	 * and its last 8 bytes start the next one. */
 	put_all(SA, 60, 0);
-	cr_assert_eq(P[SA].st.flushes_full, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_FULL], 1);
 	cr_assert_eq(ndata(SA), 2);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 232, "a full message, as TCP fills a segment");
 	cr_assert_eq(P[SA].pending_len, 8);
@@ -1423,7 +1423,7 @@ Test(proto, coalesce_flush_full_when_size_reached)
 		put_all(SA, 60, 0);
 	cr_assert_eq(ndata(SA), 1);
 	put_all(SA, 52, 0); /* 180 + 52 = 232: the buffer is full */
-	cr_assert_eq(P[SA].st.flushes_full, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_FULL], 1);
 	cr_assert_eq(ndata(SA), 2);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 232);
 	cr_assert_eq(P[SA].pending_slot, -1);
@@ -1447,7 +1447,7 @@ Test(proto, coalesce_flush_large_keeps_order)
 	put_all(SA, 20, 0);
 	cr_assert_eq(ndata(SA), 1);
 	put_all(SA, 100, 0); /* fits in the buffer's room */
-	cr_assert_eq(P[SA].st.flushes_large, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_LARGE], 1);
 	cr_assert_eq(ndata(SA), 2, "the pending bytes and the large write, at once, together");
 	cr_assert_eq(data_msg(SA, 1)->h.len, 120);
 	cr_assert_eq(data_msg(SA, 1)->h.seq, 10);
@@ -1466,7 +1466,7 @@ Test(proto, coalesce_flush_large_keeps_order)
 	cr_assert_eq(data_msg(SA, 3)->h.seq, 140);
 	cr_assert_eq(data_msg(SA, 4)->h.len, 88);
 	cr_assert_eq(data_msg(SA, 4)->h.seq, 372);
-	cr_assert_eq(P[SA].st.flushes_full, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_FULL], 1);
 	cr_assert_eq(P[SA].pending_slot, -1, "the rest of a large write is not held");
 	pump();
 	cr_assert_eq(drain(SB), 330);
@@ -1493,7 +1493,7 @@ Test(proto, coalesce_flush_timer)
 	cr_assert_eq(sv_proto_next_deadline(&P[SA], NOW), dl);
 	NOW = dl;
 	cr_assert_eq(sv_proto_timers(&P[SA], NOW), 0);
-	cr_assert_eq(P[SA].st.flushes_timer, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_TIMER], 1);
 	cr_assert_eq(ndata(SA), 2);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 25);
 	cr_assert_eq(P[SA].pending_slot, -1);
@@ -1513,7 +1513,7 @@ Test(proto, coalesce_flush_on_recv)
 	put_all(SA, 20, 0);
 	cr_assert_eq(ndata(SA), 1);
 	cr_assert_eq(get(SA, 100, 0), -EAGAIN);
-	cr_assert_eq(P[SA].st.flushes_recv, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_RECV], 1);
 	cr_assert_eq(ndata(SA), 2);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 20);
 	pump();
@@ -1532,7 +1532,7 @@ Test(proto, coalesce_flush_on_fin)
 	put_all(SA, 20, 0);
 	size_t n0 = fake_count(&FP.ep[SA], 0);
 	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
-	cr_assert_eq(P[SA].st.flushes_close, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_CLOSE], 1);
 	cr_assert_eq(fake_count(&FP.ep[SA], 0), n0 + 2);
 	cr_assert_eq(msg_of(SA, n0)->h.type, SV_MSG_DATA);
 	cr_assert_eq(msg_of(SA, n0)->h.len, 20);
@@ -1556,7 +1556,7 @@ Test(proto, coalesce_flush_on_switch_to_tcp)
 	put_all(SA, 20, 0);
 	size_t n0 = fake_count(&FP.ep[SA], 0);
 	cr_assert_eq(sv_proto_send_to_tcp(&P[SA], NOW), 0);
-	cr_assert_eq(P[SA].st.flushes_close, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_CLOSE], 1);
 	cr_assert_eq(fake_count(&FP.ep[SA], 0), n0 + 2);
 	cr_assert_eq(msg_of(SA, n0)->h.len, 20);
 	cr_assert_eq(msg_of(SA, n0 + 1)->h.type, SV_MSG_TO_TCP);
@@ -1581,9 +1581,9 @@ Test(proto, nodelay_sends_every_write)
 	cr_assert_eq(data_msg(SA, 0)->h.len, 10);
 	cr_assert_eq(data_msg(SA, 1)->h.len, 20);
 	cr_assert_eq(data_msg(SA, 2)->h.len, 5);
-	cr_assert_eq(P[SA].st.flushes_nodelay, 3);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_NODELAY], 3);
 	cr_assert_eq(P[SA].st.coalesced_writes, 0);
-	cr_assert_eq(P[SA].st.flushes_idle, 0);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_IDLE], 0);
 	cr_assert_eq(P[SA].pending_slot, -1);
 	pump();
 	cr_assert_eq(drain(SB), 35);
@@ -1605,7 +1605,7 @@ Test(proto, msg_more_holds_until_a_write_without_it)
 	put_all(SA, 7, 0);
 	cr_assert_eq(ndata(SA), 1);
 	cr_assert_eq(data_msg(SA, 0)->h.len, 22);
-	cr_assert_eq(P[SA].st.flushes_idle, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_IDLE], 1);
 	pump();
 	cr_assert_eq(drain(SB), 22);
 	check_quiescent();
@@ -1621,7 +1621,7 @@ Test(proto, msg_more_is_flushed_by_the_timer)
 	NOW += prm.coalesce_timeout_us;
 	sv_proto_timers(&P[SA], NOW);
 	cr_assert_eq(ndata(SA), 1);
-	cr_assert_eq(P[SA].st.flushes_timer, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_TIMER], 1);
 	pump();
 	cr_assert_eq(drain(SB), 10);
 	check_quiescent();
@@ -1641,7 +1641,7 @@ Test(proto, cork_holds_small_writes)
 	sv_proto_timers(&P[SA], NOW);
 	cr_assert_eq(ndata(SA), 1);
 	cr_assert_eq(data_msg(SA, 0)->h.len, 20);
-	cr_assert_eq(P[SA].st.flushes_timer, 1);
+	cr_assert_eq(P[SA].st.flushes[SV_FLUSH_TIMER], 1);
 	pump();
 	cr_assert_eq(drain(SB), 20);
 	deliver_ack(SB);
@@ -2220,7 +2220,7 @@ Test(proto, msg_more_not_flushed_by_arrivals)
 	pump();
 	cr_assert_eq(ndata(SA), 0, "A's MSG_MORE bytes were sent when B's DATA arrived "
 				   "(flushes_idle %llu)",
-		     (unsigned long long)P[SA].st.flushes_idle);
+		     (unsigned long long)P[SA].st.flushes[SV_FLUSH_IDLE]);
 	cr_assert_eq(P[SA].pending_len, 10);
 	put_all(SA, 5, 0);
 	cr_assert_eq(ndata(SA), 1);
@@ -2880,8 +2880,8 @@ ParameterizedTest(struct soak_param *sp, proto, soak)
 	if (sp->coalesce) {
 		uint64_t fl = 0;
 		for (int s = 0; s < 2; s++)
-			fl += P[s].st.flushes_timer + P[s].st.flushes_full +
-			      P[s].st.flushes_idle + P[s].st.flushes_recv;
+			fl += P[s].st.flushes[SV_FLUSH_TIMER] + P[s].st.flushes[SV_FLUSH_FULL] +
+			      P[s].st.flushes[SV_FLUSH_IDLE] + P[s].st.flushes[SV_FLUSH_RECV];
 		cr_assert_gt(fl, 0);
 	}
 }
