@@ -21,7 +21,7 @@
 #
 # One transfer per session: ftpd changes its euid around each data
 # connection's bind, and a later data connection of the same session stays
-# on TCP (README, Known problems).
+# on TCP (README, Limitations).
 #
 # Sizes: SOVIA_IT_FTP_SIZES (default "19090223 145864380"); modes and
 # directions: SOVIA_IT_FTP_MODES (default "passive active") and
