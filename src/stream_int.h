@@ -212,6 +212,10 @@ struct sv_stream {
 	struct sv_stream *next_all; /* every live stream (stream.c) */
 };
 
+/* A non-blocking connect completed (the helper saw it, or bytes moved on
+ * the connection): the upgrade starts after SOVIA_UPGRADE_DELAY_MS. */
+void sv_stream_connect_done(struct sv_stream *s);
+
 /* ---- Waiting (stream_wait.c) --------------------------------------------------- */
 
 /* Wake every thread sleeping on this stream, and move the mark a poll

@@ -244,6 +244,8 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		}
 		progress = w > 0 ? SV_PROGRESS_DRAINED : 0;
 	}
+	if (r > 0 && s->state == SV_CONN_CONNECTING)
+		sv_stream_connect_done(s); /* bytes came: the connect completed */
 	sv_unlock(&s->lock);
 	if (r > 0 && !(flags & MSG_PEEK)) /* what we wrote got its answer */
 		atomic_store_explicit(&s->wt.writes_seen,

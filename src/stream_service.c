@@ -18,7 +18,8 @@
  * Not told by POLLOUT (the application may have filled the send buffer
  * already, for a peer that does not read yet) nor by SO_ERROR (reading it
  * would take the outcome away from the application): the TCP state
- * tells. True when it let go of the lock. */
+ * tells. True when it let go of the lock (never: the upgrade starts at the
+ * next look). */
 static bool service_connecting(struct sv_stream *s, struct sv_service *sv)
 {
 	struct tcp_info ti;
@@ -28,20 +29,17 @@ static bool service_connecting(struct sv_stream *s, struct sv_service *sv)
 		sv->next = sv->now + 5000; /* connects take round trips: look every 5 ms */
 		return false;
 	}
-	socklen_t ll = sizeof(s->tuple.local), pl = sizeof(s->tuple.peer);
-	bool ok = s->fd >= 0 &&
-		  getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) == 0 &&
-		  getsockname(s->fd, (struct sockaddr *)&s->tuple.local, &ll) == 0;
-	sv->done = true; /* the upgrade watches it again */
+	socklen_t pl = sizeof(s->tuple.peer);
+	bool ok = s->fd >= 0 && getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) == 0;
 	if (!ok) {
 		sv_dbg("fd %d: the non-blocking connect failed", s->fd);
 		sv_stream_fall_back(s, SV_FB_NO_ROUTE);
+		sv->done = true;
 		return false;
 	}
-	sv_stream_set_state(s, SV_CONN_TCP);
-	sv_unlock(&s->lock);
-	sv_stream_start_client(s);
-	return true;
+	sv_stream_connect_done(s);
+	sv->next = s->sw.upgrade_at;
+	return false;
 }
 
 /* A client connection that waits out SOVIA_UPGRADE_DELAY_MS, or to ask
