@@ -3,6 +3,7 @@
 #include "helper.h"
 #include "helper_int.h"
 
+#include "clock.h"
 #include "cm.h"
 #include "guard.h"
 #include "lock.h"
@@ -159,7 +160,11 @@ static void *helper_main(void *arg)
 {
 	(void)arg;
 	sv_enter(); /* the libraries this thread calls go straight to libc */
+	sv_lock_go_first(); /* lock.h: the application's calls give way to it */
+	uint64_t t0 = sv_now_us();
 	init_rdma();
+	sv_dbg("helper: rdma_cm %s after %llu ms", atomic_load(&h.rdma) > 0 ? "ready" : "unusable",
+	       (unsigned long long)((sv_now_us() - t0) / 1000));
 	run_jobs();
 	for (;;) {
 		uint64_t now = sv_now_us();

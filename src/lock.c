@@ -3,9 +3,36 @@
 
 #include "log.h"
 
+#include <sched.h>
+
+__thread bool sv_tls_goes_first __attribute__((tls_model("initial-exec")));
+
+void sv_lock_go_first(void)
+{
+	sv_tls_goes_first = true;
+}
+
+void sv_lock_contended(struct sv_lock *l)
+{
+	if (sv_tls_goes_first) {
+		if (pthread_mutex_trylock(&l->m) == 0)
+			return;
+		atomic_fetch_add(&l->first, 1);
+		pthread_mutex_lock(&l->m);
+		atomic_fetch_sub(&l->first, 1);
+		return;
+	}
+	/* Its holder lets go soon (no lock is held across a wait): the
+	 * thread that goes first is woken then, and takes it while we yield. */
+	while (atomic_load(&l->first))
+		sched_yield();
+	pthread_mutex_lock(&l->m);
+}
+
 void sv_lock_init(struct sv_lock *l, enum sv_lock_rank rank)
 {
 	pthread_mutex_init(&l->m, NULL);
+	atomic_init(&l->first, 0);
 	l->rank = rank;
 }
 
@@ -17,6 +44,7 @@ void sv_lock_destroy(struct sv_lock *l)
 void sv_lock_reinit(struct sv_lock *l)
 {
 	pthread_mutex_init(&l->m, NULL);
+	atomic_store_explicit(&l->first, 0, memory_order_relaxed); /* no helper in the child */
 }
 
 #ifdef SOVIA_CHECKS
@@ -40,7 +68,7 @@ void sv_lock(struct sv_lock *l)
 		if (held[i]->rank >= l->rank)
 			sv_fatal("lock order: taking a lock of rank %d while holding one of rank %d",
 				 (int)l->rank, (int)held[i]->rank);
-	pthread_mutex_lock(&l->m);
+	sv_lock_contended(l);
 	push(l);
 }
 

@@ -141,6 +141,7 @@ void sv_stream_start_client(struct sv_stream *s)
 	sv_lock(&s->lock);
 	s->sw.upgrade_at = sv_now_us() + (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
 	sv_unlock(&s->lock);
+	sv_dbg("fd %d connected: its upgrade starts in %u ms", s->fd, sv_cfg.upgrade_delay_ms);
 	sv_helper_watch(s);
 }
 
