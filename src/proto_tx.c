@@ -192,44 +192,30 @@ static int tx_check(const struct sv_proto *p)
 	return -EINVAL;
 }
 
-/* Copy path: whole messages of up to tx_payload_max bytes each, of the
- * write's bytes from `skip` on (`total` of them). */
-static long send_copy(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t skip,
-		      size_t total)
-{
-	size_t done = 0;
-	while (done < total && sv_pr_can_send_data(p)) {
-		uint32_t slot;
-		sv_pr_take_slot(p, &slot);
-		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
-		uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, slot);
-		sv_iov_gather(buf + SV_HDR_SIZE, iov, iovcnt, skip + done, n);
-		int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, NULL, 0);
-		if (r < 0)
-			return done ? (long)done : r;
-		p->snd_nxt += n;
-		done += n;
-	}
-	if (!done) {
-		p->st.credit_stalls++;
-		return -EAGAIN;
-	}
-	return (long)done;
-}
-
-/* Zero-copy path: the payload stays in the caller's memory. */
-static long send_zcopy(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t skip,
-		       size_t total)
+/* Whole messages of up to tx_payload_max bytes each, of the write's bytes
+ * from `skip` on (`total` of them): copied into the send buffers, or with
+ * zero copy left in the caller's memory (a message then ends early if its
+ * slice of the write needs more than 8 entries). */
+static long send_messages(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t skip,
+			  size_t total, bool zcopy)
 {
 	size_t done = 0;
 	while (done < total && sv_pr_can_send_data(p)) {
 		struct iovec part[8];
+		int k = 0;
 		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
-		int k = sv_iov_slice(iov, iovcnt, skip + done, n, part, 8);
-		n = sv_iov_total(part, k); /* fewer bytes if the slice needed > 8 entries */
+		if (zcopy) {
+			k = sv_iov_slice(iov, iovcnt, skip + done, n, part, 8);
+			n = sv_iov_total(part, k);
+		}
 		uint32_t slot;
 		sv_pr_take_slot(p, &slot);
-		int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, part, k);
+		if (!zcopy) {
+			uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, slot);
+			sv_iov_gather(buf + SV_HDR_SIZE, iov, iovcnt, skip + done, n);
+		}
+		int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, zcopy ? part : NULL,
+				   k);
 		if (r < 0)
 			return done ? (long)done : r;
 		p->snd_nxt += n;
@@ -291,7 +277,7 @@ static bool send_nodelay(struct sv_proto *p, const struct iovec *iov, int iovcnt
 	}
 	if (p->pending_slot >= 0 || !sv_pr_can_send_data(p))
 		return false;
-	*sent = send_copy(p, iov, iovcnt, skip, total);
+	*sent = send_messages(p, iov, iovcnt, skip, total, false);
 	if (*sent > 0)
 		p->st.flushes[SV_FLUSH_NODELAY]++;
 	return true;
@@ -344,9 +330,9 @@ static long send_rest(struct sv_proto *p, const struct iovec *iov, int iovcnt, s
 		      size_t total, bool small, int flags, struct sv_clock *clk)
 {
 	if (skip + total >= p->prm.zcopy_threshold)
-		return send_zcopy(p, iov, iovcnt, skip, total);
+		return send_messages(p, iov, iovcnt, skip, total, true);
 	if (!small) {
-		long n = send_copy(p, iov, iovcnt, skip, total);
+		long n = send_messages(p, iov, iovcnt, skip, total, false);
 		if (n > 0 && !p->prm.coalesce)
 			p->st.flushes[SV_FLUSH_NODELAY]++;
 		return n;
