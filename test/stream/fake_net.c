@@ -4,6 +4,7 @@
 #include "lock.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,10 @@ static uint64_t delivered;
 static long break_after = -1;
 static enum fake_side hold_side;
 static unsigned qps_alive, qps_created;
+/* rdma_cm's first use waits for fake_net_start_now() (fake_net_slow_start). */
+static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t start_cv = PTHREAD_COND_INITIALIZER;
+static bool start_gated;
 
 static void violation(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void violation(const char *fmt, ...)
@@ -442,6 +447,10 @@ static void queue_event(struct fid *id, enum rdma_cm_event_type type, int status
 
 static struct rdma_event_channel *f_create_event_channel(void)
 {
+	pthread_mutex_lock(&start_mu);
+	while (start_gated)
+		pthread_cond_wait(&start_cv, &start_mu);
+	pthread_mutex_unlock(&start_mu);
 	struct fchan *c = xcalloc(1, sizeof(*c));
 	c->ch.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	return &c->ch;
@@ -742,6 +751,7 @@ void fake_net_use(void)
 	break_after = -1;
 	hold_side = FAKE_NONE;
 	sv_unlock(&net_lock);
+	fake_net_start_now();
 	sv_cm_use(&fake_ops);
 }
 
@@ -753,6 +763,21 @@ unsigned fake_net_violations(void)
 const char *fake_net_why(void)
 {
 	return why;
+}
+
+void fake_net_slow_start(void)
+{
+	pthread_mutex_lock(&start_mu);
+	start_gated = true;
+	pthread_mutex_unlock(&start_mu);
+}
+
+void fake_net_start_now(void)
+{
+	pthread_mutex_lock(&start_mu);
+	start_gated = false;
+	pthread_cond_broadcast(&start_cv);
+	pthread_mutex_unlock(&start_mu);
 }
 
 void fake_net_no_route(bool on)

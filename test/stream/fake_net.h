@@ -34,6 +34,11 @@ void fake_net_use(void);
 unsigned fake_net_violations(void);
 const char *fake_net_why(void);
 
+/* rdma_cm's first use in the process (the helper's start-up, which loads
+ * the device providers: slow on a real host) waits until
+ * fake_net_start_now(). */
+void fake_net_slow_start(void);
+void fake_net_start_now(void);
 /* The next connect requests find no route (ADDR_ERROR). */
 void fake_net_no_route(bool on);
 /* Sends completed (delivered) so far, on every QP. */

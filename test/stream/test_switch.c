@@ -91,6 +91,50 @@ Test(switch, ping_pong)
 	h_pair_free(&p);
 }
 
+/* A non-blocking connect whose bytes move before the helper can look at it
+ * (rdma_cm's first use keeps it busy): the bytes prove the connect done,
+ * the connection is plain TCP at once, and its upgrade follows when the
+ * helper is ready. It used to stay "connecting" until the helper looked,
+ * and a short connection ended so. */
+Test(switch, a_non_blocking_connect_that_moved_bytes_is_connected)
+{
+	fake_net_slow_start();
+	struct pair p;
+	h_listen(&p, true);
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
+	p.cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int r = connect(p.cfd, (struct sockaddr *)&a, sizeof(a));
+	cr_assert(r == 0 || errno == EINPROGRESS);
+	p.c = sv_stream_new(p.cfd, true);
+	sv_stream_start_connecting(p.c); /* as after EINPROGRESS */
+	p.sfd = accept(p.lfd, NULL, NULL);
+	p.s = sv_stream_new(p.sfd, false);
+	sv_stream_start_server(p.s, p.l);
+	cr_assert_eq(h_state(p.c), SV_CONN_CONNECTING);
+	uint8_t b[3] = {1, 2, 3}, g[3];
+	long end;
+	cr_assert_eq(h_write_all(p.s, b, 3), 3);
+	cr_assert_eq(h_read_all(p.c, g, 3, &end), 3);
+	cr_assert_eq(h_state(p.c), SV_CONN_TCP, "after a read: %s", sv_conn_state_name(h_state(p.c)));
+	cr_assert_eq(h_write_all(p.c, b, 3), 3);
+	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
+	cr_assert_eq(h_state(p.c), SV_CONN_TCP);
+	fake_net_start_now();
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
+		     sv_conn_state_name(h_state(p.c)));
+	long w;
+	while ((w = h_write(p.c, b, 3, 0)) == -EAGAIN)
+		;
+	cr_assert_eq(w, 3);
+	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
+	cr_assert_eq(memcmp(b, g, 3), 0);
+	cr_assert_eq(h_counts(p.c).rdma_tx, 3);
+	cr_assert_eq(h_counts(p.c).tcp_tx, 3);
+	h_pair_free(&p);
+}
+
 /* A non-blocking connect: the stream waits for it, then upgrades. */
 Test(switch, after_a_non_blocking_connect)
 {
