@@ -126,7 +126,16 @@ transfer() {
 	fi
 
 	# The stats: the client's file, and what ftpd wrote during this session.
-	tail -n +$((lines0 + 1)) "$WORK/ftpd.err" >"$WORK/server.session"
+	# A connection on RDMA prints its line when its close has finished
+	# (the helper thread, once the FIN is delivered), which may come after
+	# ftpd's 226: wait for both ends' lines, within the session's exit.
+	local i
+	for i in $(seq 300); do
+		tail -n +$((lines0 + 1)) "$WORK/ftpd.err" >"$WORK/server.session"
+		[ -n "$(data_lines "$WORK/server.session")" ] &&
+			[ -n "$(data_lines "$WORK/client.err")" ] && break
+		sleep 0.1
+	done
 	local snd=$WORK/server.session rcv=$WORK/client.err
 	[ "$dir" = put ] && snd=$WORK/client.err rcv=$WORK/server.session
 	data_lines "$snd" "$rcv" | cut -c1-200
@@ -135,7 +144,8 @@ transfer() {
 	rb=$(dstat rdma_tx_bytes "$snd")
 	tb=$(dstat tcp_tx_bytes "$snd")
 	rr=$(dstat rdma_rx_bytes "$rcv")
-	[ "$n" -ge 1 ] || fail "$mode $dir $size: the sender's data connection was not on RDMA"
+	[ "$n" -ge 1 ] || fail "$mode $dir $size: the sender's data connection was not on RDMA" \
+		"(looked $i times for the lines; client.err: $(stat -c '%s bytes, changed %z' "$WORK/client.err"), now $(date '+%T.%N'))"
 	# Writes before the upgrade completes go over TCP (nothing waits for
 	# it): under emulation a few MB. The rest is the QP's.
 	[ "$rb" -ge $((size / 2)) ] && [ "$rr" -ge $((size / 2)) ] ||
