@@ -91,6 +91,45 @@ Test(switch, ping_pong)
 	h_pair_free(&p);
 }
 
+/* A pair whose client connects without blocking. `connecting`: the
+ * client's stream starts as after EINPROGRESS even if the loopback connect
+ * completed at once (its end is then seen only later). */
+static void nb_pair(struct pair *p, bool connecting)
+{
+	h_listen(p, true);
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p->lfd, (struct sockaddr *)&a, &al), 0);
+	p->cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int r = connect(p->cfd, (struct sockaddr *)&a, sizeof(a));
+	cr_assert(r == 0 || errno == EINPROGRESS);
+	p->c = sv_stream_new(p->cfd, true);
+	if (r == 0 && !connecting)
+		sv_stream_start_client(p->c);
+	else
+		sv_stream_start_connecting(p->c);
+	p->sfd = accept(p->lfd, NULL, NULL);
+	p->s = sv_stream_new(p->sfd, false);
+	sv_stream_start_server(p->s, p->l);
+}
+
+/* The client gets to RDMA and writes 3 bytes there. */
+static void three_bytes_over_the_qp(struct pair *p)
+{
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
+		     sv_conn_state_name(h_state(p->c)));
+	uint64_t before = h_counts(p->c).rdma_tx;
+	uint8_t b[3] = {1, 2, 3}, g[3];
+	long w;
+	while ((w = h_write(p->c, b, 3, 0)) == -EAGAIN)
+		;
+	cr_assert_eq(w, 3);
+	long end;
+	cr_assert_eq(h_read_all(p->s, g, 3, &end), 3);
+	cr_assert_eq(memcmp(b, g, 3), 0);
+	cr_assert_eq(h_counts(p->c).rdma_tx - before, 3);
+}
+
 /* A non-blocking connect whose bytes move before the helper can look at it
  * (rdma_cm's first use keeps it busy): the bytes prove the connect done,
  * the connection is plain TCP at once, and its upgrade follows when the
@@ -100,18 +139,7 @@ Test(switch, a_non_blocking_connect_that_moved_bytes_is_connected)
 {
 	fake_net_slow_start();
 	struct pair p;
-	h_listen(&p, true);
-	struct sockaddr_in a;
-	socklen_t al = sizeof(a);
-	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
-	p.cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-	int r = connect(p.cfd, (struct sockaddr *)&a, sizeof(a));
-	cr_assert(r == 0 || errno == EINPROGRESS);
-	p.c = sv_stream_new(p.cfd, true);
-	sv_stream_start_connecting(p.c); /* as after EINPROGRESS */
-	p.sfd = accept(p.lfd, NULL, NULL);
-	p.s = sv_stream_new(p.sfd, false);
-	sv_stream_start_server(p.s, p.l);
+	nb_pair(&p, true);
 	cr_assert_eq(h_state(p.c), SV_CONN_CONNECTING);
 	uint8_t b[3] = {1, 2, 3}, g[3];
 	long end;
@@ -122,15 +150,7 @@ Test(switch, a_non_blocking_connect_that_moved_bytes_is_connected)
 	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
 	cr_assert_eq(h_state(p.c), SV_CONN_TCP);
 	fake_net_start_now();
-	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
-		     sv_conn_state_name(h_state(p.c)));
-	long w;
-	while ((w = h_write(p.c, b, 3, 0)) == -EAGAIN)
-		;
-	cr_assert_eq(w, 3);
-	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
-	cr_assert_eq(memcmp(b, g, 3), 0);
-	cr_assert_eq(h_counts(p.c).rdma_tx, 3);
+	three_bytes_over_the_qp(&p);
 	cr_assert_eq(h_counts(p.c).tcp_tx, 3);
 	h_pair_free(&p);
 }
@@ -139,31 +159,7 @@ Test(switch, a_non_blocking_connect_that_moved_bytes_is_connected)
 Test(switch, after_a_non_blocking_connect)
 {
 	struct pair p;
-	h_listen(&p, true);
-	struct sockaddr_in a;
-	socklen_t al = sizeof(a);
-	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
-	p.cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-	int r = connect(p.cfd, (struct sockaddr *)&a, sizeof(a));
-	cr_assert(r == 0 || errno == EINPROGRESS);
-	p.c = sv_stream_new(p.cfd, true);
-	if (r == 0)
-		sv_stream_start_client(p.c);
-	else
-		sv_stream_start_connecting(p.c);
-	p.sfd = accept(p.lfd, NULL, NULL);
-	p.s = sv_stream_new(p.sfd, false);
-	sv_stream_start_server(p.s, p.l);
-	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
-		     sv_conn_state_name(h_state(p.c)));
-	uint8_t b[3] = {1, 2, 3}, g[3];
-	long w;
-	while ((w = h_write(p.c, b, 3, 0)) == -EAGAIN)
-		;
-	cr_assert_eq(w, 3);
-	long end;
-	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
-	cr_assert_eq(memcmp(b, g, 3), 0);
-	cr_assert_eq(h_counts(p.c).rdma_tx, 3);
+	nb_pair(&p, false);
+	three_bytes_over_the_qp(&p);
 	h_pair_free(&p);
 }
