@@ -45,10 +45,4 @@ static inline uint64_t sv_clock_update(struct sv_clock *c)
 	return c->us;
 }
 
-/* Time moved on without a reading (work was done): the next need reads. */
-static inline void sv_clock_forget(struct sv_clock *c)
-{
-	c->us = 0;
-}
-
 #endif

@@ -12,11 +12,6 @@ static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_
 	return r;
 }
 
-static int reject(struct rdma_cm_id *id, const void *pd, uint8_t len)
-{
-	return rdma_reject(id, pd, len);
-}
-
 const struct sv_cm_ops sv_cm_rdma = {
 	.create_event_channel = rdma_create_event_channel,
 	.create_id = rdma_create_id,
@@ -25,7 +20,7 @@ const struct sv_cm_ops sv_cm_rdma = {
 	.resolve_route = rdma_resolve_route,
 	.connect = rdma_connect,
 	.accept = rdma_accept,
-	.reject = reject,
+	.reject = rdma_reject,
 	.establish = rdma_establish,
 	.disconnect = rdma_disconnect,
 	.bind_addr = rdma_bind_addr,

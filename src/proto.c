@@ -14,32 +14,7 @@
 
 /* ---- Wire format ------------------------------------------------------ */
 
-void sv_hdr_encode(const struct sv_hdr *h, uint8_t out[SV_HDR_SIZE])
-{
-	out[0] = h->type;
-	out[1] = h->flags;
-	sv_put16(out + 2, h->credits);
-	sv_put32(out + 4, h->len);
-	sv_put64(out + 8, h->seq);
-	sv_put64(out + 16, h->ack);
-}
-
-void sv_hdr_decode(const uint8_t in[SV_HDR_SIZE], struct sv_hdr *h)
-{
-	h->type = in[0];
-	h->flags = in[1];
-	h->credits = sv_get16(in + 2);
-	h->len = sv_get32(in + 4);
-	h->seq = sv_get64(in + 8);
-	h->ack = sv_get64(in + 16);
-}
-
 /* ---- Life ---------------------------------------------------------------- */
-
-uint32_t sv_pr_nrecv(const struct sv_proto *p)
-{
-	return sv_proto_nrecv(&p->prm);
-}
 
 int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 		  const struct sv_xport *xp)
@@ -260,14 +235,9 @@ int sv_proto_tx_lost_qp(struct sv_proto *p, const void **buf, size_t *len)
 		/* Coalesced, never sent: the caller writes it on TCP. The
 		 * buffer stays as it is until the core sends again, which it
 		 * does not over a lost QP. */
-		uint32_t slot = (uint32_t)p->pending_slot;
-		*buf = (const uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE;
+		*buf = sv_pr_tx_payload(p, (uint32_t)p->pending_slot);
 		*len = p->pending_len;
-		sv_pr_free_slot(p, slot);
-		p->pending_slot = -1;
-		p->pending_len = 0;
-		p->pending_deadline = 0;
-		p->pending_hold = false;
+		sv_pr_free_slot(p, sv_pr_take_pending(p));
 	}
 	p->tx_state = SV_TX_TCP;
 	return 0;
@@ -292,7 +262,7 @@ bool sv_proto_sends_done(const struct sv_proto *p)
 
 bool sv_proto_writable(const struct sv_proto *p)
 {
-	return (p->credits > p->prm.reserve && p->nfree > 0) ||
+	return sv_pr_can_send_data(p) ||
 	       (p->pending_slot >= 0 && p->pending_len < p->tx_payload_max);
 }
 

@@ -17,6 +17,7 @@
 #define SV_PROTO_H
 
 #include "clock.h"
+#include "le.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -58,14 +59,37 @@ struct sv_hdr {
 	uint64_t ack;     /* stream bytes received from the peer, cumulative */
 };
 
-void sv_hdr_encode(const struct sv_hdr *h, uint8_t out[SV_HDR_SIZE]);
-void sv_hdr_decode(const uint8_t in[SV_HDR_SIZE], struct sv_hdr *h);
+/* Inline: every message sent and received goes through them. */
+static inline void sv_hdr_encode(const struct sv_hdr *h, uint8_t out[SV_HDR_SIZE])
+{
+	out[0] = h->type;
+	out[1] = h->flags;
+	sv_put16(out + 2, h->credits);
+	sv_put32(out + 4, h->len);
+	sv_put64(out + 8, h->seq);
+	sv_put64(out + 16, h->ack);
+}
+
+static inline void sv_hdr_decode(const uint8_t in[SV_HDR_SIZE], struct sv_hdr *h)
+{
+	h->type = in[0];
+	h->flags = in[1];
+	h->credits = sv_get16(in + 2);
+	h->len = sv_get32(in + 4);
+	h->seq = sv_get64(in + 8);
+	h->ack = sv_get64(in + 16);
+}
 
 /* ---- The transport under the core --------------------------------------- */
 
 /* What the core needs from a message transport. Buffers are numbered: the
  * transport owns (and has registered) `nrecv` receive buffers and `nsend`
  * send buffers of `buf_size` bytes each. Every function returns 0 or -errno. */
+/* User iovec pieces one zero-copy message carries at most: the core slices
+ * a zero-copy write so; a transport takes one scatter/gather entry more
+ * for the header. */
+#define SV_ZCOPY_MAX_IOV 8
+
 struct sv_xport_ops {
 	/* Address of receive buffer i / send buffer i. */
 	void *(*recv_buf)(void *xp, uint32_t i);
@@ -74,7 +98,8 @@ struct sv_xport_ops {
 	int (*post_recv)(void *xp, uint32_t i);
 	/* Send one message: the first `len` bytes of send buffer `slot`, then
 	 * (zero copy) the user memory in iov[0..iovcnt) which the transport
-	 * registers itself. iovcnt is 0 for the copy path. The completion
+	 * registers itself. iovcnt is 0 for the copy path, at most
+	 * SV_ZCOPY_MAX_IOV for zero copy. The completion
 	 * reports `slot` back through sv_proto_on_send_done. */
 	int (*post_send)(void *xp, uint32_t slot, uint32_t len, const struct iovec *iov,
 			 int iovcnt);

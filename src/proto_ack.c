@@ -18,15 +18,6 @@ static int send_update(struct sv_proto *p)
 	return r == -EAGAIN ? 0 : r;
 }
 
-/* A buffer whose data the application consumed (or that the protocol
- * treats so) waits to be reported; small says whether it held less than
- * coalesce_size, which sets the delayed-ACK timer (ack_policy). */
-void sv_pr_consumed(struct sv_proto *p, bool small)
-{
-	p->unreported_data++;
-	p->unreported_small += small;
-}
-
 /* A clock reading starts the delayed-ACK timer armed without one. */
 static void ack_clock(struct sv_proto *p, uint64_t now)
 {
@@ -92,12 +83,8 @@ uint64_t sv_proto_next_deadline(struct sv_proto *p, struct sv_clock *clk)
 {
 	if (p->ack_lazy_us)
 		ack_clock(p, sv_clock_now(clk));
-	uint64_t d = 0;
-	if (p->ack_deadline)
-		d = p->ack_deadline;
-	if (p->pending_slot >= 0 && p->pending_deadline && (!d || p->pending_deadline < d))
-		d = p->pending_deadline;
-	return d;
+	uint64_t d = p->ack_deadline, f = sv_proto_flush_deadline(p);
+	return f && (!d || f < d) ? f : d;
 }
 
 uint64_t sv_proto_flush_deadline(const struct sv_proto *p)

@@ -76,16 +76,10 @@ static int keep_pending_as_tail(struct sv_proto *p)
 {
 	if (p->pending_slot < 0)
 		return 0;
-	const uint8_t *b =
-		(const uint8_t *)p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot) +
-		SV_HDR_SIZE;
+	const uint8_t *b = sv_pr_tx_payload(p, (uint32_t)p->pending_slot);
 	if (sv_bytes_append(&p->tail, &p->tail_len, &p->tail_cap, b, p->pending_len) < 0)
 		return sv_proto_abort(p, -ENOMEM);
-	sv_pr_free_slot(p, (uint32_t)p->pending_slot);
-	p->pending_slot = -1;
-	p->pending_len = 0;
-	p->pending_deadline = 0;
-	p->pending_hold = false;
+	sv_pr_free_slot(p, sv_pr_take_pending(p));
 	return 0;
 }
 
@@ -136,7 +130,7 @@ int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len
 		return r;
 	uint32_t slot = 0;
 	sv_pr_take_slot(p, &slot); /* one is free: checked above */
-	sv_put64((uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE, x);
+	sv_put64(sv_pr_tx_payload(p, slot), x);
 	uint64_t seq = p->snd_nxt;
 	r = sv_pr_post(p, slot, SV_MSG_BACK, seq, SV_BACK_PAYLOAD, NULL, 0);
 	if (r < 0)
@@ -171,8 +165,7 @@ int sv_proto_send_returns(struct sv_proto *p, struct sv_clock *clk)
 		sv_pr_take_slot(p, &slot);
 		uint64_t want = p->peer_back_seq - p->ret_nxt;
 		uint32_t n = want < p->tx_payload_max ? (uint32_t)want : p->tx_payload_max;
-		memcpy((uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE,
-		       p->ret_buf + (p->ret_nxt - p->back_x), n);
+		memcpy(sv_pr_tx_payload(p, slot), p->ret_buf + (p->ret_nxt - p->back_x), n);
 		int r = sv_pr_post(p, slot, SV_MSG_RETURN, p->ret_nxt, n, NULL, 0);
 		if (r < 0)
 			return r;
@@ -198,6 +191,5 @@ void sv_proto_owed_consume(struct sv_proto *p, size_t n)
 bool sv_proto_back_done(const struct sv_proto *p)
 {
 	return p->back_sent && p->peer_back && p->ret_nxt == p->peer_back_seq &&
-	       p->owed_nxt == p->back_seq && !p->tail_len &&
-	       p->nfree + (p->pending_slot >= 0) == sv_proto_nsend(&p->prm);
+	       p->owed_nxt == p->back_seq && !p->tail_len && sv_proto_sends_done(p);
 }

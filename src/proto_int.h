@@ -6,6 +6,7 @@
 
 #include "proto.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -114,24 +115,55 @@ void sv_proto_destroy(struct sv_proto *p);
 
 /* ---- Shared by the core's files ---------------------------------------- */
 
+/* The small helpers below are inline: they run for every message. */
+
 /* Receive buffers posted by this side (window + reserve). */
-uint32_t sv_pr_nrecv(const struct sv_proto *p);
+static inline uint32_t sv_pr_nrecv(const struct sv_proto *p)
+{
+	return sv_proto_nrecv(&p->prm);
+}
 /* Post one message from send buffer `slot` (header written here, payload
  * already in place, or zero copy from zc); carries the credit report. */
 int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, uint32_t len,
 	       const struct iovec *zc, int zccnt);
 /* A free send buffer, or -EAGAIN. */
-int sv_pr_take_slot(struct sv_proto *p, uint32_t *slot);
+static inline int sv_pr_take_slot(struct sv_proto *p, uint32_t *slot)
+{
+	if (!p->nfree)
+		return -EAGAIN;
+	*slot = p->free_slots[--p->nfree];
+	return 0;
+}
 /* A send buffer back on the free stack. */
-void sv_pr_free_slot(struct sv_proto *p, uint32_t slot);
+static inline void sv_pr_free_slot(struct sv_proto *p, uint32_t slot)
+{
+	p->free_slots[p->nfree++] = slot;
+}
 /* A control message with no payload, if `need` credits are there. */
 int sv_pr_send_control(struct sv_proto *p, uint8_t type, uint64_t seq, uint32_t need);
 /* DATA may go: a credit above the reserve and a free send buffer. */
-bool sv_pr_can_send_data(const struct sv_proto *p);
-/* Nagle's idle: every DATA sent completed and the peer acknowledged it. */
-bool sv_pr_tx_idle(const struct sv_proto *p);
-/* A receive buffer's data was consumed (small: below coalesce_size). */
-void sv_pr_consumed(struct sv_proto *p, bool small);
+static inline bool sv_pr_can_send_data(const struct sv_proto *p)
+{
+	return p->credits > p->prm.reserve && p->nfree > 0;
+}
+/* Nagle's idle: every DATA we sent has completed and the peer acknowledged
+ * every byte of it. (Local completions alone come back almost at once on
+ * soft-RoCE and fast NICs, so they would send nearly every small write on
+ * its own; the peer's acknowledgment takes a round trip, as TCP's does.) */
+static inline bool sv_pr_tx_idle(const struct sv_proto *p)
+{
+	return p->inflight == 0 && p->snd_una == p->snd_nxt;
+}
+
+/* A buffer whose data the application consumed (or that the protocol
+ * treats so) waits to be reported; small says whether it held less than
+ * coalesce_size, which sets the delayed-ACK timer (ack_policy). */
+static inline void sv_pr_consumed(struct sv_proto *p, bool small)
+{
+	p->unreported_data++;
+	p->unreported_small += small;
+}
+
 /* The ACK policy (docs/protocol.md, section 6). */
 int sv_pr_ack_policy(struct sv_proto *p, struct sv_clock *clk);
 /* Send the coalescing buffer now; -EAGAIN without a data credit. */
@@ -158,7 +190,24 @@ int sv_pr_on_back(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf);
 int sv_pr_on_return(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf);
 /* A malformed message: the connection resets. Returns -ECONNRESET. */
 int sv_pr_malformed(struct sv_proto *p);
-/* Payload of receive buffer buf. */
-const uint8_t *sv_pr_rx_payload(const struct sv_proto *p, uint32_t buf);
+/* The coalescing buffer's slot, taken out of it: the buffer is empty. */
+static inline uint32_t sv_pr_take_pending(struct sv_proto *p)
+{
+	uint32_t slot = (uint32_t)p->pending_slot;
+	p->pending_slot = -1;
+	p->pending_len = 0;
+	p->pending_deadline = 0;
+	p->pending_hold = false;
+	return slot;
+}
+/* Payload of receive buffer buf, and of send buffer slot. */
+static inline const uint8_t *sv_pr_rx_payload(const struct sv_proto *p, uint32_t buf)
+{
+	return (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) + SV_HDR_SIZE;
+}
+static inline uint8_t *sv_pr_tx_payload(const struct sv_proto *p, uint32_t slot)
+{
+	return (uint8_t *)p->xp.ops->send_buf(p->xp.ctx, slot) + SV_HDR_SIZE;
+}
 
 #endif

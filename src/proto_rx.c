@@ -10,11 +10,6 @@
 #include <errno.h>
 #include <sys/socket.h>
 
-const uint8_t *sv_pr_rx_payload(const struct sv_proto *p, uint32_t buf)
-{
-	return (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) + SV_HDR_SIZE;
-}
-
 /* A control message's buffer is free again at once. */
 int sv_pr_repost_control(struct sv_proto *p, uint32_t buf)
 {
@@ -226,7 +221,7 @@ static bool rx_held_after_error(const struct sv_proto *p)
 
 uint64_t sv_proto_readable(const struct sv_proto *p)
 {
-	if (!p->rx_on_qp || (p->error && !rx_held_after_error(p)) || p->back_sent)
+	if (!sv_proto_rx_on_qp(p) || (p->error && !rx_held_after_error(p)))
 		return 0;
 	uint64_t end = rx_limit(p);
 	if (end > p->rcv_nxt)
@@ -308,7 +303,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	int rr = sv_pr_rx_release(p); /* after the flush: that one is on a path */
 	if (rr < 0)
 		return rr;
-	if (!p->rx_on_qp || p->back_sent)
+	if (!sv_proto_rx_on_qp(p))
 		return -EAGAIN; /* detached: the peer writes the rest on TCP */
 
 	bool peek = flags & MSG_PEEK;
@@ -330,7 +325,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	}
 	if (done)
 		return done;
-	if (p->rx_fin && p->rcv_read == p->rx_fin_seq)
+	if (sv_proto_rx_eof(p))
 		return 0;
 	if (!p->rx_on_qp)
 		return -EAGAIN; /* switched to TCP */

@@ -60,19 +60,6 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 	return 0;
 }
 
-int sv_pr_take_slot(struct sv_proto *p, uint32_t *slot)
-{
-	if (!p->nfree)
-		return -EAGAIN;
-	*slot = p->free_slots[--p->nfree];
-	return 0;
-}
-
-void sv_pr_free_slot(struct sv_proto *p, uint32_t slot)
-{
-	p->free_slots[p->nfree++] = slot;
-}
-
 int sv_pr_send_control(struct sv_proto *p, uint8_t type, uint64_t seq, uint32_t need)
 {
 	uint32_t slot;
@@ -81,20 +68,6 @@ int sv_pr_send_control(struct sv_proto *p, uint8_t type, uint64_t seq, uint32_t 
 	if (p->credits < need || sv_pr_take_slot(p, &slot) < 0)
 		return -EAGAIN;
 	return sv_pr_post(p, slot, type, seq, 0, NULL, 0);
-}
-
-bool sv_pr_can_send_data(const struct sv_proto *p)
-{
-	return p->credits > p->prm.reserve && p->nfree > 0;
-}
-
-/* Nagle's idle: every DATA we sent has completed and the peer acknowledged
- * every byte of it. (Local completions alone come back almost at once on
- * soft-RoCE and fast NICs, so they would send nearly every small write on
- * its own; the peer's acknowledgment takes a round trip, as TCP's does.) */
-bool sv_pr_tx_idle(const struct sv_proto *p)
-{
-	return p->inflight == 0 && p->snd_una == p->snd_nxt;
 }
 
 /* ---- Flushing the coalescing buffer --------------------------------------- */
@@ -107,12 +80,8 @@ int sv_pr_flush_pending(struct sv_proto *p, enum sv_flush_reason why)
 		p->st.credit_stalls++;
 		return -EAGAIN;
 	}
-	uint32_t slot = (uint32_t)p->pending_slot;
 	uint32_t len = p->pending_len;
-	p->pending_slot = -1;
-	p->pending_len = 0;
-	p->pending_deadline = 0;
-	p->pending_hold = false;
+	uint32_t slot = sv_pr_take_pending(p);
 	int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, len, NULL, 0);
 	if (r < 0)
 		return r;
@@ -181,11 +150,12 @@ static int tx_check(const struct sv_proto *p)
 	case SV_TX_FIN:
 		return -EPIPE;
 	case SV_TX_RESET:
-		/* Without an error, the QP ended normally after the peer's FIN:
-		 * only sv_proto_peer_ended sets RESET without one. The peer
-		 * closed and its end is gone, and TCP's writes to such a peer
-		 * (CLOSE_WAIT, then its reset) fail with EPIPE. */
-		return p->error ? p->error : -EPIPE;
+		/* Without an error (checked above), the QP ended normally
+		 * after the peer's FIN: only sv_proto_peer_ended sets RESET
+		 * without one. The peer closed and its end is gone, and TCP's
+		 * writes to such a peer (CLOSE_WAIT, then its reset) fail with
+		 * EPIPE. */
+		return -EPIPE;
 	case SV_TX_BACK:
 		return -EINVAL; /* detached: the stream layer writes on TCP */
 	}
@@ -195,25 +165,23 @@ static int tx_check(const struct sv_proto *p)
 /* Whole messages of up to tx_payload_max bytes each, of the write's bytes
  * from `skip` on (`total` of them): copied into the send buffers, or with
  * zero copy left in the caller's memory (a message then ends early if its
- * slice of the write needs more than 8 entries). */
+ * slice of the write needs more than SV_ZCOPY_MAX_IOV entries). */
 static long send_messages(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_t skip,
 			  size_t total, bool zcopy)
 {
 	size_t done = 0;
 	while (done < total && sv_pr_can_send_data(p)) {
-		struct iovec part[8];
+		struct iovec part[SV_ZCOPY_MAX_IOV];
 		int k = 0;
 		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
 		if (zcopy) {
-			k = sv_iov_slice(iov, iovcnt, skip + done, n, part, 8);
+			k = sv_iov_slice(iov, iovcnt, skip + done, n, part, SV_ZCOPY_MAX_IOV);
 			n = sv_iov_total(part, k);
 		}
 		uint32_t slot;
 		sv_pr_take_slot(p, &slot);
-		if (!zcopy) {
-			uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, slot);
-			sv_iov_gather(buf + SV_HDR_SIZE, iov, iovcnt, skip + done, n);
-		}
+		if (!zcopy)
+			sv_iov_gather(sv_pr_tx_payload(p, slot), iov, iovcnt, skip + done, n);
 		int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, zcopy ? part : NULL,
 				   k);
 		if (r < 0)
@@ -246,8 +214,8 @@ static int top_up(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_
 	size_t room = p->tx_payload_max - p->pending_len;
 	size_t n = total < room ? total : room;
 	if (n) {
-		uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
-		sv_iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, 0, n);
+		uint8_t *buf = sv_pr_tx_payload(p, (uint32_t)p->pending_slot);
+		sv_iov_gather(buf + p->pending_len, iov, iovcnt, 0, n);
 		p->pending_len += (uint32_t)n;
 		if (p->prm.coalesce)
 			p->st.coalesced_writes++;
@@ -304,8 +272,8 @@ static long coalesce(struct sv_proto *p, const struct iovec *iov, int iovcnt, si
 	}
 	if (window_closed)
 		p->st.collected_writes++;
-	uint8_t *buf = p->xp.ops->send_buf(p->xp.ctx, (uint32_t)p->pending_slot);
-	sv_iov_gather(buf + SV_HDR_SIZE + p->pending_len, iov, iovcnt, skip, total);
+	uint8_t *buf = sv_pr_tx_payload(p, (uint32_t)p->pending_slot);
+	sv_iov_gather(buf + p->pending_len, iov, iovcnt, skip, total);
 	p->pending_len += (uint32_t)total;
 	p->pending_hold = (flags & MSG_MORE) != 0; /* the latest write says */
 

@@ -566,12 +566,7 @@ int sv_regcache_create(struct sv_regcache **out, const struct sv_regcache_ops *o
 	struct sv_regcache *rc = calloc(1, sizeof(*rc));
 	if (!rc)
 		return -ENOMEM;
-	int r = 0;
 	sv_lock_init(&rc->lock, SV_RANK_REGCACHE);
-	if (r) {
-		free(rc);
-		return -r;
-	}
 	rc->ops = *ops;
 	rc->ctx = ctx;
 	rc->prm = *prm;

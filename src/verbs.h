@@ -16,12 +16,9 @@
 
 struct rdma_cm_id;
 
-/* User iovec pieces one zero-copy message may carry (the core slices its
- * zero-copy writes into at most this many); each message has one more
- * scatter/gather entry for the header in the send buffer. */
-#ifndef SV_XPORT_MAX_SGE
-#define SV_XPORT_MAX_SGE 8
-#endif
+/* The user iovec pieces of one zero-copy message (proto.h); each message
+ * has one more scatter/gather entry for the header in the send buffer. */
+#define SV_XPORT_MAX_SGE SV_ZCOPY_MAX_IOV
 
 /* One connection's verbs resources. */
 struct sv_verbs;
