@@ -35,6 +35,9 @@ static inline long sv_ret(long r, int saved_errno)
  * entry becomes the kernel's (unserved.c). */
 void sv_fd_detach(int fd);
 
+/* In a fork child: the FILEs fdopen made stay known (stdio.c). */
+void sv_stdio_atfork_child(void);
+
 /* One-time set-up: resolve symbols, load settings, size the fd table. */
 void sv_preload_init(void);
 

@@ -325,5 +325,6 @@ void sv_ops_atfork_child(void)
 		sv_fd_put(f);
 	}
 	sv_epoll_atfork_child();
+	sv_stdio_atfork_child();
 	sv_stream_atfork_child();
 }

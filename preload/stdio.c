@@ -25,6 +25,13 @@ static struct sv_lock cookies_lock = SV_LOCK_INIT(SV_RANK_STDIO);
 static struct cookie *cookies;
 static atomic_int ncookies;
 
+void sv_stdio_atfork_child(void)
+{
+	/* Its holder may be a thread the child does not have; the FILEs
+	 * themselves were copied with the process and stay listed. */
+	sv_lock_reinit(&cookies_lock);
+}
+
 static ssize_t cookie_read(void *c, char *buf, size_t n)
 {
 	return read(((struct cookie *)c)->fd, buf, n);

@@ -68,7 +68,10 @@ void sv_lock(struct sv_lock *l)
 		if (held[i]->rank >= l->rank)
 			sv_fatal("lock order: taking a lock of rank %d while holding one of rank %d",
 				 (int)l->rank, (int)held[i]->rank);
-	sv_lock_contended(l);
+	if (l->rank == SV_RANK_STREAM)
+		sv_lock_contended(l);
+	else
+		pthread_mutex_lock(&l->m);
 	push(l);
 }
 

@@ -7,14 +7,16 @@
  * the checks away. A trylock cannot deadlock and is not checked, but what
  * it takes counts as held.
  *
- * The helper thread goes first. An application that calls in a tight loop
- * (a sender on TCP before its upgrade) would otherwise take a stream's
- * lock again each time before the woken helper runs, and hold the upgrade
- * off for as long as it keeps sending. A thread marked with
- * sv_lock_go_first() announces its wait on the lock; the others, before
- * they take it, give way until it has it. Giving way cannot deadlock: a
- * thread that gives way holds only locks of lower rank, which the holder
- * the first thread waits for never needs. */
+ * The helper thread goes first on a stream's lock. An application that
+ * calls in a tight loop (a sender on TCP before its upgrade) would
+ * otherwise take the lock again each time before the woken helper runs,
+ * and hold its upgrade off for as long as it keeps sending. A thread
+ * marked with sv_lock_go_first() announces its wait on a stream's lock;
+ * the others, before they take it, give way until it has it. Giving way
+ * cannot deadlock: a thread that gives way holds only locks of lower rank,
+ * which the holder the first thread waits for never needs. Other locks
+ * are short leaves, taken on every call (the fd table's stripes): the
+ * rule stays off them. */
 #ifndef SV_LOCK_H
 #define SV_LOCK_H
 
@@ -45,14 +47,15 @@ enum sv_lock_rank {
 
 struct sv_lock {
 	pthread_mutex_t m;
-	atomic_uint first; /* threads that go first, waiting for it */
+	atomic_uint first; /* threads that go first, waiting for it (streams' locks) */
 	enum sv_lock_rank rank;
 };
 
 /* This thread's sv_lock calls go before the others' (the helper thread). */
 void sv_lock_go_first(void);
 extern __thread bool sv_tls_goes_first __attribute__((tls_model("initial-exec")));
-/* sv_lock when this thread goes first or another one waits. */
+/* sv_lock of a stream's lock when this thread goes first or another one
+ * waits. */
 void sv_lock_contended(struct sv_lock *l);
 
 #define SV_LOCK_INIT(r) {.m = PTHREAD_MUTEX_INITIALIZER, .rank = (r)}
@@ -72,7 +75,8 @@ void sv_lock_assert_held(const struct sv_lock *l);
 #else
 static inline void sv_lock(struct sv_lock *l)
 {
-	if (sv_tls_goes_first || atomic_load(&l->first))
+	if (l->rank == SV_RANK_STREAM &&
+	    (sv_tls_goes_first || atomic_load_explicit(&l->first, memory_order_relaxed)))
 		sv_lock_contended(l);
 	else
 		pthread_mutex_lock(&l->m);
