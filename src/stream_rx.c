@@ -16,14 +16,6 @@ int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len)
 	return sv_bytes_append(&s->tcpbuf, &s->tcpbuf_len, &s->tcpbuf_cap, data, len);
 }
 
-/* Bytes of iov [off, off+n) into dst. */
-static void iov_copy_out(const struct iovec *iov, int iovcnt, size_t off, uint8_t *dst, size_t n)
-{
-	struct iovec part[SV_IOV_MAX];
-	int k = sv_iov_slice(iov, iovcnt, off, n, part, SV_IOV_MAX);
-	sv_iov_gather(dst, part, k, 0, n);
-}
-
 /* TCP read while no switch can come any more. */
 static long plain_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags)
 {
@@ -81,7 +73,7 @@ static long after_unannounced_read(struct sv_stream *s, const struct iovec *use,
 		sv_stream_challenge_failed(s, "data beyond the switch point");
 		return r;
 	}
-	iov_copy_out(use, usecnt, (size_t)left, s->sw.chal_got, extra);
+	sv_iov_gather(s->sw.chal_got, use, usecnt, (size_t)left, extra);
 	s->sw.chal_len = (uint32_t)extra;
 	if (s->sw.chal_len == SV_CHALLENGE_SIZE)
 		sv_stream_check_echo(s);
@@ -244,8 +236,6 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		}
 		progress = w > 0 ? SV_PROGRESS_DRAINED : 0;
 	}
-	if (r > 0 && s->state == SV_CONN_CONNECTING)
-		sv_stream_connect_done(s); /* bytes came: the connect completed */
 	sv_unlock(&s->lock);
 	if (r > 0 && !(flags & MSG_PEEK)) /* what we wrote got its answer */
 		atomic_store_explicit(&s->wt.writes_seen,

@@ -8,6 +8,7 @@
 #include "real.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 void sv_stream_maybe_rdma(struct sv_stream *s)
@@ -161,24 +162,33 @@ void sv_stream_pump_tcp(struct sv_stream *s)
 {
 	if (!s->proto || !sv_proto_peer_switch(s->proto, NULL) || s->error)
 		return;
-	static __thread uint8_t scratch[65536];
+	/* Only while a switch waits for its point: a buffer of the moment,
+	 * not 64 KiB in every thread of every process. */
+	enum { CHUNK = 65536 };
+	uint8_t *chunk = malloc(CHUNK);
+	if (!chunk) {
+		sv_stream_break(s, -ENOMEM);
+		return;
+	}
 	for (;;) {
-		struct iovec iov = {scratch, sizeof(scratch)};
+		struct iovec iov = {chunk, CHUNK};
 		size_t before = s->tcpbuf_len;
 		long n = sv_stream_tcp_read(s, &iov, 1, 0);
 		if (n <= 0)
-			return;
+			break;
 		/* A failed challenge may have queued the would-be echo, which
 		 * comes after these bytes in the stream. */
 		size_t echo = s->tcpbuf_len - before;
 		uint8_t held[SV_CHALLENGE_SIZE];
-		memcpy(held, s->tcpbuf + before, echo);
+		if (echo)
+			memcpy(held, s->tcpbuf + before, echo);
 		s->tcpbuf_len = before;
-		if (sv_stream_tcpbuf_append(s, scratch, (size_t)n) < 0 ||
+		if (sv_stream_tcpbuf_append(s, chunk, (size_t)n) < 0 ||
 		    sv_stream_tcpbuf_append(s, held, echo) < 0) {
 			sv_stream_break(s, -ENOMEM);
-			return;
+			break;
 		}
 		sv_stream_wake(s);
 	}
+	free(chunk);
 }
