@@ -136,7 +136,6 @@ static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 	struct sv_service sv = {
 		.now = now,
 		.fired = w->fired,
-		.kicked = kicked,
 		.try_only = w->look_us && !w->fired && !kicked,
 		.chan = w->chan,
 		.chan_of = w->chan_of,

@@ -145,23 +145,14 @@ void sv_stream_start_client(struct sv_stream *s)
 	sv_helper_watch(s);
 }
 
-void sv_stream_connect_done(struct sv_stream *s)
-{
-	load_tuple(s); /* the local address is known for sure now */
-	sv_stream_set_state(s, SV_CONN_TCP);
-	uint64_t at = sv_now_us() + (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
-	s->sw.upgrade_at = at ? at : 1;
-	sv_helper_watch(s); /* it starts the upgrade then */
-}
-
 void sv_stream_start_connecting(struct sv_stream *s)
 {
 	if (no_rdma(s))
 		return;
 	sv_lock(&s->lock);
-	sv_stream_set_state(s, SV_CONN_CONNECTING);
+	s->sw.connect_pending = true;
 	sv_unlock(&s->lock);
-	sv_helper_watch(s); /* it starts the upgrade once the connect is done */
+	sv_helper_watch(s); /* it schedules the upgrade once the connect is done */
 }
 
 void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l)

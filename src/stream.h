@@ -108,7 +108,6 @@ struct sv_service {
 	/* in */
 	uint64_t now;
 	bool fired;    /* the helper's copy of the completion channel woke it */
-	bool kicked;   /* sv_helper_watch asked for this service */
 	bool try_only; /* the application drove it at the last look: if it holds
 			* the lock now it is inside libsovia and runs the
 			* timers itself, so do not queue behind it */

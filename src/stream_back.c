@@ -127,7 +127,6 @@ void sv_stream_back_progress(struct sv_stream *s)
 static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out)
 {
 	switch (s->state) {
-	case SV_CONN_CONNECTING:
 	case SV_CONN_TCP:
 	case SV_CONN_RESOLVING:
 	case SV_CONN_REQUESTED:

@@ -66,7 +66,7 @@ static int close_now(struct sv_stream *s, int r)
 	 * under it. */
 	bool helper_part = s->id || s->state == SV_CONN_RESOLVING ||
 			   s->state == SV_CONN_REQUESTED || s->state == SV_CONN_DETACHED ||
-			   s->state == SV_CONN_CONNECTING;
+			   s->sw.connect_pending;
 	sv_unlock(&s->lock);
 	if (helper_part)
 		sv_helper_watch(s); /* let the helper drop its part */

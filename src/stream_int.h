@@ -31,7 +31,6 @@ struct rdma_cm_id;
  * which checks it against the table of allowed transitions in
  * stream_state.c (docs/design.md has the table). */
 enum sv_conn_state {
-	SV_CONN_CONNECTING, /* client: its non-blocking connect() is in progress */
 	SV_CONN_TCP,        /* connected on TCP; no upgrade under way */
 	SV_CONN_RESOLVING,  /* client: rdma_cm resolving the peer */
 	SV_CONN_REQUESTED,  /* client: rdma_connect sent / server: accepting */
@@ -121,6 +120,10 @@ struct sv_switch {
 			       * (SOVIA_UPGRADE_DELAY_MS, or a retry after "no
 			       * listener"); 0: not waiting */
 	uint8_t connect_retries; /* client: requests asked again after "no listener" */
+	/* Client: its non-blocking connect() was in progress when the stream
+	 * was made. The connection is plain TCP meanwhile (bytes may move);
+	 * the helper schedules the upgrade once the connect is done. */
+	bool connect_pending;
 };
 
 /* Waiting: what a wait and the readiness calls share with other threads
@@ -212,9 +215,6 @@ struct sv_stream {
 	struct sv_stream *next_all; /* every live stream (stream.c) */
 };
 
-/* A non-blocking connect completed (the helper saw it, or bytes moved on
- * the connection): the upgrade starts after SOVIA_UPGRADE_DELAY_MS. */
-void sv_stream_connect_done(struct sv_stream *s);
 
 /* ---- Waiting (stream_wait.c) --------------------------------------------------- */
 

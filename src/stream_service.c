@@ -6,6 +6,7 @@
  * this is the mechanism, run under the stream's lock. */
 #include "stream_int.h"
 
+#include "config.h"
 #include "log.h"
 #include "real.h"
 
@@ -14,32 +15,38 @@
 #include <netinet/tcp.h>
 #include <string.h>
 
-/* A non-blocking connect in progress: the upgrade starts once it is done.
- * Not told by POLLOUT (the application may have filled the send buffer
- * already, for a peer that does not read yet) nor by SO_ERROR (reading it
- * would take the outcome away from the application): the TCP state
- * tells. True when it let go of the lock (never: the upgrade starts at the
- * next look). */
-static bool service_connecting(struct sv_stream *s, struct sv_service *sv)
+/* A non-blocking connect that was in progress: the upgrade is scheduled
+ * once it is done. Not told by POLLOUT (the application may have filled
+ * the send buffer already, for a peer that does not read yet) nor by
+ * SO_ERROR (reading it would take the outcome away from the application):
+ * the TCP state tells. The local address was bound by connect() already;
+ * the peer's is known now. Closed, broken or called off meanwhile: there
+ * is nothing to upgrade. */
+static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 {
+	if (s->state != SV_CONN_TCP || s->cl.app_closed || s->error || s->fd < 0) {
+		s->sw.connect_pending = false;
+		sv->done = true;
+		return;
+	}
 	struct tcp_info ti;
 	socklen_t tl = sizeof(ti);
-	if (s->fd >= 0 && SV_REAL(getsockopt)(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
+	if (SV_REAL(getsockopt)(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
 	    ti.tcpi_state == TCP_SYN_SENT) {
 		sv->next = sv->now + 5000; /* connects take round trips: look every 5 ms */
-		return false;
+		return;
 	}
+	s->sw.connect_pending = false;
 	socklen_t pl = sizeof(s->tuple.peer);
-	bool ok = s->fd >= 0 && getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) == 0;
-	if (!ok) {
+	if (getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) < 0) {
 		sv_dbg("fd %d: the non-blocking connect failed", s->fd);
 		sv_stream_fall_back(s, SV_FB_NO_ROUTE);
 		sv->done = true;
-		return false;
+		return;
 	}
-	sv_stream_connect_done(s);
+	/* sv_now_us() is never 0: upgrade_at 0 would mean "not waiting". */
+	s->sw.upgrade_at = sv->now + (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
 	sv->next = s->sw.upgrade_at;
-	return false;
 }
 
 /* A client connection that waits out SOVIA_UPGRADE_DELAY_MS, or to ask
@@ -199,15 +206,13 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 		sv_lock(&s->lock);
 	}
 	struct sv_clock clk = {.us = sv->now, .read = sv_now_us};
-	if (s->state == SV_CONN_CONNECTING) {
-		if (service_connecting(s, sv))
-			return;
+	if (s->sw.connect_pending) {
+		service_connecting(s, sv);
 	} else if (s->sw.upgrade_at) {
 		if (service_upgrade_at(s, sv))
 			return;
 	} else {
 		switch (s->state) {
-		case SV_CONN_CONNECTING:
 		case SV_CONN_TCP:
 		case SV_CONN_RESOLVING:
 		case SV_CONN_REQUESTED:

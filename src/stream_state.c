@@ -8,8 +8,6 @@
 const char *sv_conn_state_name(enum sv_conn_state s)
 {
 	switch (s) {
-	case SV_CONN_CONNECTING:
-		return "connecting";
 	case SV_CONN_TCP:
 		return "tcp";
 	case SV_CONN_RESOLVING:
@@ -75,12 +73,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 
 /* allowed[from] is the set of states `from` may change to. */
 static const unsigned allowed[SV_CONN_NSTATES] = {
-	/* The connect completed (then the upgrade), or it failed. */
-	[SV_CONN_CONNECTING] = TO(SV_CONN_TCP) | TO(SV_CONN_FALLBACK),
-	/* Client: resolving starts the upgrade (or its connect() turns out to
-	 * be in progress: CONNECTING); server: a matching request. */
-	[SV_CONN_TCP] = TO(SV_CONN_CONNECTING) | TO(SV_CONN_RESOLVING) | TO(SV_CONN_REQUESTED) |
-			TO(SV_CONN_FALLBACK),
+	/* Client: resolving starts the upgrade; server: a matching request. */
+	[SV_CONN_TCP] = TO(SV_CONN_RESOLVING) | TO(SV_CONN_REQUESTED) | TO(SV_CONN_FALLBACK),
 	[SV_CONN_RESOLVING] = TO(SV_CONN_REQUESTED) | TO(SV_CONN_FALLBACK),
 	/* TCP: no listener yet at the server, the client asks again later.
 	 * RDMA: the peer's switch came and was verified before rdma_cm's
@@ -121,7 +115,6 @@ void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why)
 	case SV_CONN_DETACHING:
 	case SV_CONN_DETACHED:
 		return; /* past the upgrade: TCP is not a fallback any more */
-	case SV_CONN_CONNECTING:
 	case SV_CONN_TCP:
 	case SV_CONN_RESOLVING:
 	case SV_CONN_REQUESTED:
@@ -141,7 +134,6 @@ void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why)
 bool sv_stream_may_switch(const struct sv_stream *s)
 {
 	switch (s->state) {
-	case SV_CONN_CONNECTING:
 	case SV_CONN_TCP:
 	case SV_CONN_RESOLVING:
 	case SV_CONN_REQUESTED:

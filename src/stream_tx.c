@@ -202,8 +202,6 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			break;
 	}
 	send_finish(s, &c);
-	if (c.done && s->state == SV_CONN_CONNECTING)
-		sv_stream_connect_done(s); /* bytes went: the connect completed */
 	if (c.done) /* writers hold the lock: no atomic add needed */
 		atomic_store_explicit(&s->wt.writes,
 				      atomic_load_explicit(&s->wt.writes, memory_order_relaxed) + 1,
