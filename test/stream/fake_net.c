@@ -22,7 +22,7 @@ static bool no_route;
 static uint64_t delivered;
 static long break_after = -1;
 static enum fake_side hold_side;
-static unsigned qps_alive, qps_created;
+static unsigned qps_created;
 /* rdma_cm's first use waits for fake_net_start_now() (fake_net_slow_start). */
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t start_cv = PTHREAD_COND_INITIALIZER;
@@ -87,6 +87,7 @@ struct fqp {
 	uint32_t phead, pcount;
 	struct cqe *cq_head, *cq_tail;
 	struct flight *fl_head, *fl_tail;
+	enum fake_side side;
 	bool hold;
 	bool armed;
 	int evfd;
@@ -153,6 +154,12 @@ static void deliver(struct fqp *f, uint32_t slot, const uint8_t *bytes, uint32_t
 	}
 	if (!p->pcount) {
 		violation("QP %u sent into QP %u, which had no receive posted", f->num, p->num);
+		push_cqe(f, true, true, slot, 0);
+		return;
+	}
+	if (len > p->buf_size) {
+		violation("QP %u sent %u bytes into QP %u's %u-byte buffers", f->num, len, p->num,
+			  p->buf_size);
 		push_cqe(f, true, true, slot, 0);
 		return;
 	}
@@ -348,7 +355,6 @@ static void q_destroy(struct sv_qp *q)
 	}
 	if (f->peer)
 		f->peer->peer = NULL;
-	qps_alive--;
 	sv_unlock(&net_lock);
 	while (f->cq_head) {
 		struct cqe *c = f->cq_head;
@@ -679,10 +685,10 @@ static int f_create_qp(struct sv_qp **out, struct rdma_cm_id *id,
 	f->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	sv_lock(&net_lock);
 	f->num = next_qp_num++;
-	f->hold = hold_side == (fi->listener ? FAKE_SERVER : FAKE_CLIENT);
+	f->side = fi->listener ? FAKE_SERVER : FAKE_CLIENT;
+	f->hold = hold_side == f->side;
 	f->next = qps;
 	qps = f;
-	qps_alive++;
 	qps_created++;
 	sv_unlock(&net_lock);
 	*out = &f->q;
@@ -696,7 +702,6 @@ static void f_atfork_child(void)
 	sv_lock_reinit(&net_lock);
 	qps = NULL;
 	ids = NULL;
-	qps_alive = 0;
 }
 
 static const struct sv_cm_ops fake_ops = {
@@ -806,30 +811,20 @@ void fake_net_hold(enum fake_side side)
 {
 	sv_lock(&net_lock);
 	hold_side = side;
+	for (struct fqp *f = qps; f; f = f->next)
+		f->hold = f->side == side;
 	sv_unlock(&net_lock);
 }
 
-void fake_net_release(void)
+unsigned fake_net_in_flight(void)
 {
+	unsigned n = 0;
 	sv_lock(&net_lock);
-	for (struct fqp *f = qps; f; f = f->next) {
-		f->hold = false;
-		while (f->fl_head) {
-			struct flight *m = f->fl_head;
-			f->fl_head = m->next;
-			if (!f->fl_head)
-				f->fl_tail = NULL;
-			deliver(f, m->slot, m->bytes, m->len);
-			free(m->bytes);
-			free(m);
-		}
-	}
+	for (struct fqp *f = qps; f; f = f->next)
+		for (struct flight *m = f->fl_head; m; m = m->next)
+			n++;
 	sv_unlock(&net_lock);
-}
-
-unsigned fake_net_qps_alive(void)
-{
-	return qps_alive;
+	return n;
 }
 
 unsigned fake_net_qps_created(void)

@@ -47,17 +47,17 @@ uint64_t fake_net_delivered(void);
 /* Break every connected pair after `n` more delivered messages (counted
  * over all QPs; 0 breaks at the next send; -1 never). */
 void fake_net_break_after(long n);
-/* Hold the sends of the QPs created from now on by one side: they stay in
- * flight, neither delivered nor completed, until released or lost. */
+/* Hold the sends of one side's QPs, those alive and those created from
+ * now on: they stay in flight, neither delivered nor completed, until a
+ * break loses them. */
 enum fake_side { FAKE_NONE, FAKE_CLIENT, FAKE_SERVER };
 void fake_net_hold(enum fake_side side);
-/* Deliver (and complete) every send held in flight, in order. */
-void fake_net_release(void);
+/* Sends held in flight now, on every QP. */
+unsigned fake_net_in_flight(void);
 /* Break every connected pair now: both QPs go to the error state (what
  * was in flight is lost), both ends get DISCONNECTED. */
 void fake_net_break_all(void);
-/* Queue pairs alive, created so far. */
-unsigned fake_net_qps_alive(void);
+/* Queue pairs created so far. */
 unsigned fake_net_qps_created(void);
 
 #endif
