@@ -19,6 +19,7 @@
  * Not covered: an epoll fd with shadowed streams watched by poll/select or
  * by another epoll set sees only the kernel's part; a socket added to a
  * kernel set before its connect() stays plain TCP (fdtable.h, in_epoll). */
+#include "clock.h"
 #include "guard.h"
 #include "log.h"
 #include "preload.h"
@@ -356,9 +357,7 @@ put_f:
 
 static int64_t now_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return (int64_t)(sv_now_us() / 1000);
 }
 
 #define ALWAYS_BITS (EPOLLERR | EPOLLHUP)

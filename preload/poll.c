@@ -38,62 +38,47 @@ static bool any_stream(struct pollfd *fds, nfds_t n)
 	return false;
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+/* One fd of a call of sv_poll_mixed. */
+struct mixed_ent {
+	struct sv_fd *f; /* libsovia answers for it (a reference), or NULL */
+	short own;       /* the events libsovia found ready */
+	uint64_t gen;    /* the state libsovia judged */
+	int start, cnt;  /* its sleep sources in k[] */
+};
 
-/* One call of sv_poll_mixed: the application's fds, the entries of those
- * libsovia answers for (NULL for the kernel's), and the kernel's poll set:
- * the application's fds with the events the kernel answers, then the
- * streams' sleep sources. */
+/* One call of sv_poll_mixed: the application's fds, what libsovia knows
+ * of each, and the kernel's poll set: the application's fds with the
+ * events the kernel answers, then the streams' sleep sources. One
+ * allocation holds both arrays. */
 struct mixed {
 	struct pollfd *fds;
 	nfds_t n;
-	struct sv_fd **ents;
-	short *own;     /* per fd: the events libsovia found ready */
-	uint64_t *gen;  /* per fd: the state libsovia judged */
-	int *start, *cnt; /* per fd: its sleep sources in k[] */
+	struct mixed_ent *e;
 	struct pollfd *k;
 	nfds_t nk;
 };
 
 static void mixed_free(struct mixed *m)
 {
-	if (m->ents)
-		for (nfds_t i = 0; i < m->n; i++)
-			sv_fd_put(m->ents[i]);
-	free(m->ents);
-	free(m->own);
-	free(m->gen);
-	free(m->start);
-	free(m->cnt);
-	free(m->k);
+	for (nfds_t i = 0; i < m->n; i++)
+		sv_fd_put(m->e[i].f);
+	free(m->e);
 }
 
 static int mixed_init(struct mixed *m, struct pollfd *fds, nfds_t n)
 {
 	*m = (struct mixed){.fds = fds, .n = n};
-	size_t c = n ? n : 1;
-	m->ents = calloc(c, sizeof(*m->ents));
-	m->own = calloc(c, sizeof(*m->own));
-	m->gen = calloc(c, sizeof(*m->gen));
-	m->start = calloc(c, sizeof(*m->start));
-	m->cnt = calloc(c, sizeof(*m->cnt));
-	m->k = calloc(n * 4 + 1, sizeof(*m->k));
-	if (!m->ents || !m->own || !m->gen || !m->start || !m->cnt || !m->k) {
-		mixed_free(m);
+	m->e = calloc(1, n * sizeof(*m->e) + (n * 4 + 1) * sizeof(*m->k));
+	if (!m->e)
 		return -ENOMEM;
-	}
+	m->k = (struct pollfd *)(m->e + n);
 	for (nfds_t i = 0; i < n; i++) {
 		struct sv_fd *f = sv_fd_get(fds[i].fd);
 		if (f && !f->ops->wait) {
 			sv_fd_put(f);
 			f = NULL;
 		}
-		m->ents[i] = f; /* a reference for the whole call */
+		m->e[i].f = f; /* a reference for the whole call */
 	}
 	return 0;
 }
@@ -104,15 +89,15 @@ static int judge(struct mixed *m)
 {
 	int ready = 0;
 	for (nfds_t i = 0; i < m->n; i++) {
+		struct mixed_ent *e = &m->e[i];
 		m->k[i] = m->fds[i];
-		m->own[i] = 0;
-		struct sv_fd *f = m->ents[i];
-		if (!f)
+		e->own = 0;
+		if (!e->f)
 			continue;
 		short kernel;
-		f->ops->wait->split(f, m->fds[i].events, &m->own[i], &kernel, &m->gen[i]);
+		e->f->ops->wait->split(e->f, m->fds[i].events, &e->own, &kernel, &e->gen);
 		m->k[i].events = kernel;
-		ready += m->own[i] != 0;
+		ready += e->own != 0;
 	}
 	return ready;
 }
@@ -124,13 +109,13 @@ static void add_sources(struct mixed *m, bool sleeps, bool *again)
 {
 	m->nk = m->n;
 	for (nfds_t i = 0; i < m->n; i++) {
-		struct sv_fd *f = m->ents[i];
-		m->cnt[i] = 0;
-		if (!f || !sleeps)
+		struct mixed_ent *e = &m->e[i];
+		e->cnt = 0;
+		if (!e->f || !sleeps)
 			continue;
-		m->start[i] = (int)m->nk;
-		m->cnt[i] = f->ops->wait->sources(f, &m->k[m->nk], again, m->gen[i]);
-		m->nk += (nfds_t)m->cnt[i];
+		e->start = (int)m->nk;
+		e->cnt = e->f->ops->wait->sources(e->f, &m->k[m->nk], again, e->gen);
+		m->nk += (nfds_t)e->cnt;
 	}
 }
 
@@ -139,9 +124,9 @@ static int collect(struct mixed *m)
 {
 	int count = 0;
 	for (nfds_t i = 0; i < m->n; i++) {
-		struct sv_fd *f = m->ents[i];
+		struct sv_fd *f = m->e[i].f;
 		struct pollfd *k = &m->k[i];
-		short ev = m->fds[i].events, rev = m->own[i];
+		short ev = m->fds[i].events, rev = m->e[i].own;
 		if (k->fd >= 0)
 			rev |= k->revents;
 		/* The kernel reports a hang-up of the TCP connection even while
@@ -178,7 +163,7 @@ static uint64_t spin_until(struct mixed *m, uint64_t t0)
 {
 	uint64_t spin = 0;
 	for (nfds_t i = 0; i < m->n; i++) {
-		struct sv_fd *f = m->ents[i];
+		struct sv_fd *f = m->e[i].f;
 		uint32_t us = f ? f->ops->wait->spin_us(f) : 0;
 		spin = us > spin ? us : spin;
 	}
@@ -188,15 +173,16 @@ static uint64_t spin_until(struct mixed *m, uint64_t t0)
 int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask,
 		  bool return_on_wake)
 {
-	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 	struct mixed m;
 	int result = mixed_init(&m, fds, n);
 	if (result < 0)
 		return result;
-	uint64_t t0 = sv_now_us(), until = spin_until(&m, t0);
+	/* One clock reading per round: at its start (the call's own at first). */
+	uint64_t t0 = sv_now_us(), now = t0, until = spin_until(&m, t0);
+	uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : t0 + (uint64_t)timeout_ms * 1000u;
 	bool flushed = false;
 	for (;;) {
-		bool spinning = until && sv_now_us() < until;
+		bool spinning = until && now < until;
 		int ready = judge(&m);
 		/* Nothing of ours is ready: the application is about to wait
 		 * (spin, then sleep). Once per call, push out what it coalesced;
@@ -205,38 +191,36 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 		if (!ready && !flushed) {
 			flushed = true;
 			for (nfds_t i = 0; i < n; i++)
-				if (m.ents[i])
-					m.ents[i]->ops->wait->waits(m.ents[i]);
+				if (m.e[i].f)
+					m.e[i].f->ops->wait->waits(m.e[i].f);
 		}
 		bool again = false;
 		add_sources(&m, !ready && !spinning, &again);
 		int t = -1;
 		if (ready || again || spinning) {
 			t = 0;
-		} else if (deadline >= 0) {
-			int64_t left = deadline - now_ms();
-			t = left > 0 ? (int)left : 0;
+		} else if (deadline != UINT64_MAX) {
+			uint64_t left = deadline > now ? (deadline - now + 999) / 1000 : 0;
+			t = left < INT_MAX ? (int)left : INT_MAX;
 		}
 		int r = kernel_poll(&m, t, mask);
 		int err = errno;
 		for (nfds_t i = 0; i < n; i++)
-			if (m.cnt[i])
-				m.ents[i]->ops->wait->done(m.ents[i], &m.k[m.start[i]], m.cnt[i]);
+			if (m.e[i].cnt)
+				m.e[i].f->ops->wait->done(m.e[i].f, &m.k[m.e[i].start], m.e[i].cnt);
 		if (r < 0) {
 			result = -err;
 			break;
 		}
 		int count = collect(&m);
-		if (count || (return_on_wake && !spinning) ||
-		    (deadline >= 0 && now_ms() >= deadline)) {
+		now = sv_now_us();
+		if (count || (return_on_wake && !spinning) || now >= deadline) {
 			/* A stream that became ready after this call had to wait
 			 * tells its spin how long that took. */
-			if (flushed && count) {
-				uint64_t waited = sv_now_us() - t0;
+			if (flushed && count)
 				for (nfds_t i = 0; i < n; i++)
-					if (m.ents[i] && m.own[i])
-						m.ents[i]->ops->wait->waited(m.ents[i], waited);
-			}
+					if (m.e[i].f && m.e[i].own)
+						m.e[i].f->ops->wait->waited(m.e[i].f, now - t0);
 			result = count;
 			break;
 		}
