@@ -49,6 +49,7 @@ static void child(int inherited_fd)
 	long end;
 	CHILD_CHECK(17, h_read_all(q.s, b, 4, &end) == 4 && memcmp(b, "rdma", 4) == 0);
 	CHILD_CHECK(18, h_counts(q.c).rdma_tx == 4);
+	CHILD_CHECK(19, fake_net_violations() == 0); /* h_teardown runs in the parent only */
 	_exit(0);
 }
 
