@@ -97,18 +97,26 @@ static void chan_update(struct sv_watch *w, int old_chan, bool armed)
 		sv_dbg("helper: epoll_ctl on a completion channel: %s", strerror(errno));
 }
 
-static void watch_free(struct sv_watch *w)
+/* Let go of a watch the stream needs no more, unless sv_helper_watch asked
+ * for it again meanwhile (judged under watch_lock, where it asks): then it
+ * stays, and the kick makes the next round look. */
+static bool watch_free(struct sv_watch *w)
 {
+	sv_lock(&watch_lock);
+	bool again = atomic_load(&w->kick);
+	if (!again)
+		sv_stream_set_watch(w->s, NULL);
+	sv_unlock(&watch_lock);
+	if (again)
+		return false;
 	if (w->chan >= 0) {
 		if (w->chan_in_epoll)
 			SV_REAL(epoll_ctl)(epfd, EPOLL_CTL_DEL, w->chan, NULL);
 		SV_REAL(close)(w->chan);
 	}
-	sv_lock(&watch_lock);
-	sv_stream_set_watch(w->s, NULL);
-	sv_unlock(&watch_lock);
 	sv_stream_put(w->s);
 	free(w);
+	return true;
 }
 
 /* The next look at a stream whose active application drives it. Coalesced
@@ -178,14 +186,10 @@ uint64_t sv_watch_service_all(uint64_t now)
 			w->due = d;
 			/* A stream that asked to be watched again while it was
 			 * being serviced (it started its upgrade) stays. */
-			if (done && atomic_exchange(&w->kick, false)) {
-				done = false;
-				w->idle = false;
-			}
-			if (done) {
-				watch_free(w);
+			if (done && watch_free(w))
 				continue;
-			}
+			if (done)
+				w->idle = false;
 		}
 		if (d && (!next || d < next))
 			next = d;
