@@ -43,4 +43,10 @@ void sv_config_proto_params(const struct sv_config *cfg, struct sv_proto_params 
 /* The process-wide settings, loaded by the preload's initialiser. */
 extern struct sv_config sv_cfg;
 
+/* When an upgrade step begun at `now` gives up (SOVIA_UPGRADE_TIMEOUT_MS). */
+static inline uint64_t sv_upgrade_deadline(uint64_t now)
+{
+	return now + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+}
+
 #endif

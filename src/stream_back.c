@@ -180,7 +180,7 @@ int sv_stream_detach(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
 	struct sv_clock clk = SV_CLOCK_INIT;
-	uint64_t deadline = sv_clock_now(&clk) + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	uint64_t deadline = sv_upgrade_deadline(sv_clock_now(&clk));
 	int r = 0;
 	for (;;) {
 		bool wait_tcp_out = false;

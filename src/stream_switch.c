@@ -38,7 +38,7 @@ void sv_stream_established(struct sv_stream *s)
 			 * can be under way or done before ESTABLISHED reaches us */
 	sv_stream_set_state(s, SV_CONN_SWITCHING);
 	struct sv_clock clk = SV_CLOCK_INIT;
-	s->sw.deadline_us = sv_clock_now(&clk) + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	s->sw.deadline_us = sv_upgrade_deadline(sv_clock_now(&clk));
 	if (s->is_client) {
 		/* The client moves first: TCP carried [0, tcp_tx); its data then
 		 * waits until the server proves it is the TCP peer. */

@@ -172,7 +172,7 @@ static void start_connect(struct sv_stream *s)
 	sv_stream_set_state(s, SV_CONN_RESOLVING);
 	if (s->sw.connect_retries && s->fallback == SV_FB_REJECTED)
 		s->fallback = SV_FB_NONE; /* asked again (retry_connect) */
-	s->sw.deadline_us = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	s->sw.deadline_us = sv_upgrade_deadline(sv_now_us());
 	struct sockaddr_storage src = s->tuple.local, dst = s->tuple.peer;
 	sv_unlock(&s->lock);
 	/* The same interface as the TCP connection, any port. */

@@ -178,7 +178,7 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 		sv_unlock(&s->lock);
 		return;
 	}
-	uint64_t deadline = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	uint64_t deadline = sv_upgrade_deadline(sv_now_us());
 	s->sw.deadline_us = deadline;
 	sv_unlock(&s->lock);
 	sv_stream_get(s);
@@ -223,7 +223,7 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 		memcpy(rep.challenge, s->sw.my_challenge, SV_CHALLENGE_SIZE);
 		qp_num = s->qp->ops->num(s->qp);
 		sv_stream_set_state(s, SV_CONN_REQUESTED);
-		s->sw.deadline_us = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+		s->sw.deadline_us = sv_upgrade_deadline(sv_now_us());
 	}
 	sv_unlock(&s->lock);
 	if (r < 0) {
@@ -319,7 +319,7 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	}
 	p->id = id;
 	p->req = req;
-	p->deadline = sv_now_us() + (uint64_t)sv_cfg.upgrade_timeout_ms * 1000u;
+	p->deadline = sv_upgrade_deadline(sv_now_us());
 	p->next = pending;
 	pending = p;
 }
