@@ -1,0 +1,44 @@
+/* Which peers speak libsovia: a small table shared by the user's processes
+ * (a file in /dev/shm, mapped), so that a fresh process knows before its
+ * first byte whether a new connection's peer will take it to RDMA.
+ *
+ * Its entries are hints, never trusted for correctness: the upgrade still
+ * proves the RDMA peer is the TCP peer, and a hint only decides whether a
+ * new connection holds its first writes for its QP (bounded by
+ * SOVIA_PEER_HOLD_MS) and starts its upgrade at once. A wrong or lost
+ * entry costs one connection its first bytes on TCP, or one bounded hold.
+ *
+ * Two kinds of entry, keyed by address: a host (port 0) whose libsovia
+ * took a connection to RDMA, with the time that took; and a host's port
+ * where no libsovia listened (a plain server on a libsovia host), so that
+ * its clients never wait. */
+#ifndef SV_PEERS_H
+#define SV_PEERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+/* Does a new connection to (client) or from (!client) this peer expect
+ * RDMA? True when its host took a connection to RDMA lately and, for a
+ * client, the peer's port is not known to be plain. *setup_us: how long
+ * that connection took from its start to its first byte on the QP. */
+bool sv_peers_expect(const struct sockaddr_storage *peer, bool client, uint32_t *setup_us);
+
+/* A connection with this peer reached RDMA `setup_us` after its start.
+ * A client's port is no longer plain. */
+void sv_peers_learn(const struct sockaddr_storage *peer, bool client, uint32_t setup_us);
+
+/* A client found no libsovia at this peer's port: its next connections
+ * there do not wait. */
+void sv_peers_plain_port(const struct sockaddr_storage *peer);
+
+/* No RDMA path to this peer's host any more: forget it. */
+void sv_peers_forget(const struct sockaddr_storage *peer);
+
+/* Use the table at `path` (created 0600 if missing) instead of the
+ * default one, or a table of this process only (path NULL): for tests.
+ * Before any other call. */
+void sv_peers_use(const char *path);
+
+#endif
