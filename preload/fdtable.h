@@ -61,8 +61,9 @@ struct sv_fd_ops {
 	void (*listened)(struct sv_fd *f);
 	/* accept() on it returned nfd. */
 	void (*accepted)(struct sv_fd *f, int nfd);
-	/* connect() on it succeeded, or is in progress. */
-	void (*connected)(struct sv_fd *f, bool in_progress);
+	/* connect() on it to `to` succeeded, or is in progress. */
+	void (*connected)(struct sv_fd *f, const struct sockaddr *to, socklen_t len,
+			  bool in_progress);
 	/* The way back: make the kernel's socket carry everything, for a
 	 * call libsovia does not serve. 0 when the fd is plain TCP now. */
 	int (*detach)(struct sv_fd *f);

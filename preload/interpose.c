@@ -124,7 +124,7 @@ SV_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	if (r == 0 || errno == EINPROGRESS) {
 		struct sv_fd *f = sv_fd_get(fd);
 		if (f && f->ops->connected) /* a stream already: connect() called again to poll it */
-			f->ops->connected(f, r != 0);
+			f->ops->connected(f, addr, len, r != 0);
 		sv_fd_put(f);
 	}
 	errno = saved;

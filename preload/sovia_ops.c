@@ -264,7 +264,8 @@ void sv_listen_accepted(struct sv_fd *lf, int fd)
 	sv_leave();
 }
 
-void sv_socket_connected(struct sv_fd *f, bool in_progress)
+void sv_socket_connected(struct sv_fd *f, const struct sockaddr *to, socklen_t len,
+			 bool in_progress)
 {
 	if (atomic_load(&f->in_epoll)) {
 		/* The kernel's epoll watches the fd already and would not see
@@ -278,7 +279,7 @@ void sv_socket_connected(struct sv_fd *f, bool in_progress)
 		sv_stream_get(s);
 		if (replace_entry(f->fd, &sv_stream_ops, s)) {
 			if (in_progress)
-				sv_stream_start_connecting(s);
+				sv_stream_start_connecting(s, to, len);
 			else
 				sv_stream_start_client(s);
 		}

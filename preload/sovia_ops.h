@@ -13,7 +13,8 @@ extern const struct sv_fd_ops sv_kernel_ops;
 extern const struct sv_fd_ops sv_listen_ops;
 /* Their hooks (sovia_ops.c). */
 void sv_socket_listened(struct sv_fd *f);
-void sv_socket_connected(struct sv_fd *f, bool in_progress);
+void sv_socket_connected(struct sv_fd *f, const struct sockaddr *to, socklen_t len,
+			 bool in_progress);
 void sv_listen_accepted(struct sv_fd *f, int nfd);
 void sv_listen_release(struct sv_fd *f);
 /* An entry of ours in a fork's child: it becomes the kernel's. */

@@ -51,6 +51,9 @@ static const struct setting settings[] = {
 	 "bound on the RDMA upgrade of one connection in milliseconds"},
 	{"SOVIA_UPGRADE_DELAY_MS", SETTING_U32, U32(upgrade_delay_ms), 10, 0, 600000,
 	 "milliseconds a new client connection runs on TCP before its RDMA upgrade starts"},
+	{"SOVIA_PEER_HOLD_MS", SETTING_U32, U32(peer_hold_ms), 2000, 0, 60000,
+	 "the longest a new connection with a host known to speak libsovia holds its first "
+	 "writes for its RDMA connection, in milliseconds (0: never)"},
 	{"SOVIA_SPIN_US", SETTING_U32, U32(spin_us), 4000, 0, 1000000,
 	 "the longest a wait polls before it sleeps, in microseconds (it adapts below)"},
 };

@@ -22,6 +22,8 @@ struct sv_config {
 	uint32_t reg_threshold;       /* SOVIA_REG_THRESHOLD: writes >= this are sent zero-copy */
 	uint32_t upgrade_timeout_ms;  /* SOVIA_UPGRADE_TIMEOUT_MS: bound on the RDMA upgrade */
 	uint32_t upgrade_delay_ms;    /* SOVIA_UPGRADE_DELAY_MS: a client's wait before it */
+	uint32_t peer_hold_ms;        /* SOVIA_PEER_HOLD_MS: a known peer's connection holds
+				       * its first writes for its QP at most this long */
 	uint32_t spin_us;             /* SOVIA_SPIN_US: poll before sleeping in the kernel */
 };
 

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/eventfd.h>
 
 atomic_bool sv_stream_exit_begun;
@@ -75,6 +76,7 @@ struct sv_stream *sv_stream_new(int fd, bool is_client)
 	s->state = SV_CONN_TCP;
 	sv_stream_load_timeouts(s); /* set before the connect, or the listener's */
 	load_tuple(s);
+	s->st.born_us = sv_now_us();
 	/* TCP_NODELAY and TCP_CORK set before the connect, or on the listener
 	 * (accepted sockets inherit them), are the kernel socket's. */
 	s->opt.nodelay = !sv_cfg.coalesce || tcp_flag(fd, TCP_NODELAY);
@@ -131,7 +133,14 @@ void sv_stream_start_client(struct sv_stream *s)
 {
 	if (no_rdma(s))
 		return;
-	if (!sv_cfg.upgrade_delay_ms) {
+	/* A peer known to speak libsovia gets its upgrade at once: the first
+	 * writes wait for it. */
+	sv_lock(&s->lock);
+	bool hold = sv_stream_hold_first(s), now = hold || !sv_cfg.upgrade_delay_ms;
+	sv_unlock(&s->lock);
+	if (hold)
+		sv_helper_watch(s); /* the hold ends in time even while rdma_cm starts */
+	if (now) {
 		sv_upgrade_connect_now(s);
 		return;
 	}
@@ -145,12 +154,17 @@ void sv_stream_start_client(struct sv_stream *s)
 	sv_helper_watch(s);
 }
 
-void sv_stream_start_connecting(struct sv_stream *s)
+void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, socklen_t len)
 {
 	if (no_rdma(s))
 		return;
 	sv_lock(&s->lock);
 	s->sw.connect_pending = true;
+	/* The kernel names the peer once connected; the address asked for
+	 * tells meanwhile whether its first writes wait for RDMA. */
+	if (len <= sizeof(s->tuple.peer) && s->tuple.peer.ss_family == AF_UNSPEC)
+		memcpy(&s->tuple.peer, to, len);
+	sv_stream_hold_first(s);
 	sv_unlock(&s->lock);
 	sv_helper_watch(s); /* it schedules the upgrade once the connect is done */
 }
@@ -159,6 +173,11 @@ void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l)
 {
 	if (no_rdma(s))
 		return;
+	sv_lock(&s->lock);
+	bool hold = sv_stream_hold_first(s);
+	sv_unlock(&s->lock);
+	if (hold)
+		sv_helper_watch(s); /* it ends the hold in time if no request comes */
 	sv_upgrade_accepted(s, l);
 }
 

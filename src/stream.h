@@ -33,7 +33,7 @@ void sv_stream_put(struct sv_stream *s);
  * is in progress (once it completes), a server's accepted connection (a
  * request may match it). Without RDMA it stays on TCP, with the reason. */
 void sv_stream_start_client(struct sv_stream *s);
-void sv_stream_start_connecting(struct sv_stream *s);
+void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, socklen_t len);
 void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l);
 
 /* ---- The application's calls ---------------------------------------------- */

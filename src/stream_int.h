@@ -124,6 +124,10 @@ struct sv_switch {
 	 * was made. The connection is plain TCP meanwhile (bytes may move);
 	 * the helper schedules the upgrade once the connect is done. */
 	bool connect_pending;
+	/* The peer's host is known to speak libsovia (peers.h): our first
+	 * writes wait for the QP until this time rather than go on TCP
+	 * (0: no hold). Only while nothing of ours went on TCP. */
+	uint64_t hold_until;
 };
 
 /* Waiting: what a wait and the readiness calls share with other threads
@@ -178,6 +182,10 @@ struct sv_stream_stats {
 	 * completions itself. They tell why a connection runs slow. */
 	uint64_t waits_spun, waits_slept, slept_us, slept_max_us;
 	uint64_t woken_chan, woken_kick, woken_timeout, helper_polls;
+	/* When the connection was made (connect or accept), and how long
+	 * after that its first application byte went on, or came off, the QP
+	 * (0: none yet). */
+	uint64_t born_us, to_rdma_us;
 };
 
 struct sv_stream {
@@ -296,8 +304,19 @@ void sv_stream_check_echo(struct sv_stream *s);
 /* Write the echo of the peer's challenge once our TO_RDMA completed. 1 when
  * it is out, -EAGAIN while it cannot go yet, or -errno. */
 int sv_stream_write_echo(struct sv_stream *s);
-/* Both directions settled on the QP: the connection is "rdma". */
+/* Both directions settled on the QP: the connection is "rdma" (and its
+ * peer is remembered as one that speaks libsovia). */
 void sv_stream_maybe_rdma(struct sv_stream *s);
+/* A new connection whose peer is known to speak libsovia (peers.h) holds
+ * its first writes for the QP, within SOVIA_PEER_HOLD_MS: true when it
+ * does. With the lock, before any byte went on TCP. */
+bool sv_stream_hold_first(struct sv_stream *s);
+/* Is sending held for the QP that way now (not past the switch, nothing
+ * written on TCP, not fallen back)? */
+bool sv_stream_holding_first(const struct sv_stream *s);
+/* End a hold that is over (the switch came or failed) or whose time is up
+ * at `now`, waking the writers it held. */
+void sv_stream_end_hold(struct sv_stream *s, uint64_t now);
 /* Read the peer's TCP bytes up to its announced switch point into tcpbuf,
  * then its echo, so a switch completes while the application is not
  * reading (or has closed). */
@@ -305,6 +324,9 @@ void sv_stream_pump_tcp(struct sv_stream *s);
 
 /* ---- The data paths (stream_rx.c, stream_tx.c) -------------------------------------- */
 
+/* The first application bytes went on, or came off, the QP: the time to
+ * RDMA is now. */
+void sv_stream_first_on_qp(struct sv_stream *s, struct sv_clock *clk);
 /* Read TCP (never blocking) into iov, never past the peer's switch point;
  * bytes past it are its challenge echo. Returns bytes of application data
  * (> 0), 0 at TCP's end, -EAGAIN, or -errno. */

@@ -29,6 +29,8 @@ static bool tx_ours(const struct sv_stream *s)
 {
 	if (s->state == SV_CONN_DETACHING)
 		return true; /* writable once the bytes given back are out */
+	if (sv_stream_holding_first(s))
+		return true; /* writable once the QP or the hold's end says so */
 	return s->proto && sv_stream_may_switch(s) && sv_proto_tx_state(s->proto) != SV_TX_TCP;
 }
 
@@ -50,6 +52,8 @@ static short rx_ready(const struct sv_stream *s, short rx)
 
 static bool tx_ready(const struct sv_stream *s)
 {
+	if (sv_stream_holding_first(s))
+		return false;
 	struct sv_proto *p = s->proto;
 	enum sv_tx_state t = sv_proto_tx_state(p);
 	bool room = t == SV_TX_OPEN && !s->sw.tx_held && sv_proto_writable(p);

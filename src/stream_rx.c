@@ -158,6 +158,8 @@ static enum rx_pass rx_pass(struct sv_stream *s, const struct iovec *iov, int io
 		sv_stream_progress(s, clk, progress);
 	if (sv_stream_rx_medium(s) == SV_MEDIUM_QP) {
 		*r = sv_proto_recv(p, iov, iovcnt, flags, clk);
+		if (*r > 0 && !s->st.to_rdma_us)
+			sv_stream_first_on_qp(s, clk);
 		if (*r < 0 && *r != -EAGAIN && sv_proto_error(p)) {
 			if (!s->error)
 				sv_stream_break(s, sv_proto_error(p));

@@ -44,8 +44,11 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 		sv->done = true;
 		return;
 	}
-	/* sv_now_us() is never 0: upgrade_at 0 would mean "not waiting". */
-	s->sw.upgrade_at = sv->now + (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
+	/* sv_now_us() is never 0: upgrade_at 0 would mean "not waiting". A
+	 * peer known to speak libsovia: at once, and the first writes wait. */
+	s->sw.upgrade_at = sv->now;
+	if (!s->sw.hold_until)
+		s->sw.upgrade_at += (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
 	sv->next = s->sw.upgrade_at;
 }
 
@@ -206,6 +209,9 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 		sv_lock(&s->lock);
 	}
 	struct sv_clock clk = {.us = sv->now, .read = sv_now_us};
+	/* A known peer's first writes: end the hold when its time is up. */
+	sv_stream_end_hold(s, sv->now);
+	uint64_t hold = sv_stream_holding_first(s) ? s->sw.hold_until : 0;
 	if (s->sw.connect_pending) {
 		service_connecting(s, sv);
 	} else if (s->sw.upgrade_at) {
@@ -240,6 +246,10 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 		case SV_CONN_NSTATES:
 			break;
 		}
+	}
+	if (hold && sv_stream_holding_first(s) && (!sv->next || hold < sv->next)) {
+		sv->next = hold;
+		sv->done = false;
 	}
 	sv_unlock(&s->lock);
 }

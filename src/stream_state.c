@@ -4,6 +4,7 @@
 #include "stream_int.h"
 
 #include "log.h"
+#include "peers.h"
 
 const char *sv_conn_state_name(enum sv_conn_state s)
 {
@@ -107,6 +108,15 @@ void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to)
 	s->state = to;
 }
 
+/* What a fallback says of the peer, for its next connections (peers.h). */
+static void remember(const struct sv_stream *s, enum sv_fallback why)
+{
+	if (s->is_client && (why == SV_FB_REJECTED || why == SV_FB_VERSION))
+		sv_peers_plain_port(&s->tuple.peer); /* no libsovia (of ours) there */
+	else if (why == SV_FB_NO_ROUTE || why == SV_FB_UNREACHABLE)
+		sv_peers_forget(&s->tuple.peer);
+}
+
 void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why)
 {
 	switch (s->state) {
@@ -125,6 +135,7 @@ void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why)
 	}
 	if (s->fallback == SV_FB_NONE)
 		s->fallback = why;
+	remember(s, why);
 	if (s->state != SV_CONN_FALLBACK)
 		sv_info("fd %d stays on TCP: %s", s->fd, sv_fallback_name(s->fallback));
 	sv_stream_set_state(s, SV_CONN_FALLBACK);
@@ -180,6 +191,8 @@ enum sv_medium sv_stream_tx_medium(const struct sv_stream *s)
 		return SV_MEDIUM_KERNEL;
 	if (s->state == SV_CONN_DETACHING)
 		return SV_MEDIUM_HELD; /* the bytes given back go first */
+	if (sv_stream_holding_first(s))
+		return SV_MEDIUM_HELD; /* a peer that speaks libsovia: for the QP */
 	if (!s->proto || sv_proto_tx_state(s->proto) == SV_TX_TCP)
 		return SV_MEDIUM_TCP;
 	return s->sw.tx_held ? SV_MEDIUM_HELD : SV_MEDIUM_QP;

@@ -8,6 +8,12 @@
 #include <arpa/inet.h>
 #include <stdio.h>
 
+void sv_stream_first_on_qp(struct sv_stream *s, struct sv_clock *clk)
+{
+	uint64_t now = sv_clock_now(clk);
+	s->st.to_rdma_us = now > s->st.born_us ? now - s->st.born_us : 1;
+}
+
 void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool timeout,
 			   bool chan, bool kick)
 {
@@ -63,7 +69,8 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"switches=to_rdma:%llu,to_tcp:%llu gave_back_bytes=%llu got_back_bytes=%llu "
 		"regcache=hits:%llu,misses:%llu,stale:%llu,uncached:%llu "
 		"waits=spun:%llu,slept:%llu,slept_us:%llu,slept_max_us:%llu "
-		"woken=chan:%llu,kick:%llu,timeout:%llu helper_polls=%llu spin_avg_us=%u\n",
+		"woken=chan:%llu,kick:%llu,timeout:%llu helper_polls=%llu spin_avg_us=%u "
+		"time_to_rdma_us=%llu\n",
 		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
 		sv_fallback_name(s->fallback), U(p->tx_bytes), U(p->rx_bytes),
 		U(s->st.tcp_tx_bytes), U(s->st.tcp_rx_bytes), U(p->tx_msgs), U(p->rx_msgs),
@@ -78,7 +85,8 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		U(s->st.waits_spun), U(s->st.waits_slept), U(s->st.slept_us), U(s->st.slept_max_us),
 		U(s->st.woken_chan), U(s->st.woken_kick), U(s->st.woken_timeout),
 		U(s->st.helper_polls),
-		(unsigned)atomic_load_explicit(&s->wt.wait_avg_us, memory_order_relaxed));
+		(unsigned)atomic_load_explicit(&s->wt.wait_avg_us, memory_order_relaxed),
+		U(s->st.to_rdma_us));
 	if (n > 0) {
 		ssize_t w = SV_REAL(write)(2, line,
 					   (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);

@@ -5,6 +5,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "peers.h"
 #include "real.h"
 
 #include <errno.h>
@@ -17,6 +18,48 @@ void sv_stream_maybe_rdma(struct sv_stream *s)
 	    sv_proto_rx_on_qp(s->proto) && !s->sw.tx_held && !s->sw.echo_owed) {
 		sv_stream_set_state(s, SV_CONN_RDMA);
 		sv_info("fd %d: on RDMA", s->fd);
+		struct sv_clock clk = SV_CLOCK_INIT;
+		uint64_t took = sv_clock_now(&clk) - s->st.born_us;
+		sv_peers_learn(&s->tuple.peer, s->is_client,
+			       took > UINT32_MAX ? UINT32_MAX : (uint32_t)took);
+	}
+}
+
+/* ---- A known peer's first writes ------------------------------------------------ */
+
+/* The hold lasts what this host's connections took to reach RDMA, four
+ * times over (a fresh process starts rdma_cm first) plus 50 ms, within
+ * SOVIA_PEER_HOLD_MS. */
+bool sv_stream_hold_first(struct sv_stream *s)
+{
+	uint32_t setup;
+	if (!sv_cfg.peer_hold_ms || s->tcp_tx || s->cl.tx_shut ||
+	    !sv_peers_expect(&s->tuple.peer, s->is_client, &setup))
+		return false;
+	uint64_t cap = (uint64_t)sv_cfg.peer_hold_ms * 1000u, want = 50000u + 4u * (uint64_t)setup;
+	s->sw.hold_until = sv_now_us() + (want < cap ? want : cap);
+	sv_dbg("fd %d: the peer speaks libsovia: its first writes wait up to %llu ms for RDMA",
+	       s->fd, (unsigned long long)((want < cap ? want : cap) / 1000));
+	return true;
+}
+
+bool sv_stream_holding_first(const struct sv_stream *s)
+{
+	return s->sw.hold_until && !s->tcp_tx && !s->cl.tx_shut && sv_stream_may_switch(s) &&
+	       (!s->proto || sv_proto_tx_state(s->proto) == SV_TX_TCP);
+}
+
+void sv_stream_end_hold(struct sv_stream *s, uint64_t now)
+{
+	if (!s->sw.hold_until)
+		return;
+	bool holding = sv_stream_holding_first(s);
+	if (holding && now < s->sw.hold_until)
+		return;
+	s->sw.hold_until = 0;
+	if (holding) {
+		sv_info("fd %d: RDMA is not ready: the first writes go on TCP", s->fd);
+		sv_stream_wake(s);
 	}
 }
 

@@ -52,6 +52,8 @@ static bool send_qp(struct sv_stream *s, struct send_call *c, struct iovec *rest
 		 * returns. */
 		c->done += (size_t)c->r;
 		c->on_qp = true;
+		if (!s->st.to_rdma_us)
+			sv_stream_first_on_qp(s, &c->clk);
 		c->r = 0;
 		return c->total != 0;
 	}
@@ -106,6 +108,8 @@ static bool send_pass(struct sv_stream *s, struct send_call *c, enum sv_medium *
 		c->own = true;
 		return false;
 	}
+	if (s->sw.hold_until)
+		sv_stream_end_hold(s, sv_stream_holding_first(s) ? sv_clock_now(&c->clk) : 0);
 	*m = sv_stream_tx_medium(s);
 	switch (*m) {
 	case SV_MEDIUM_KERNEL:
@@ -136,6 +140,8 @@ static bool send_wait(struct sv_stream *s, struct send_call *c, enum sv_medium m
 	uint64_t at = sv_clock_update(&c->clk), until = c->timeout_at;
 	if (detaching && (!until || until > at + 10000))
 		until = at + 10000;
+	if (sv_stream_holding_first(s) && (!until || until > s->sw.hold_until))
+		until = s->sw.hold_until; /* then it goes on TCP */
 	bool tcp = m == SV_MEDIUM_TCP || m == SV_MEDIUM_KERNEL || detaching;
 	int w = sv_stream_wait(s, &c->clk, tcp ? POLLOUT : 0, until, SV_WAIT_APP);
 	c->polled = false;

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "peers.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -251,6 +252,12 @@ static bool retry_connect(struct sv_stream *s)
 		uint32_t ms = SV_CONNECT_RETRY_MS << s->sw.connect_retries;
 		s->sw.connect_retries++;
 		s->sw.upgrade_at = sv_now_us() + (uint64_t)ms * 1000u;
+		/* A request that met no listener: a plain server, most likely,
+		 * on a host that speaks libsovia. Its first bytes wait no
+		 * longer, nor will its next connections' (a retry that gets
+		 * through says otherwise). */
+		sv_stream_end_hold(s, UINT64_MAX);
+		sv_peers_plain_port(&s->tuple.peer);
 		sv_info("fd %d: no RDMA listener at the server (yet): asking again in %u ms", s->fd,
 			ms);
 	}

@@ -3,6 +3,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "peers.h"
 #include "upgrade.h"
 
 #include <arpa/inet.h>
@@ -34,6 +35,7 @@ void h_setup(void)
 	sv_cfg.coalesce_size = 1024;
 	sv_cfg.reg_threshold = 1u << 30; /* the fake has no registration */
 	fake_net_use();
+	sv_peers_use(NULL); /* this test's own table, empty */
 }
 
 void h_teardown(void)

@@ -117,7 +117,7 @@ static int nb_pair(struct pair *p)
 	if (r == 0)
 		sv_stream_start_client(p->c);
 	else
-		sv_stream_start_connecting(p->c);
+		sv_stream_start_connecting(p->c, (struct sockaddr *)&a, sizeof(a));
 	p->sfd = accept(p->lfd, NULL, NULL);
 	p->s = sv_stream_new(p->sfd, false);
 	sv_stream_start_server(p->s, p->l);
