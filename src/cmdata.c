@@ -141,6 +141,23 @@ int sv_cm_rep_decode(const uint8_t *in, size_t len, struct sv_cm_rep *r)
 	return 0;
 }
 
+void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN])
+{
+	memset(out, 0, SV_CM_REJ_LEN);
+	sv_put32(out, SV_CM_MAGIC);
+	out[4] = SV_CM_VERSION;
+	out[5] = (uint8_t)why;
+}
+
+int sv_cm_rej_decode(const uint8_t *in, size_t len)
+{
+	if (!in || len < 6 || sv_get32(in) != SV_CM_MAGIC)
+		return -EPROTO;
+	if (in[4] != SV_CM_VERSION)
+		return -EPROTONOSUPPORT;
+	return in[5];
+}
+
 /* Compare two addresses as 16 bytes; ports too when with_port. */
 static bool addr_cmp(const struct sockaddr_storage *a, const struct sockaddr_storage *b,
 		     bool with_port)

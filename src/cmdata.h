@@ -34,6 +34,20 @@ int sv_cm_req_encode(const struct sv_cm_req *r, uint8_t *out);
  * our magic with another version (r->version says which). */
 int sv_cm_req_decode(const uint8_t *in, size_t len, struct sv_cm_req *r);
 
+/* A rejection's private data (8 bytes): magic u32, version u8, reason u8,
+ * 2 bytes of zero. Without it (no private data) the reason is "no". */
+enum sv_cm_rej {
+	SV_CM_REJ_NO = 0,          /* refused (or another version: see version) */
+	SV_CM_REJ_WRITE_FIRST = 1, /* the server's accept() waits for the client's
+				    * first bytes (TCP_DEFER_ACCEPT): write them on
+				    * TCP and ask again */
+};
+#define SV_CM_REJ_LEN 8
+void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN]);
+/* The reason a rejection gives: SV_CM_REJ_*, -EPROTONOSUPPORT for ours of
+ * another version, -EPROTO for none or a foreign one. */
+int sv_cm_rej_decode(const uint8_t *in, size_t len);
+
 #define SV_CM_REP_LEN 20
 void sv_cm_rep_encode(const struct sv_cm_rep *r, uint8_t out[SV_CM_REP_LEN]);
 int sv_cm_rep_decode(const uint8_t *in, size_t len, struct sv_cm_rep *r);

@@ -128,6 +128,11 @@ struct sv_switch {
 	 * writes wait for the QP until this time rather than go on TCP
 	 * (0: no hold). Only while nothing of ours went on TCP. */
 	uint64_t hold_until;
+	/* A write was refused (EAGAIN) or waited for that hold: from then on
+	 * poll says "not writable" until it ends. Until then the kernel
+	 * answers, so that a program that polls for POLLOUT to learn that its
+	 * non-blocking connect completed is told at once. */
+	bool hold_refused;
 };
 
 /* Waiting: what a wait and the readiness calls share with other threads

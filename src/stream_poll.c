@@ -29,7 +29,7 @@ static bool tx_ours(const struct sv_stream *s)
 {
 	if (s->state == SV_CONN_DETACHING)
 		return true; /* writable once the bytes given back are out */
-	if (sv_stream_holding_first(s))
+	if (sv_stream_holding_first(s) && s->sw.hold_refused)
 		return true; /* writable once the QP or the hold's end says so */
 	return s->proto && sv_stream_may_switch(s) && sv_proto_tx_state(s->proto) != SV_TX_TCP;
 }
@@ -53,7 +53,7 @@ static short rx_ready(const struct sv_stream *s, short rx)
 static bool tx_ready(const struct sv_stream *s)
 {
 	if (sv_stream_holding_first(s))
-		return false;
+		return false; /* a write was refused: tx_ours */
 	struct sv_proto *p = s->proto;
 	enum sv_tx_state t = sv_proto_tx_state(p);
 	bool room = t == SV_TX_OPEN && !s->sw.tx_held && sv_proto_writable(p);

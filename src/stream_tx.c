@@ -119,6 +119,8 @@ static bool send_pass(struct sv_stream *s, struct send_call *c, enum sv_medium *
 		return send_qp(s, c, rest, restcnt);
 	case SV_MEDIUM_HELD:
 		c->r = -EAGAIN; /* until the peer proves itself, or the bytes given back are out */
+		if (sv_stream_holding_first(s))
+			s->sw.hold_refused = true;
 		return true;
 	}
 	return false;

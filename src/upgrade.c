@@ -11,7 +11,6 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
-#include "peers.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -85,16 +84,11 @@ void sv_up_established(struct sv_stream *s)
 	sv_helper_watch(s);
 }
 
-void sv_up_reject(struct rdma_cm_id *id, bool say_version)
+void sv_up_reject(struct rdma_cm_id *id, bool say, enum sv_cm_rej why)
 {
-	uint8_t pd[8] = {0};
-	if (say_version) {
-		struct sv_cm_rep rep = {.version = SV_CM_VERSION};
-		uint8_t full[SV_CM_REP_LEN];
-		sv_cm_rep_encode(&rep, full);
-		memcpy(pd, full, sizeof(pd));
-	}
-	sv_cm->reject(id, say_version ? pd : NULL, say_version ? sizeof(pd) : 0);
+	uint8_t pd[SV_CM_REJ_LEN];
+	sv_cm_rej_encode(why, pd);
+	sv_cm->reject(id, say ? pd : NULL, say ? sizeof(pd) : 0);
 }
 
 /* ---- Client ------------------------------------------------------------- */
@@ -233,13 +227,14 @@ static void client_route_resolved(struct sv_stream *s)
 	}
 }
 
-/* The server had no RDMA listener (yet): drop this attempt's QP and id and
- * have the helper ask again later (SV_CONNECT_RETRIES). Until then the
+/* The server had no RDMA listener (yet), or its accept() waits for our
+ * first bytes (write_first): drop this attempt's QP and id and have the
+ * helper ask again later (SV_CONNECT_RETRIES). Until then the
  * connection is on TCP, labelled with the reason it keeps if no retry gets
  * through. False when no retry is due: the caller falls back. The id is
  * the caller's to destroy (its event is not acknowledged yet). With
  * up_lock. */
-static bool retry_connect(struct sv_stream *s)
+static bool retry_connect(struct sv_stream *s, bool write_first)
 {
 	sv_lock(&s->lock);
 	bool go = s->is_client && s->state == SV_CONN_REQUESTED && !s->cl.app_closed &&
@@ -252,13 +247,18 @@ static bool retry_connect(struct sv_stream *s)
 		uint32_t ms = SV_CONNECT_RETRY_MS << s->sw.connect_retries;
 		s->sw.connect_retries++;
 		s->sw.upgrade_at = sv_now_us() + (uint64_t)ms * 1000u;
-		/* A request that met no listener: a plain server, most likely,
-		 * on a host that speaks libsovia. Its first bytes wait no
-		 * longer, nor will its next connections' (a retry that gets
-		 * through says otherwise). */
-		sv_stream_end_hold(s, UINT64_MAX);
-		sv_peers_plain_port(&s->tuple.peer);
-		sv_info("fd %d: no RDMA listener at the server (yet): asking again in %u ms", s->fd,
+		/* A held connection keeps holding through "no listener": the
+		 * listener of a server that has just called listen() (a
+		 * passive FTP data port in a fresh session process) comes up
+		 * with its rdma_cm, after its client's first request. A plain
+		 * server's port is remembered when the retries are over
+		 * (sv_stream_fall_back). A server whose accept() waits for
+		 * data gets our first bytes on TCP. */
+		if (write_first)
+			sv_stream_end_hold(s, UINT64_MAX);
+		sv_info("fd %d: %s: asking again in %u ms", s->fd,
+			write_first ? "the server accepts once we wrote: our first bytes go on TCP"
+				    : "no RDMA listener at the server (yet)",
 			ms);
 	}
 	sv_unlock(&s->lock);
@@ -303,14 +303,10 @@ static void client_connect_response(struct sv_stream *s, struct rdma_cm_event *e
 
 /* ---- Events ------------------------------------------------------------- */
 
-static enum sv_fallback reject_reason(const struct rdma_cm_event *ev)
+/* What a rejection said: SV_CM_REJ_*, or -errno (cmdata.h). */
+static int reject_said(const struct rdma_cm_event *ev)
 {
-	struct sv_cm_rep rep;
-	const uint8_t *pd = ev->param.conn.private_data;
-	if (pd && ev->param.conn.private_data_len >= 5 &&
-	    sv_cm_rep_decode(pd, ev->param.conn.private_data_len, &rep) == -EPROTONOSUPPORT)
-		return SV_FB_VERSION;
-	return SV_FB_REJECTED;
+	return sv_cm_rej_decode(ev->param.conn.private_data, ev->param.conn.private_data_len);
 }
 
 /* An event on a stream's id. *destroy: an id to destroy once the event is
@@ -339,13 +335,16 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 	case RDMA_CM_EVENT_ROUTE_ERROR:
 		sv_up_drop_qp(s, SV_FB_NO_ROUTE);
 		break;
-	case RDMA_CM_EVENT_REJECTED:
-		if (ev->status == SV_REJ_NO_LISTENER && retry_connect(s)) {
+	case RDMA_CM_EVENT_REJECTED: {
+		int said = reject_said(ev);
+		bool write_first = said == SV_CM_REJ_WRITE_FIRST;
+		if ((ev->status == SV_REJ_NO_LISTENER || write_first) && retry_connect(s, write_first)) {
 			*destroy = ev->id; /* once its event is acknowledged */
 			break;
 		}
-		sv_up_drop_qp(s, reject_reason(ev));
+		sv_up_drop_qp(s, said == -EPROTONOSUPPORT ? SV_FB_VERSION : SV_FB_REJECTED);
 		break;
+	}
 	case RDMA_CM_EVENT_UNREACHABLE:
 	case RDMA_CM_EVENT_CONNECT_ERROR:
 		sv_up_drop_qp(s, SV_FB_UNREACHABLE);

@@ -29,8 +29,9 @@ void sv_up_drop_qp(struct sv_stream *s, enum sv_fallback why);
 /* The QP on rdma_cm's side is connected (ESTABLISHED, or the client's
  * CONNECT_RESPONSE): the switch starts. Without s->lock. */
 void sv_up_established(struct sv_stream *s);
-/* Reject and forget a request (the id is the caller's to destroy). */
-void sv_up_reject(struct rdma_cm_id *id, bool say_version);
+/* Reject and forget a request (the id is the caller's to destroy); with
+ * `say`, the rejection says that it is ours, our version and why. */
+void sv_up_reject(struct rdma_cm_id *id, bool say, enum sv_cm_rej why);
 /* upgrade_server.c: a connect request arrived on a listener. A refused id
  * is left in *destroy: it may not be destroyed while its own event is not
  * acknowledged yet. */

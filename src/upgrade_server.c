@@ -6,8 +6,11 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "real.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,6 +166,7 @@ void sv_upgrade_unlisten(struct sv_listener *l)
 	if (!l)
 		return;
 	sv_lock(&sv_up_lock);
+	l->fd = -1; /* closed: its number may be another file's now */
 	listener_put(l);
 	sv_unlock(&sv_up_lock);
 }
@@ -278,6 +282,17 @@ static bool match_request(struct rdma_cm_id *id, const struct sv_cm_req *req,
 	return true;
 }
 
+/* Does the application's accept() wait for the client's first bytes
+ * (TCP_DEFER_ACCEPT, as Apache and nginx's "deferred" set it, on the
+ * listening socket, before or after listen())? */
+static bool accept_waits_for_data(const struct sv_listener *l)
+{
+	int v = 0;
+	socklen_t len = sizeof(v);
+	return l && l->fd >= 0 &&
+	       SV_REAL(getsockopt)(l->fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &v, &len) == 0 && v > 0;
+}
+
 /* The request must come from the TCP peer's host. */
 static bool from_tcp_peer(struct rdma_cm_id *id, const struct sv_cm_req *req)
 {
@@ -297,23 +312,33 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	if (r < 0) {
 		/* Not ours (an rsockets peer, say), or another version. */
 		sv_dbg("upgrade request: not libsovia's or another version (%d): rejected", r);
-		sv_up_reject(id, r == -EPROTONOSUPPORT);
+		sv_up_reject(id, r == -EPROTONOSUPPORT, SV_CM_REJ_NO);
 		*destroy = id;
 		return;
 	}
 	if (!from_tcp_peer(id, &req)) {
 		sv_warn("an upgrade request from another host than its TCP peer: refused");
-		sv_up_reject(id, false);
+		sv_up_reject(id, false, SV_CM_REJ_NO);
 		*destroy = id;
 		return;
 	}
+	struct sv_listener *l = (void *)((uintptr_t)id->context & ~SV_LISTENER_TAG);
 	id->context = NULL;
 	if (match_request(id, &req, destroy))
 		return;
+	if (accept_waits_for_data(l)) {
+		/* It would wait for ever if the client holds its first
+		 * writes for RDMA: they go on TCP first, then it asks again. */
+		sv_dbg("upgrade request before accept(), which waits for data: the client writes "
+		       "first");
+		sv_up_reject(id, true, SV_CM_REJ_WRITE_FIRST);
+		*destroy = id;
+		return;
+	}
 	sv_dbg("upgrade request: no accepted connection yet; waiting for accept()");
 	struct pending_req *p = malloc(sizeof(*p));
 	if (!p) {
-		sv_up_reject(id, false);
+		sv_up_reject(id, false, SV_CM_REJ_NO);
 		*destroy = id;
 		return;
 	}
@@ -336,7 +361,7 @@ static uint64_t pending_timers(uint64_t now)
 			sv_cm->destroy_id(refused); /* its event was acknowledged long ago */
 		if (!settled && now >= p->deadline) {
 			sv_dbg("upgrade request: no matching accepted connection in time: rejected");
-			sv_up_reject(p->id, false);
+			sv_up_reject(p->id, false, SV_CM_REJ_NO);
 			sv_cm->destroy_id(p->id);
 			settled = true;
 		}

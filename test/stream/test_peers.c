@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,16 +19,22 @@
 
 TestSuite(peers, .init = h_setup, .fini = h_teardown, .timeout = 60);
 
-/* The table says 127.0.0.1 took a connection to RDMA in 1 ms. */
-static void know_loopback(void)
+/* The table says 127.0.0.1 took a connection to RDMA in `took` us. */
+static void know_loopback_took(uint32_t took)
 {
 	struct sockaddr_storage ss = {0};
 	struct sockaddr_in *in = (struct sockaddr_in *)&ss;
 	in->sin_family = AF_INET;
 	in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	sv_peers_learn(&ss, true, 1000);
+	sv_peers_learn(&ss, true, took);
 	uint32_t setup;
-	cr_assert(sv_peers_expect(&ss, true, &setup) && setup == 1000, "the table lost it");
+	cr_assert(sv_peers_expect(&ss, true, &setup) && setup == took, "the table lost it");
+}
+
+/* ... in 1 ms. */
+static void know_loopback(void)
+{
+	know_loopback_took(1000);
 }
 
 /* Would poll() say the stream is writable? Each direction is judged by
@@ -201,5 +208,67 @@ Test(peers, a_non_blocking_connect_to_a_known_peer_holds_from_the_start)
 	cr_assert_eq(memcmp(b, g, 3), 0);
 	cr_assert_eq(h_counts(p.c).tcp_tx, 0);
 	cr_assert_eq(h_counts(p.c).rdma_tx, 3);
+	h_pair_free(&p);
+}
+
+/* A server whose accept() waits for the client's first bytes
+ * (TCP_DEFER_ACCEPT): a held client would wait out its hold, and its
+ * request could match nothing. The server's libsovia tells it to write
+ * first: the bytes go on TCP, the accept returns, the next request gets
+ * the connection to RDMA. */
+Test(peers, a_server_that_accepts_on_data_gets_the_first_bytes_on_tcp)
+{
+	know_loopback_took(100000000);
+	sv_cfg.peer_hold_ms = 60000; /* only the server's answer can end it */
+	struct pair p;
+	h_listen(&p, true);
+	int secs = 30;
+	cr_assert_eq(setsockopt(p.lfd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &secs, sizeof(secs)), 0);
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
+	p.cfd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(p.cfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	p.c = sv_stream_new(p.cfd, true);
+	sv_stream_start_client(p.c);
+	uint8_t b[3] = {1, 2, 3}, g[3];
+	cr_assert_eq(h_write(p.c, b, 3, 0), 3); /* held until the server's answer */
+	p.sfd = accept(p.lfd, NULL, NULL);
+	cr_assert_geq(p.sfd, 0);
+	p.s = sv_stream_new(p.sfd, false);
+	sv_stream_start_server(p.s, p.l);
+	long end;
+	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
+	cr_assert_eq(memcmp(b, g, 3), 0);
+	cr_assert_eq(h_counts(p.c).tcp_tx, 3);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
+		     sv_conn_state_name(h_state(p.c)));
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	cr_assert_eq(h_write_all(p.c, b, 3), 3);
+	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
+	cr_assert_eq(h_counts(p.c).rdma_tx, 3);
+	h_pair_free(&p);
+}
+
+/* A program that polls for POLLOUT to learn that its connect completed
+ * (tnftp does) is told so by the kernel while its first writes are held:
+ * only a write that was refused makes poll say "not writable". */
+Test(peers, a_held_connection_is_writable_until_a_write_is_refused)
+{
+	know_loopback_took(100000000);
+	fake_net_slow_start();
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	cr_assert(writable(p.c, p.cfd), "the connect's completion was not told");
+	uint8_t b = 7;
+	cr_assert_eq(h_write(p.c, &b, 1, MSG_DONTWAIT), -EAGAIN);
+	cr_assert(!writable(p.c, p.cfd), "a held stream said writable after a refused write");
+	fake_net_start_now();
+	uint64_t until = h_ms() + 10000;
+	while (!writable(p.c, p.cfd) && h_ms() < until)
+		usleep(1000);
+	cr_assert_eq(h_write(p.c, &b, 1, MSG_DONTWAIT), 1);
+	cr_assert_eq(h_counts(p.c).tcp_tx, 0);
 	h_pair_free(&p);
 }
