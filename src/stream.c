@@ -8,6 +8,7 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "pinned.h"
 #include "real.h"
 #include "upgrade.h"
 
@@ -187,6 +188,7 @@ void sv_stream_atfork_child(void)
 {
 	sv_helper_atfork_child();
 	sv_upgrade_atfork_child();
+	sv_pinned_atfork_child();
 	if (sv_cm->atfork_child)
 		sv_cm->atfork_child();
 	sv_lock_reinit(&all_lock);

@@ -64,6 +64,8 @@ enum sv_fallback {
 	SV_FB_CREDENTIALS,  /* the kernel refuses our RDMA files to this process's
 			     * credentials (changed since they were opened, or
 			     * opened by the parent before a fork) */
+	SV_FB_MEMLOCK,      /* its buffers do not fit the locked-memory budget
+			     * (pinned.h) */
 };
 
 const char *sv_conn_state_name(enum sv_conn_state s);
@@ -212,6 +214,7 @@ struct sv_stream {
 	struct rdma_cm_id *id;
 	struct sv_qp *qp;        /* once the upgrade made one */
 	struct sv_proto *proto;  /* the core on it */
+	size_t pinned;           /* the QP's buffers' share of the budget (pinned.h) */
 	/* The peer's TCP bytes read before the application asked for them
 	 * (the pump, or a failed challenge's would-be echo). */
 	uint8_t *tcpbuf;

@@ -66,6 +66,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 		return "called-off-by-peer";
 	case SV_FB_CREDENTIALS:
 		return "credentials";
+	case SV_FB_MEMLOCK:
+		return "memlock";
 	}
 	return "?";
 }

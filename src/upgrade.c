@@ -11,6 +11,7 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "pinned.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -30,21 +31,38 @@ static void random_bytes(uint8_t *b, size_t n)
 	}
 }
 
+/* Destroy the stream's QP, and give back its buffers' share of the
+ * locked-memory budget. */
+static void destroy_qp(struct sv_stream *s)
+{
+	if (s->qp) {
+		s->qp->ops->destroy(s->qp);
+		s->qp = NULL;
+	}
+	sv_pinned_give(s->pinned);
+	s->pinned = 0;
+}
+
 int sv_up_attach_qp(struct sv_stream *s)
 {
 	struct sv_proto_params prm;
 	sv_config_proto_params(&sv_cfg, &prm);
 	prm.coalesce = !s->opt.nodelay;
-	int r = sv_cm->create_qp(&s->qp, s->id, &prm);
+	size_t pin = (size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) * prm.buf_size;
+	int r = sv_pinned_take(pin);
+	if (r < 0)
+		return r;
+	s->pinned = pin;
+	r = sv_cm->create_qp(&s->qp, s->id, &prm);
 	if (r < 0) {
 		s->qp = NULL;
+		destroy_qp(s);
 		return r;
 	}
 	struct sv_xport xp = s->qp->ops->xport(s->qp);
 	r = sv_proto_new(&s->proto, &prm, &xp);
 	if (r < 0) {
-		s->qp->ops->destroy(s->qp);
-		s->qp = NULL;
+		destroy_qp(s);
 		return r;
 	}
 	struct sv_clock clk = SV_CLOCK_INIT;
@@ -58,10 +76,7 @@ static void release_qp(struct sv_stream *s)
 {
 	sv_proto_free(s->proto);
 	s->proto = NULL;
-	if (s->qp) {
-		s->qp->ops->destroy(s->qp);
-		s->qp = NULL;
-	}
+	destroy_qp(s);
 }
 
 void sv_up_drop_qp(struct sv_stream *s, enum sv_fallback why)
@@ -205,7 +220,9 @@ static void client_route_resolved(struct sv_stream *s)
 	}
 	sv_unlock(&s->lock);
 	if (r < 0) {
-		sv_up_drop_qp(s, r == -ECANCELED ? SV_FB_TIMEOUT : SV_FB_RESOURCES);
+		sv_up_drop_qp(s, r == -ECANCELED ? SV_FB_TIMEOUT
+				 : r == -ENOBUFS ? SV_FB_MEMLOCK
+						 : SV_FB_RESOURCES);
 		return;
 	}
 	uint8_t pd[SV_CM_REQ_MAX];
@@ -400,10 +417,7 @@ void sv_upgrade_forget(struct sv_stream *s)
 	sv_lock(&sv_up_lock);
 	if (s->id)
 		s->id->context = NULL;
-	if (s->qp) {
-		s->qp->ops->destroy(s->qp);
-		s->qp = NULL;
-	}
+	destroy_qp(s);
 	if (s->id) {
 		sv_cm->destroy_id(s->id);
 		s->id = NULL;

@@ -232,7 +232,7 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 	sv_unlock(&s->lock);
 	if (r < 0) {
 		sv_cm->reject(id, NULL, 0);
-		sv_up_drop_qp(s, SV_FB_RESOURCES);
+		sv_up_drop_qp(s, r == -ENOBUFS ? SV_FB_MEMLOCK : SV_FB_RESOURCES);
 		return true; /* the id belongs to the stream now */
 	}
 	uint8_t pd[SV_CM_REP_LEN];

@@ -4,6 +4,7 @@
 #include "harness.h"
 
 #include "config.h"
+#include "pinned.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -113,4 +114,35 @@ Test(fallback, failed_challenge_keeps_tcp_working)
 	}
 	cr_assert_eq(memcmp(raw, "hello", 5), 0);
 	h_pair_free(&p);
+}
+
+/* The locked-memory budget (pinned.h): a connection whose buffers do not
+ * fit stays on TCP, "memlock", and keeps its bytes; once a connection on
+ * RDMA is gone, its share serves the next one. */
+Test(fallback, past_the_locked_memory_budget)
+{
+	struct sv_proto_params prm;
+	sv_config_proto_params(&sv_cfg, &prm);
+	size_t pin = (size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) * prm.buf_size;
+	sv_pinned_set_budget(2 * pin); /* one pair: both ends are this process */
+	struct pair a, b, c;
+	h_pair_rdma(&a);
+	cr_assert_eq(sv_pinned_taken(), 2 * pin);
+	h_listen(&b, true);
+	h_connect(&b);
+	cr_assert_eq(h_wait_state(b.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	cr_assert_eq(h_fallback(b.c), SV_FB_MEMLOCK, "fallback=%s",
+		     sv_fallback_name(h_fallback(b.c)));
+	exchange_on_tcp(&b);
+	cr_assert_eq(sv_pinned_taken(), 2 * pin);
+	cr_assert_eq(sv_stream_close(a.c, a.cfd), 0);
+	cr_assert_eq(sv_stream_close(a.s, a.sfd), 0);
+	h_pair_free(&a);
+	uint64_t until = h_ms() + 10000;
+	while (sv_pinned_taken() && h_ms() < until)
+		usleep(1000);
+	cr_assert_eq(sv_pinned_taken(), 0, "the closed pair kept %zu bytes", sv_pinned_taken());
+	h_pair_rdma(&c);
+	h_pair_free(&b);
+	h_pair_free(&c);
 }
