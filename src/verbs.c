@@ -15,6 +15,7 @@
 
 #include "lock.h"
 #include "log.h"
+#include "pinned.h"
 #include "qp.h"
 #include "regcache.h"
 
@@ -22,6 +23,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -64,6 +66,94 @@ struct sv_verbs {
 };
 
 static const struct sv_qp_ops qp_ops;
+
+/* ---- A spare kit --------------------------------------------------------------------- */
+
+/* What a connection needs besides its QP (completion channel and queue,
+ * registered buffers): slow to make, 10 ms of a new connection's 20 under
+ * emulation, most of it registering and faulting in 3 MiB. The last
+ * connection to go keeps its kit for the next one of the same shape (one,
+ * so at most one connection's buffers stay pinned with nobody using them;
+ * none when the locked-memory budget is limited, pinned.h). */
+struct kit {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd; /* with the reference its connection had */
+	struct sv_regcache *rc;
+	struct ibv_comp_channel *chan;
+	struct ibv_cq *cq;
+	uint8_t *rpool, *spool;
+	struct ibv_mr *rmr, *smr;
+	uint32_t nrecv, nsend, buf_size;
+};
+
+static struct sv_lock kit_lock = SV_LOCK_INIT(SV_RANK_TRANSPORT);
+static struct kit spare;
+
+/* Take the spare kit if it fits v's shape on ctx. */
+static bool kit_take(struct sv_verbs *v, struct ibv_context *ctx)
+{
+	sv_lock(&kit_lock);
+	bool ok = spare.cq && spare.ctx == ctx && spare.nrecv == v->nrecv &&
+		  spare.nsend == v->nsend && spare.buf_size == v->buf_size;
+	if (ok) {
+		v->pd = spare.pd;
+		v->rc = spare.rc;
+		v->chan = spare.chan;
+		v->cq = spare.cq;
+		v->rpool = spare.rpool;
+		v->spool = spare.spool;
+		v->rmr = spare.rmr;
+		v->smr = spare.smr;
+		v->cq->cq_context = v;
+		spare = (struct kit){0};
+	}
+	sv_unlock(&kit_lock);
+	return ok;
+}
+
+/* Keep v's kit (its QP destroyed) as the spare, if there is none. Its CQ
+ * and channel are emptied first: what they hold was the old QP's. */
+static void kit_keep(struct sv_verbs *v)
+{
+	if (!v->cq || !v->rmr || !v->smr || !v->chan || v->qp || sv_pinned_budget() != SIZE_MAX)
+		return;
+	sv_lock(&kit_lock);
+	bool room = !spare.cq;
+	sv_unlock(&kit_lock);
+	if (!room)
+		return;
+	struct ibv_wc wc[SV_POLL_BATCH];
+	while (ibv_poll_cq(v->cq, SV_POLL_BATCH, wc) > 0)
+		;
+	struct ibv_cq *ecq;
+	void *ectx;
+	while (ibv_get_cq_event(v->chan, &ecq, &ectx) == 0)
+		v->unacked++; /* the channel is non-blocking */
+	if (v->unacked)
+		ibv_ack_cq_events(v->cq, v->unacked);
+	v->unacked = 0;
+	sv_lock(&kit_lock);
+	if (!spare.cq) {
+		spare = (struct kit){
+			.ctx = v->cq->context, .pd = v->pd, .rc = v->rc, .chan = v->chan, .cq = v->cq,
+			.rpool = v->rpool, .spool = v->spool, .rmr = v->rmr, .smr = v->smr,
+			.nrecv = v->nrecv, .nsend = v->nsend, .buf_size = v->buf_size,
+		};
+		v->pd = NULL;
+		v->chan = NULL;
+		v->cq = NULL;
+		v->rpool = v->spool = NULL;
+		v->rmr = v->smr = NULL;
+	}
+	sv_unlock(&kit_lock);
+}
+
+void sv_verbs_kit_atfork_child(void)
+{
+	/* The parent's: useless here (verbs_pd.c). */
+	sv_lock_reinit(&kit_lock);
+	spare = (struct kit){0};
+}
 
 static void zc_release(struct sv_verbs *v, uint32_t slot)
 {
@@ -365,6 +455,8 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 		r = -ENOMEM;
 		goto destroy_partial;
 	}
+	if (kit_take(v, ctx))
+		goto make_qp;
 	r = sv_verbs_pd_get(ctx, &v->pd, &v->rc);
 	if (r)
 		goto destroy_partial;
@@ -393,6 +485,7 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 	r = alloc_pool(&v->spool, &v->smr, v, ns, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
 	if (r)
 		goto destroy_partial;
+make_qp:
 	r = create_qp(v);
 	if (r)
 		goto destroy_partial;
@@ -424,6 +517,7 @@ void sv_verbs_destroy(struct sv_verbs *v)
 				zc_release(v, i);
 		free(v->zc);
 	}
+	kit_keep(v); /* what it keeps is not freed below */
 	int r;
 	if (v->smr && (r = ibv_dereg_mr(v->smr)))
 		sv_warn("verbs: ibv_dereg_mr (send pool): %s", strerror(-neg_err(r)));

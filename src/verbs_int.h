@@ -33,5 +33,7 @@ struct ibv_context *sv_verbs_own_ctx(struct ibv_device *dev, int *err);
  * with a reference; sv_verbs_pd_put drops it. 0 or -errno. */
 int sv_verbs_pd_get(struct ibv_context *ctx, struct ibv_pd **out, struct sv_regcache **rc_out);
 void sv_verbs_pd_put(struct ibv_pd *pd);
+/* In a fork's child: forget verbs.c's spare kit (the parent's). */
+void sv_verbs_kit_atfork_child(void);
 
 #endif

@@ -128,6 +128,7 @@ void sv_verbs_atfork_child(void)
 	sv_lock_reinit(&pd_lock);
 	ctx_list = NULL;
 	pd_list = NULL;
+	sv_verbs_kit_atfork_child();
 }
 
 void sv_verbs_pd_put(struct ibv_pd *pd)
