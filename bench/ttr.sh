@@ -79,6 +79,42 @@ timeout 120 cmtime -s "$IP" -p 7199 -c "$CONNS" >"$WORK/cmtime.out" 2>&1
 wait 2>/dev/null
 sed 's/^/   /' "$WORK/cmtime.out"
 
+# The TCP phase and plain peers: a 64-byte ping-pong while libsovia's
+# connection is still on TCP (its upgrade put off for the run), and a
+# preloaded client of a plain server, against plain TCP on both ends.
+lat() { # name port server-env... -- client-env...
+	local name=$1 port=$2
+	shift 2
+	local -a senv=() cenv=()
+	while [ "$1" != -- ]; do senv+=("$1"); shift; done
+	shift
+	cenv=("$@")
+	env "${senv[@]}" "$BENCH" server -b "$IP" -p "$port" >"$WORK/$name.srv.out" 2>&1 &
+	for _ in $(seq 100); do grep -q LISTENING "$WORK/$name.srv.out" && break; sleep 0.1; done
+	env "${cenv[@]}" "$BENCH" client -H "$IP" -p "$port" -t lat -s 64 -w 1 -d 3 -n 20000 \
+		>"$WORK/$name.lat" 2>/dev/null
+	env "${cenv[@]}" "$BENCH" client -H "$IP" -p "$port" -t conn -d 60 -n "$CONNS" \
+		>"$WORK/$name.conn" 2>/dev/null
+	env "${cenv[@]}" "$BENCH" client -H "$IP" -p "$port" -t quit >/dev/null 2>&1
+	wait 2>/dev/null
+	LAT[$name]=$(kv "$(grep test=lat "$WORK/$name.lat")" med_us)
+	CONN[$name]=$(kv "$(grep test=conn "$WORK/$name.conn")" med_us)
+	printf '%-22s 64 B one-way median %8s us; connect to first byte median %8s us\n' \
+		"$name" "${LAT[$name]}" "${CONN[$name]}"
+}
+declare -A LAT CONN
+echo "== the TCP phase and plain peers"
+TCPENV=(SOVIA_BENCH_VARIANT=tcp)
+lat tcp 7201 "${TCPENV[@]}" -- "${TCPENV[@]}"
+lat libsovia-before-switch 7202 LD_PRELOAD="$LIB" SOVIA_UPGRADE_DELAY_MS=600000 SOVIA_PEER_HOLD_MS=0 -- \
+	LD_PRELOAD="$LIB" SOVIA_UPGRADE_DELAY_MS=600000 SOVIA_PEER_HOLD_MS=0
+lat libsovia-to-plain 7203 "${TCPENV[@]}" -- LD_PRELOAD="$LIB"
+awk -v t="${LAT[tcp]}" -v b="${LAT[libsovia-before-switch]}" -v p="${LAT[libsovia-to-plain]}" \
+	-v tc="${CONN[tcp]}" -v pc="${CONN[libsovia-to-plain]}" 'BEGIN {
+	printf "before the switch: ping-pong %.2fx plain TCP (target <= 1.1x)\n", b / t
+	printf "to a plain server: ping-pong %.2fx, first byte %.2fx plain TCP (target <= 1.1x)\n", p / t, pc / tc
+}'
+
 echo "== ratios in this run"
 awk -v lf="${FIRST[libsovia]}" -v rf="${FIRST[rsockets]}" -v tf="${FIRST[tcp]}" \
 	-v lm="${MED[libsovia]}" -v rm="${MED[rsockets]}" -v tm="${MED[tcp]}" -v sm="$med" 'BEGIN {

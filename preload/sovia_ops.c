@@ -6,12 +6,14 @@
 
 #include "guard.h"
 #include "log.h"
+#include "peers.h"
 #include "readiness.h"
 #include "stream.h"
 #include "upgrade.h"
 #include "wait.h"
 
 #include <errno.h>
+#include <string.h>
 
 static struct sv_stream *stream_of(struct sv_fd *f)
 {
@@ -271,6 +273,15 @@ void sv_socket_connected(struct sv_fd *f, const struct sockaddr *to, socklen_t l
 		/* The kernel's epoll watches the fd already and would not see
 		 * data that moved to the QP. */
 		sv_info("fd %d: in an epoll set before its connect(): stays on TCP", f->fd);
+		return;
+	}
+	struct sockaddr_storage dst = {0};
+	if (to && len <= sizeof(dst))
+		memcpy(&dst, to, len);
+	if (sv_peers_plain(&dst)) {
+		/* Lately no libsovia listened there, or no RDMA route led
+		 * there: the kernel keeps the connection, at its own cost. */
+		sv_dbg("fd %d: its peer is known to be plain: stays on the kernel", f->fd);
 		return;
 	}
 	sv_enter();

@@ -36,6 +36,8 @@
 #define SV_PEERS_PROBE 8u
 /* A host not seen for this long is not expected to answer any more. */
 #define SV_PEERS_TTL_S (24u * 3600u)
+/* A plain port or a host without a route is tried again after this long. */
+#define SV_PEERS_PLAIN_TTL_S 60u
 
 /* key[0..3]: the address as IPv6 (IPv4 mapped, ::ffff:a.b.c.d), network
  * order; key[4]: 1 << 16 for the host, 2 << 16 | port (network order) for
@@ -43,7 +45,7 @@
 struct slot {
 	_Atomic uint32_t seq;
 	_Atomic uint32_t key[5];
-	_Atomic uint32_t setup_us; /* host: time to RDMA; port: 0 */
+	_Atomic uint32_t setup_us; /* host: time to RDMA (0: no route); port: 0 */
 	_Atomic uint32_t stamp;    /* CLOCK_BOOTTIME seconds of the last write */
 };
 
@@ -188,8 +190,8 @@ static void write_slot(struct slot *s, const uint32_t key[5], uint32_t setup, ui
 	atomic_store_explicit(&s->seq, q + 2, memory_order_release);
 }
 
-/* The slot holding key (*fresh: written within the TTL), or NULL. */
-static struct slot *find(const uint32_t key[5], uint32_t *setup, bool *fresh)
+/* The slot holding key (*age: seconds since it was written), or NULL. */
+static struct slot *find(const uint32_t key[5], uint32_t *setup, uint32_t *age)
 {
 	struct table *t = table();
 	if (!t)
@@ -200,7 +202,7 @@ static struct slot *find(const uint32_t key[5], uint32_t *setup, bool *fresh)
 		uint32_t k[5], st, stamp;
 		if (read_slot(s, k, &st, &stamp) && memcmp(k, key, sizeof(k)) == 0) {
 			*setup = st;
-			*fresh = now_s() - stamp < SV_PEERS_TTL_S;
+			*age = now_s() - stamp;
 			return s;
 		}
 	}
@@ -237,25 +239,39 @@ static void put(const uint32_t key[5], uint32_t setup)
 
 static void drop(const uint32_t key[5])
 {
-	uint32_t setup;
-	bool fresh;
-	struct slot *s = find(key, &setup, &fresh);
+	uint32_t setup, age;
+	struct slot *s = find(key, &setup, &age);
 	static const uint32_t none[5];
 	if (s)
 		write_slot(s, none, 0, 0);
 }
 
+/* Is the port entry of peer there, written within `ttl` seconds? */
+static bool port_marked(const struct sockaddr_storage *peer, uint32_t ttl)
+{
+	uint32_t port[5], ignored, age;
+	return make_key(peer, true, port) && find(port, &ignored, &age) && age < ttl;
+}
+
 bool sv_peers_expect(const struct sockaddr_storage *peer, bool client, uint32_t *setup_us)
 {
-	uint32_t host[5], port[5], setup = 0, ignored;
-	bool fresh = false, port_fresh = false;
-	if (!make_key(peer, false, host) || !find(host, &setup, &fresh) || !fresh)
+	uint32_t host[5], setup = 0, age;
+	if (!make_key(peer, false, host) || !find(host, &setup, &age) || age >= SV_PEERS_TTL_S ||
+	    !setup)
 		return false;
-	if (client && make_key(peer, true, port) && find(port, &ignored, &port_fresh) &&
-	    port_fresh)
+	if (client && port_marked(peer, SV_PEERS_TTL_S))
 		return false; /* a plain server on a libsovia host */
 	*setup_us = setup;
 	return true;
+}
+
+bool sv_peers_plain(const struct sockaddr_storage *peer)
+{
+	uint32_t host[5], setup = 1, age;
+	if (make_key(peer, false, host) && find(host, &setup, &age) && !setup &&
+	    age < SV_PEERS_PLAIN_TTL_S)
+		return true; /* no route */
+	return port_marked(peer, SV_PEERS_PLAIN_TTL_S);
 }
 
 void sv_peers_learn(const struct sockaddr_storage *peer, bool client, uint32_t setup_us)
@@ -275,9 +291,9 @@ void sv_peers_plain_port(const struct sockaddr_storage *peer)
 		put(key, 0);
 }
 
-void sv_peers_forget(const struct sockaddr_storage *peer)
+void sv_peers_no_route(const struct sockaddr_storage *peer)
 {
 	uint32_t key[5];
 	if (make_key(peer, false, key))
-		drop(key);
+		put(key, 0);
 }

@@ -8,10 +8,10 @@
  * SOVIA_PEER_HOLD_MS) and starts its upgrade at once. A wrong or lost
  * entry costs one connection its first bytes on TCP, or one bounded hold.
  *
- * Two kinds of entry, keyed by address: a host (port 0) whose libsovia
- * took a connection to RDMA, with the time that took; and a host's port
- * where no libsovia listened (a plain server on a libsovia host), so that
- * its clients never wait. */
+ * Two kinds of entry, keyed by address: a host whose libsovia took a
+ * connection to RDMA, with the time that took (or, for a minute, a host
+ * with no RDMA route); and a host's port where no libsovia listened (a
+ * plain server), so that its clients neither wait nor try for a minute. */
 #ifndef SV_PEERS_H
 #define SV_PEERS_H
 
@@ -25,6 +25,12 @@
  * that connection took from its start to its first byte on the QP. */
 bool sv_peers_expect(const struct sockaddr_storage *peer, bool client, uint32_t *setup_us);
 
+/* Is a client's connection to this peer known, within the last minute, to
+ * have no libsovia listener at its port or no RDMA route to its host? It
+ * then need not try: the kernel keeps it, at the kernel's cost. (After a
+ * minute it tries again: a server may have been restarted with libsovia.) */
+bool sv_peers_plain(const struct sockaddr_storage *peer);
+
 /* A connection with this peer reached RDMA `setup_us` after its start.
  * A client's port is no longer plain. */
 void sv_peers_learn(const struct sockaddr_storage *peer, bool client, uint32_t setup_us);
@@ -33,8 +39,9 @@ void sv_peers_learn(const struct sockaddr_storage *peer, bool client, uint32_t s
  * there do not wait. */
 void sv_peers_plain_port(const struct sockaddr_storage *peer);
 
-/* No RDMA path to this peer's host any more: forget it. */
-void sv_peers_forget(const struct sockaddr_storage *peer);
+/* No RDMA path to this peer's host (now): it is forgotten as a libsovia
+ * host, and known to have no route for a minute. */
+void sv_peers_no_route(const struct sockaddr_storage *peer);
 
 /* Use the table at `path` (created 0600 if missing) instead of the
  * default one, or a table of this process only (path NULL): for tests.

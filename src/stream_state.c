@@ -110,13 +110,13 @@ void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to)
 	s->state = to;
 }
 
-/* What a fallback says of the peer, for its next connections (peers.h). */
+/* What a fallback says of the peer, for its next connections (peers.h).
+ * A port without libsovia is told by the upgrade (upgrade.c): a rejection
+ * may also come from a libsovia server (a connection it closed first). */
 static void remember(const struct sv_stream *s, enum sv_fallback why)
 {
-	if (s->is_client && (why == SV_FB_REJECTED || why == SV_FB_VERSION))
-		sv_peers_plain_port(&s->tuple.peer); /* no libsovia (of ours) there */
-	else if (why == SV_FB_NO_ROUTE || why == SV_FB_UNREACHABLE)
-		sv_peers_forget(&s->tuple.peer);
+	if (s->is_client && why == SV_FB_NO_ROUTE)
+		sv_peers_no_route(&s->tuple.peer);
 }
 
 void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why)

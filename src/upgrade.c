@@ -11,6 +11,7 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "peers.h"
 #include "pinned.h"
 
 #include <errno.h>
@@ -264,15 +265,18 @@ static bool retry_connect(struct sv_stream *s, bool write_first)
 		uint32_t ms = SV_CONNECT_RETRY_MS << s->sw.connect_retries;
 		s->sw.connect_retries++;
 		s->sw.upgrade_at = sv_now_us() + (uint64_t)ms * 1000u;
-		/* A held connection keeps holding through "no listener": the
-		 * listener of a server that has just called listen() (a
-		 * passive FTP data port in a fresh session process) comes up
-		 * with its rdma_cm, after its client's first request. A plain
-		 * server's port is remembered when the retries are over
-		 * (sv_stream_fall_back). A server whose accept() waits for
-		 * data gets our first bytes on TCP. */
+		/* "No listener": a plain server, or one that has just called
+		 * listen() (a passive FTP data port in a fresh session
+		 * process), whose RDMA listener comes up with its rdma_cm,
+		 * after its client's first request. The port is remembered as
+		 * plain (its next clients leave their connections to the
+		 * kernel) until a retry gets through (sv_peers_learn), and a
+		 * held connection keeps holding meanwhile. A server whose
+		 * accept() waits for data gets our first bytes on TCP. */
 		if (write_first)
 			sv_stream_end_hold(s, UINT64_MAX);
+		else
+			sv_peers_plain_port(&s->tuple.peer);
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,
 			write_first ? "the server accepts once we wrote: our first bytes go on TCP"
 				    : "no RDMA listener at the server (yet)",
@@ -359,6 +363,10 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 			*destroy = ev->id; /* once its event is acknowledged */
 			break;
 		}
+		/* No listener after the retries, or another version: no
+		 * libsovia of ours at that port. */
+		if (ev->status == SV_REJ_NO_LISTENER || said == -EPROTONOSUPPORT)
+			sv_peers_plain_port(&s->tuple.peer);
 		sv_up_drop_qp(s, said == -EPROTONOSUPPORT ? SV_FB_VERSION : SV_FB_REJECTED);
 		break;
 	}

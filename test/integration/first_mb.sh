@@ -5,8 +5,8 @@
 # at least 90% of 10 MB over RDMA, each way, and a stdio program's lines
 # go over RDMA from the first. The medium is judged by
 # libsovia's statistics, by rxe's packet counter and by the kernel's lo
-# bytes. Then a plain server on the same host: its client holds nothing
-# for long, and its port is remembered.
+# bytes. Then a plain server on the same host: its client is answered, and
+# its port is remembered, so that the next client leaves it to the kernel.
 . "$(dirname "$0")/lib.sh"
 export SOVIA_STATS=1 SOVIA_LOG=info
 SIZE=${SOVIA_IT_SIZE:-10485760}
@@ -100,4 +100,14 @@ wait "$srv" || fail "plain server failed"
 grep -qx plain "$WORK/plain.out" || fail "the plain server got: $(cat "$WORK/plain.out")"
 [ "$(fallback_of "$WORK/client.err" client)" = rejected ] ||
 	fail "the client's fallback is $(fallback_of "$WORK/client.err" client), not rejected"
+# The next client of that port knows it is plain: libsovia leaves its
+# connection to the kernel (no statistics line: it never was a stream).
+timeout 120 nc -l "$IP" 5033 >"$WORK/plain.out" 2>/dev/null &
+srv=$!
+wait_port 5033
+echo again | LD_PRELOAD=$LIB timeout 120 nc -N "$IP" 5033 2>"$WORK/client.err"
+wait "$srv" || fail "plain server failed (second connection)"
+grep -qx again "$WORK/plain.out" || fail "the plain server got: $(cat "$WORK/plain.out")"
+grep -q "libsovia stats" "$WORK/client.err" &&
+	fail "the second client of the plain port was a libsovia stream: $(cat "$WORK/client.err")"
 echo "first_mb: OK"

@@ -82,22 +82,34 @@ Test(peers, a_plain_port_holds_its_clients_back_only)
 	sv_peers_learn(&web, true, 100);
 	sv_peers_plain_port(&ssh);
 	cr_assert(!expect(ssh, true), "a client of the plain port would wait");
+	cr_assert(sv_peers_plain(&ssh), "a client of the plain port would try");
+	cr_assert(!sv_peers_plain(&web));
 	cr_assert(expect(web, true));
 	cr_assert(expect(ssh, false), "the host's clients are still known to a server");
 	/* libsovia answered there after all (the server was restarted
 	 * preloaded): the port is no longer plain. */
 	sv_peers_learn(&ssh, true, 100);
 	cr_assert(expect(ssh, true));
+	cr_assert(!sv_peers_plain(&ssh));
 }
 
-Test(peers, a_host_without_rdma_is_forgotten)
+Test(peers, a_host_without_a_route_is_plain_for_its_clients)
 {
 	sv_peers_use(NULL);
 	struct sockaddr_storage a = v4("10.0.0.1", 80);
+	cr_assert(!sv_peers_plain(&a));
 	sv_peers_learn(&a, false, 100);
-	sv_peers_forget(&a);
+	cr_assert(!sv_peers_plain(&a));
+	sv_peers_no_route(&a);
 	cr_assert(!expect(a, true));
 	cr_assert(!expect(a, false));
+	cr_assert(sv_peers_plain(&a));
+	struct sockaddr_storage other = v4("10.0.0.1", 81);
+	cr_assert(sv_peers_plain(&other));
+	/* The route came back: a connection reached RDMA. */
+	sv_peers_learn(&a, true, 100);
+	cr_assert(!sv_peers_plain(&a));
+	cr_assert(expect(a, true));
 }
 
 /* More hosts than one run of slots holds, all hashing apart or together:
