@@ -91,23 +91,21 @@ done
 
 # A plain server (not preloaded) on this host that speaks libsovia: its
 # preloaded client is answered, and the port is remembered as plain.
+plain_once() { # word: a plain nc server gets it from a preloaded client
+	timeout 120 nc -l "$IP" 5033 >"$WORK/plain.out" 2>/dev/null &
+	local srv=$!
+	wait_port 5033
+	echo "$1" | LD_PRELOAD=$LIB timeout 120 nc -N "$IP" 5033 2>"$WORK/client.err"
+	wait "$srv" || fail "plain server failed ($1)"
+	grep -qx "$1" "$WORK/plain.out" || fail "the plain server got: $(cat "$WORK/plain.out")"
+}
 note "a plain server on a known host"
-timeout 120 nc -l "$IP" 5033 >"$WORK/plain.out" 2>/dev/null &
-srv=$!
-wait_port 5033
-echo plain | LD_PRELOAD=$LIB timeout 120 nc -N "$IP" 5033 2>"$WORK/client.err"
-wait "$srv" || fail "plain server failed"
-grep -qx plain "$WORK/plain.out" || fail "the plain server got: $(cat "$WORK/plain.out")"
+plain_once plain
 [ "$(fallback_of "$WORK/client.err" client)" = rejected ] ||
 	fail "the client's fallback is $(fallback_of "$WORK/client.err" client), not rejected"
 # The next client of that port knows it is plain: libsovia leaves its
 # connection to the kernel (no statistics line: it never was a stream).
-timeout 120 nc -l "$IP" 5033 >"$WORK/plain.out" 2>/dev/null &
-srv=$!
-wait_port 5033
-echo again | LD_PRELOAD=$LIB timeout 120 nc -N "$IP" 5033 2>"$WORK/client.err"
-wait "$srv" || fail "plain server failed (second connection)"
-grep -qx again "$WORK/plain.out" || fail "the plain server got: $(cat "$WORK/plain.out")"
+plain_once again
 grep -q "libsovia stats" "$WORK/client.err" &&
 	fail "the second client of the plain port was a libsovia stream: $(cat "$WORK/client.err")"
 echo "first_mb: OK"
