@@ -23,7 +23,10 @@
  *      first byte of each message says warm-up / timed / last. Latency is
  *      half the round trip (one way, as perftest reports it).
  * conn (set-up rate): for SECS seconds, connect, send the header, read one
- *      byte the server writes after accepting, close.
+ *      byte the server writes after accepting, close. Each connection's
+ *      time from connect() to that byte is its set-up as the application
+ *      sees it: the first connection's, and the median and 99th
+ *      percentile of the later ones, are reported.
  * quit: tell the server to exit.
  *
  * Each size prints one line on stdout:
@@ -31,7 +34,8 @@
  *          cpu_client_s=... cpu_server_s=... cpu_s_per_gb=...
  *   RESULT test=lat size=64 status=ok iters=... med_us=... p99_us=...
  *          avg_us=... min_us=...
- *   RESULT test=conn size=0 status=ok conns=... secs=... rate=...
+ *   RESULT test=conn size=0 status=ok conns=... secs=... rate=... first_us=...
+ *          med_us=... p99_us=...
  * or status=failed err=... for a size that failed (the others still run;
  * the exit status is then 1). -N sets TCP_NODELAY on the client's and the
  * server's socket of that connection. */
@@ -473,26 +477,51 @@ out:
 
 static int client_conn(const struct opts *o)
 {
-	long conns = 0;
-	double t0 = now_s(), dt;
+	long conns = 0, cap = 0;
+	double t0 = now_s(), dt, *took = NULL; /* each connection: dial to first byte */
 	do {
+		double c0 = now_s();
 		int fd = dial(o, T_CONN, 0);
 		if (fd < 0)
-			return -1;
+			goto fail;
 		char b;
 		if (read_all(fd, &b, 1) < 0) {
 			int e = errno;
 			close(fd);
 			errno = e;
-			return -1;
+			goto fail;
 		}
+		if (conns == cap) {
+			cap = cap ? 2 * cap : 1024;
+			double *n = realloc(took, (size_t)cap * sizeof(*took));
+			if (!n) {
+				close(fd);
+				goto fail;
+			}
+			took = n;
+		}
+		took[conns++] = now_s() - c0;
 		close(fd);
-		conns++;
 		dt = now_s() - t0;
 	} while (dt < o->secs && (o->max_iters <= 0 || conns < o->max_iters));
-	printf("RESULT test=conn size=0 status=ok conns=%ld secs=%.6f rate=%.2f\n", conns, dt,
-	       (double)conns / dt);
+	/* The first connection (the process's first: rdma_cm starts), then
+	 * the later ones' median and 99th percentile. */
+	double first = took[0];
+	long n = conns - 1, p99 = (long)((double)n * 0.99);
+	if (n > 0) {
+		qsort(took + 1, (size_t)n, sizeof(*took), cmp_double);
+		if (p99 >= n)
+			p99 = n - 1;
+	}
+	printf("RESULT test=conn size=0 status=ok conns=%ld secs=%.6f rate=%.2f first_us=%.0f "
+	       "med_us=%.0f p99_us=%.0f\n",
+	       conns, dt, (double)conns / dt, first * 1e6, n > 0 ? took[1 + n / 2] * 1e6 : 0.0,
+	       n > 0 ? took[1 + p99] * 1e6 : 0.0);
+	free(took);
 	return 0;
+fail:
+	free(took);
+	return -1;
 }
 
 static const char *test_name(int t)
