@@ -71,11 +71,7 @@ static void run_jobs(void)
 }
 
 /* rdma_cm's first use loads the device providers: slow (seconds under
- * emulation). It never happens in the application's calls, nor on the
- * helper thread, whose timers must keep going meanwhile (a known peer's
- * held writes go on TCP when their hold is over): a thread of its own
- * does it, then has the helper run the work that waited. It opens the
- * RDMA files with the process's credentials, which threads share. */
+ * emulation), so it happens here and never in the application's calls. */
 static void init_rdma(void)
 {
 	h.ch = sv_cm->create_event_channel();
@@ -160,26 +156,17 @@ static void handle_events(const struct epoll_event *evs, int n)
 	}
 }
 
-static void *init_main(void *arg)
-{
-	(void)arg;
-	sv_enter(); /* the libraries this thread calls go straight to libc */
-	uint64_t t0 = sv_now_us();
-	init_rdma();
-	sv_dbg("helper: rdma_cm %s after %llu ms", atomic_load(&h.rdma) > 0 ? "ready" : "unusable",
-	       (unsigned long long)((sv_now_us() - t0) / 1000));
-	sv_helper_wake(); /* the jobs that waited */
-	return NULL;
-}
-
 static void *helper_main(void *arg)
 {
 	(void)arg;
 	sv_enter(); /* the libraries this thread calls go straight to libc */
 	sv_lock_go_first(); /* lock.h: the application's calls give way to it */
+	uint64_t t0 = sv_now_us();
+	init_rdma();
+	sv_dbg("helper: rdma_cm %s after %llu ms", atomic_load(&h.rdma) > 0 ? "ready" : "unusable",
+	       (unsigned long long)((sv_now_us() - t0) / 1000));
+	run_jobs();
 	for (;;) {
-		if (atomic_load(&h.rdma))
-			run_jobs();
 		uint64_t now = sv_now_us();
 		uint64_t next = sv_watch_service_all(now);
 		uint64_t up = sv_upgrade_timers(now);
@@ -192,6 +179,7 @@ static void *helper_main(void *arg)
 		}
 		struct epoll_event evs[16];
 		int n = SV_REAL(epoll_wait)(h.epfd, evs, 16, timeout);
+		run_jobs();
 		handle_events(evs, n);
 	}
 	return NULL;
@@ -217,19 +205,13 @@ static void start_once(void)
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pthread_t init;
 	int r = pthread_create(&h.thread, NULL, helper_main, NULL);
-	if (r == 0) {
-		pthread_detach(h.thread);
-		r = pthread_create(&init, NULL, init_main, NULL);
-		if (r == 0)
-			pthread_detach(init);
-	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (r) {
 		h.err = -r;
 		goto out;
 	}
+	pthread_detach(h.thread);
 out:
 	if (h.err)
 		atomic_store(&h.rdma, h.err);
