@@ -8,7 +8,11 @@ BUILD=${2:?usage: $0 LIBSOVIA_SO BUILD_DIR}
 IP=${SOVIA_BED_IP:?run me in the test bed: test/bed/sovia-bed -- $0 ...}
 DEV=${SOVIA_BED_DEV:-rxe0}
 WORK=$(mktemp -d /dev/shm/sovia-it.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+# libsovia's peer tables (/dev/shm/libsovia-peers.UID) outlive the
+# processes, and the guests share this /dev/shm: each test starts as the
+# hosts' first contact and leaves nothing for the next.
+rm -f /dev/shm/libsovia-peers.*
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK" /dev/shm/libsovia-peers.*' EXIT
 
 # On failure, show what the programs said (their stderr carries libsovia's
 # statistics and log), then fail.
