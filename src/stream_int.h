@@ -325,6 +325,8 @@ bool sv_stream_holding_first(const struct sv_stream *s);
 /* End a hold that is over (the switch came or failed) or whose time is up
  * at `now`, waking the writers it held. */
 void sv_stream_end_hold(struct sv_stream *s, uint64_t now);
+/* The same, as a call's check: the clock is read only while a hold is on. */
+void sv_stream_hold_due(struct sv_stream *s, struct sv_clock *clk);
 /* Read the peer's TCP bytes up to its announced switch point into tcpbuf,
  * then its echo, so a switch completes while the application is not
  * reading (or has closed). */

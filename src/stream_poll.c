@@ -70,8 +70,7 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
 		sv_stream_progress(s, &clk, 0);
 	/* A hold whose time is up ends here too: the helper may still be
 	 * starting rdma_cm. */
-	if (s->sw.hold_until && sv_stream_holding_first(s))
-		sv_stream_end_hold(s, sv_clock_now(&clk));
+	sv_stream_hold_due(s, &clk);
 	short rx = events & (POLLIN | POLLRDNORM | POLLRDHUP | POLLPRI);
 	short tx = events & (POLLOUT | POLLWRNORM);
 	short mine = 0, rev = 0;

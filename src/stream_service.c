@@ -210,7 +210,7 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 	}
 	struct sv_clock clk = {.us = sv->now, .read = sv_now_us};
 	/* A known peer's first writes: end the hold when its time is up. */
-	sv_stream_end_hold(s, sv->now);
+	sv_stream_hold_due(s, &clk);
 	uint64_t hold = sv_stream_holding_first(s) ? s->sw.hold_until : 0;
 	if (s->sw.connect_pending) {
 		service_connecting(s, sv);

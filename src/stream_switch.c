@@ -49,6 +49,12 @@ bool sv_stream_holding_first(const struct sv_stream *s)
 	       (!s->proto || sv_proto_tx_state(s->proto) == SV_TX_TCP);
 }
 
+void sv_stream_hold_due(struct sv_stream *s, struct sv_clock *clk)
+{
+	if (s->sw.hold_until)
+		sv_stream_end_hold(s, sv_stream_holding_first(s) ? sv_clock_now(clk) : 0);
+}
+
 void sv_stream_end_hold(struct sv_stream *s, uint64_t now)
 {
 	if (!s->sw.hold_until)

@@ -108,8 +108,7 @@ static bool send_pass(struct sv_stream *s, struct send_call *c, enum sv_medium *
 		c->own = true;
 		return false;
 	}
-	if (s->sw.hold_until)
-		sv_stream_end_hold(s, sv_stream_holding_first(s) ? sv_clock_now(&c->clk) : 0);
+	sv_stream_hold_due(s, &c->clk);
 	*m = sv_stream_tx_medium(s);
 	switch (*m) {
 	case SV_MEDIUM_KERNEL:
