@@ -10,7 +10,8 @@
 #include <sys/socket.h>
 
 #define SV_CM_MAGIC 0x41564f53u /* "SOVA" on the wire */
-#define SV_CM_VERSION 1
+/* 2: receive buffers grow, the header's flags give their size. */
+#define SV_CM_VERSION 2
 #define SV_CM_REQ_MAX 56
 
 struct sv_cm_req {

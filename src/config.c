@@ -36,6 +36,10 @@ static const struct setting settings[] = {
 	{"SOVIA_WINDOW", SETTING_U32, U32(window), 8, 4, 1024, "receive descriptors (credits)"},
 	{"SOVIA_BUF_SIZE", SETTING_BYTES, U32(buf_size), 131072, 1024, 1u << 20,
 	 "payload bytes per message (a descriptor holds these and the 24-byte header)"},
+	{"SOVIA_BUF_START", SETTING_BYTES, U32(buf_start), 1024, 1024, 1u << 20,
+	 "payload bytes per message while a connection is new: its buffers grow to "
+	 "SOVIA_BUF_SIZE when the traffic fills them (if that is a power of two; "
+	 "SOVIA_BUF_SIZE or more: they never grow)"},
 	{"SOVIA_ACK_DELAY", SETTING_U32, U32(ack_delay), 2, 1, 512,
 	 "consumed descriptors before an ACK"},
 	{"SOVIA_ACK_TIMEOUT_US", SETTING_U32, U32(ack_timeout_us), 1000, 10, 1000000,
@@ -211,6 +215,7 @@ void sv_config_proto_params(const struct sv_config *cfg, struct sv_proto_params 
 		 * 24..192-byte tail message per write, each costing a credit
 		 * and a doorbell (docs/benchmarks.md). */
 		.buf_size = cfg->buf_size + SV_HDR_SIZE,
+		.start_size = cfg->buf_start + SV_HDR_SIZE,
 		.ack_delay = cfg->ack_delay,
 		.ack_timeout_us = cfg->ack_timeout_us,
 		.coalesce = cfg->coalesce,

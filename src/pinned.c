@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 static atomic_size_t taken;
 static atomic_size_t budget; /* 0: not read yet */
@@ -49,24 +50,43 @@ void sv_pinned_set_budget(size_t bytes)
 	atomic_store(&budget, bytes ? bytes : 1);
 }
 
-int sv_pinned_take(size_t bytes)
+/* Take `bytes` if they fit below `limit`; tell (once) when they do not. */
+static int take_below(size_t limit, size_t bytes, bool tell)
 {
 	size_t b = sv_pinned_budget(), t = atomic_load(&taken);
 	do {
-		if (b != SIZE_MAX && (t > b || bytes > b - t)) {
-			if (!atomic_exchange(&told, true)) {
+		if (b != SIZE_MAX && (t > limit || bytes > limit - t)) {
+			if (tell && !atomic_exchange(&told, true)) {
 				struct rlimit rl = {0};
 				getrlimit(RLIMIT_MEMLOCK, &rl);
 				sv_err("an RDMA connection needs %zu KiB of locked memory for its buffers; "
 				       "%zu KiB of this process's %llu KiB (ulimit -l) are in use: it and "
 				       "others stay on TCP (fallback=memlock). Raise ulimit -l, or lower "
-				       "SOVIA_WINDOW or SOVIA_BUF_SIZE",
+				       "SOVIA_WINDOW or SOVIA_BUF_START",
 				       bytes / 1024, t / 1024, (unsigned long long)rl.rlim_cur / 1024);
 			}
 			return -ENOBUFS;
 		}
 	} while (!atomic_compare_exchange_weak(&taken, &t, t + bytes));
 	return 0;
+}
+
+int sv_pinned_take(size_t bytes)
+{
+	return take_below(sv_pinned_budget(), bytes, true);
+}
+
+int sv_pinned_take_growth(size_t bytes)
+{
+	size_t b = sv_pinned_budget();
+	return take_below(b == SIZE_MAX ? b : b - b / 4, bytes, false);
+}
+
+size_t sv_pinned_pages(size_t bytes)
+{
+	long ps = sysconf(_SC_PAGESIZE);
+	size_t page = ps > 0 ? (size_t)ps : 4096;
+	return (bytes + page - 1) / page * page;
 }
 
 void sv_pinned_give(size_t bytes)

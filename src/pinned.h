@@ -17,7 +17,12 @@
 /* Take `bytes` of the budget: 0, or -ENOBUFS when they do not fit (said
  * once per process on stderr). */
 int sv_pinned_take(size_t bytes);
-/* Give back what sv_pinned_take took. */
+/* Take `bytes` for buffers that grow (verbs.c): only while a quarter of
+ * the budget stays free for new connections; -ENOBUFS, silently, if not. */
+int sv_pinned_take_growth(size_t bytes);
+/* What pinning `bytes` from a page boundary takes: whole pages. */
+size_t sv_pinned_pages(size_t bytes);
+/* Give back what sv_pinned_take or sv_pinned_take_growth took. */
 void sv_pinned_give(size_t bytes);
 /* Bytes taken now. */
 size_t sv_pinned_taken(void);

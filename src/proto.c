@@ -27,27 +27,39 @@ int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 	p->prm = *prm;
 	p->xp = *xp;
 	p->payload_max = prm->buf_size - SV_HDR_SIZE;
-	p->tx_payload_max = p->payload_max;
+	p->start_max = sv_proto_start_size(prm) - SV_HDR_SIZE;
 	p->pending_slot = -1;
 	p->rx_held = -1;
 	uint32_t ns = sv_proto_nsend(prm), nr = sv_proto_nrecv(prm);
 	p->free_slots = calloc(ns, sizeof(*p->free_slots));
 	p->slot_kind = calloc(ns, sizeof(*p->slot_kind));
+	p->slot_big = calloc(ns, sizeof(*p->slot_big));
 	p->rxq = calloc(nr, sizeof(*p->rxq));
-	if (!p->free_slots || !p->slot_kind || !p->rxq) {
+	p->rxq_cap = nr;
+	p->rx_big = calloc(nr, sizeof(*p->rx_big));
+	if (!p->free_slots || !p->slot_kind || !p->slot_big || !p->rxq || !p->rx_big) {
 		sv_proto_destroy(p);
 		return -ENOMEM;
 	}
-	for (uint32_t i = 0; i < ns; i++)
+	/* Buffers that never grow are at buf_size from the start. */
+	bool fixed = p->start_max == p->payload_max;
+	for (uint32_t i = 0; i < ns; i++) {
 		p->free_slots[p->nfree++] = ns - 1 - i;
+		p->slot_big[i] = fixed;
+	}
+	p->st.rx_grown = p->st.tx_grown = fixed;
 	for (uint32_t i = 0; i < nr; i++) {
-		int r = xp->ops->post_recv(xp->ctx, i);
+		int r = sv_pr_post_recv(p, i);
 		if (r < 0) {
 			sv_proto_destroy(p);
 			return r;
 		}
 	}
 	p->credits = nr;
+	p->runs[0] = (struct sv_credit_run){.cap = p->start_max, .n = nr};
+	p->peer_start_cap = p->start_max;
+	p->run_head = 0;
+	p->run_count = 1;
 	p->peer_nrecv = nr; /* until sv_proto_set_peer says otherwise */
 	p->peer_credits = nr;
 	p->tx_state = SV_TX_TCP;
@@ -59,13 +71,20 @@ void sv_proto_destroy(struct sv_proto *p)
 {
 	free(p->free_slots);
 	free(p->slot_kind);
+	free(p->slot_big);
+	if (p->rxq)
+		for (uint32_t i = 0; i < p->rxq_count; i++)
+			free(sv_pr_rxq_at(p, i)->heap);
 	free(p->rxq);
+	free(p->rx_big);
 	free(p->ret_buf);
 	free(p->owed);
 	free(p->tail);
 	p->free_slots = NULL;
 	p->slot_kind = NULL;
+	p->slot_big = NULL;
 	p->rxq = NULL;
+	p->rx_big = NULL;
 	p->ret_buf = NULL;
 	p->owed = NULL;
 	p->tail = NULL;
@@ -101,8 +120,10 @@ int sv_proto_set_peer(struct sv_proto *p, uint32_t peer_nrecv, uint32_t peer_buf
 		return -EINVAL;
 	p->credits = peer_nrecv;
 	p->peer_nrecv = peer_nrecv;
-	if (peer_buf_size - SV_HDR_SIZE < p->tx_payload_max)
-		p->tx_payload_max = peer_buf_size - SV_HDR_SIZE;
+	p->runs[0] = (struct sv_credit_run){.cap = peer_buf_size - SV_HDR_SIZE, .n = peer_nrecv};
+	p->peer_start_cap = peer_buf_size - SV_HDR_SIZE;
+	p->run_head = 0;
+	p->run_count = 1;
 	return 0;
 }
 
@@ -263,7 +284,7 @@ bool sv_proto_sends_done(const struct sv_proto *p)
 bool sv_proto_writable(const struct sv_proto *p)
 {
 	return sv_pr_can_send_data(p) ||
-	       (p->pending_slot >= 0 && p->pending_len < p->tx_payload_max);
+	       (p->pending_slot >= 0 && p->pending_len < p->pending_cap);
 }
 
 bool sv_proto_zcopy_busy(const struct sv_proto *p)

@@ -49,10 +49,28 @@ enum sv_msg_type {
 
 #define SV_BACK_PAYLOAD 8
 
+/* The header's size codes (flags): a buffer of code k holds 2^k payload
+ * bytes and the header. */
+#define SV_SIZE_CODE_MIN 10
+#define SV_SIZE_CODE_MAX 20
+
+/* The code of a payload size, or 0 if it has none (not a power of two in
+ * range). */
+static inline uint8_t sv_size_code(uint32_t payload)
+{
+	for (uint8_t k = SV_SIZE_CODE_MIN; k <= SV_SIZE_CODE_MAX; k++)
+		if (payload == 1u << k)
+			return k;
+	return 0;
+}
+
 /* The header, as it is on the wire: little-endian, packed, 24 bytes. */
 struct sv_hdr {
 	uint8_t type;     /* enum sv_msg_type */
-	uint8_t flags;    /* none defined yet: must be 0 */
+	uint8_t flags;    /* the size of the receive buffers `credits` reports:
+			   * 0 = the size the connection set-up gave, k in
+			   * [SV_SIZE_CODE_MIN, SV_SIZE_CODE_MAX] = 2^k payload bytes;
+			   * never smaller than an earlier report's */
 	uint16_t credits; /* receive buffers reposted since the last report */
 	uint32_t len;     /* payload bytes after the header */
 	uint64_t seq;     /* stream offset of the first payload byte (or of the event) */
@@ -103,6 +121,16 @@ struct sv_xport_ops {
 	 * reports `slot` back through sv_proto_on_send_done. */
 	int (*post_send)(void *xp, uint32_t slot, uint32_t len, const struct iovec *iov,
 			 int iovcnt);
+	/* Buffers start at start_size and may grow to buf_size (parameters
+	 * below). Optional: NULL, and they never grow.
+	 * grow: make buf_size buffers for every receive buffer (recv true)
+	 * or send buffer: 0, or -errno (-ENOBUFS: no locked memory for
+	 * them), and they stay at start_size. After grow(recv), every
+	 * post_recv posts the buffer at buf_size.
+	 * send_big: send buffer `slot`, free now, is at buf_size from now on
+	 * (the core calls it after grow(send), as it takes each slot). */
+	int (*grow)(void *xp, bool recv);
+	void (*send_big)(void *xp, uint32_t slot);
 };
 
 struct sv_xport {
@@ -117,6 +145,11 @@ struct sv_proto_params {
 	uint32_t reserve;       /* c: extra receive buffers for control messages, >= 3
 				 * (SV_RESERVE in practice: both peers must agree) */
 	uint32_t buf_size;      /* bytes per buffer, header included */
+	uint32_t start_size;    /* ... at first: they grow to buf_size with the
+				 * traffic (docs/protocol.md, 5). 0, or not
+				 * below buf_size: fixed at buf_size. Growth
+				 * needs buf_size - header to be a power of two
+				 * with a size code, else it is off. */
 	uint32_t ack_delay;     /* t: consumed data buffers before an UPDATE */
 	uint64_t ack_timeout_us;
 	bool coalesce;          /* false = TCP_NODELAY */
@@ -124,6 +157,14 @@ struct sv_proto_params {
 	uint64_t coalesce_timeout_us;
 	uint32_t zcopy_threshold; /* writes >= this go zero copy */
 };
+
+/* The size buffers have at first (header included). */
+static inline uint32_t sv_proto_start_size(const struct sv_proto_params *p)
+{
+	bool grows = p->start_size > 0 && p->start_size < p->buf_size &&
+		     sv_size_code(p->buf_size - SV_HDR_SIZE) != 0;
+	return grows ? p->start_size : p->buf_size;
+}
 
 /* Buffers the transport must provide for these parameters. */
 static inline uint32_t sv_proto_nrecv(const struct sv_proto_params *p)
@@ -165,6 +206,8 @@ struct sv_proto_stats {
 					    * while the window was closed */
 	uint64_t flushes[SV_FLUSH_REASONS]; /* coalescing buffers pushed out, by reason */
 	uint64_t gave_back, got_back;      /* bytes returned by the way back, each way */
+	bool rx_grown, tx_grown;           /* our receive (send) buffers grew to buf_size */
+	uint64_t grow_refused;             /* growths the transport refused (no locked memory) */
 };
 
 /* ---- The core ---------------------------------------------------------- */

@@ -94,16 +94,19 @@ static int give_back_unread(struct sv_proto *p, const void *prefix, size_t prefi
 	if (r < 0)
 		return r;
 	while (p->rxq_count) {
-		struct sv_rx_slot *rs = &p->rxq[p->rxq_head];
-		if (sv_pr_ret_append(p, sv_pr_rx_payload(p, rs->buf) + rs->off, rs->len - rs->off) < 0)
+		struct sv_rx_slot *rs = sv_pr_rxq_at(p, 0);
+		if (sv_pr_ret_append(p, sv_pr_slot_payload(p, rs) + rs->off, rs->len - rs->off) < 0)
 			return p->error;
 		p->rcv_read += rs->len - rs->off;
-		r = sv_pr_repost_control(p, rs->buf);
-		if (r < 0)
-			return r;
-		sv_pr_consumed(p, rs->len < p->prm.coalesce_size);
-		p->rxq_head = (p->rxq_head + 1) % sv_pr_nrecv(p);
-		p->rxq_count--;
+		if (rs->heap) {
+			sv_pr_slot_done(p, rs); /* its buffer went back when it was stashed */
+		} else {
+			r = sv_pr_repost_control(p, rs->buf);
+			if (r < 0)
+				return r;
+			sv_pr_consumed(p, rs->len < p->prm.coalesce_size);
+		}
+		sv_pr_rxq_pop(p);
 	}
 	return 0;
 }
@@ -164,7 +167,8 @@ int sv_proto_send_returns(struct sv_proto *p, struct sv_clock *clk)
 		uint32_t slot = 0;
 		sv_pr_take_slot(p, &slot);
 		uint64_t want = p->peer_back_seq - p->ret_nxt;
-		uint32_t n = want < p->tx_payload_max ? (uint32_t)want : p->tx_payload_max;
+		uint32_t cap = sv_pr_msg_cap(p, slot);
+		uint32_t n = want < cap ? (uint32_t)want : cap;
 		memcpy(sv_pr_tx_payload(p, slot), p->ret_buf + (p->ret_nxt - p->back_x), n);
 		int r = sv_pr_post(p, slot, SV_MSG_RETURN, p->ret_nxt, n, NULL, 0);
 		if (r < 0)

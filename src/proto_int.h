@@ -11,11 +11,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One unread DATA message sitting in a receive buffer. */
+/* One unread DATA message: in a receive buffer, or (when the application
+ * lags, sv_pr_stash) in memory of its own, its buffer back with the peer. */
 struct sv_rx_slot {
-	uint32_t buf; /* receive buffer index */
-	uint32_t off; /* bytes of payload already consumed */
-	uint32_t len; /* payload bytes */
+	uint32_t buf;  /* receive buffer index (unless heap) */
+	uint32_t off;  /* bytes of payload already consumed */
+	uint32_t len;  /* payload bytes */
+	uint8_t *heap; /* the payload, copied out; NULL: in buffer `buf` */
 };
 
 /* What a send buffer carries while it is in flight. */
@@ -25,14 +27,29 @@ enum sv_slot_kind {
 	SV_SLOT_ZCOPY = 2, /* DATA whose payload is the application's memory */
 };
 
+/* Distinct buffer sizes a peer can report in order: the set-up's and each
+ * size code. */
+#define SV_RUNS (SV_SIZE_CODE_MAX - SV_SIZE_CODE_MIN + 2)
+
 struct sv_proto {
 	struct sv_proto_params prm;
 	struct sv_xport xp;
 	uint32_t payload_max; /* buf_size - header */
+	uint32_t start_max;   /* start size - header (payload_max if buffers never grow) */
 
 	/* Sending. Offsets are stream offsets of this direction. */
 	enum sv_tx_state tx_state;
-	uint32_t tx_payload_max; /* payload per message: what the peer's buffers hold */
+	/* The peer's posted receive buffers we hold credits for, oldest first,
+	 * as runs of one size (payload bytes): a message goes into the oldest.
+	 * Sizes only grow, so there are at most as many runs as size codes. */
+	struct sv_credit_run {
+		uint32_t cap, n;
+	} runs[SV_RUNS];
+	uint32_t run_head, run_count; /* a ring; run_count >= 1 */
+	uint32_t peer_start_cap; /* the size of the peer's buffers at set-up (size code 0) */
+	bool tx_grow_tried;      /* grow(send) was asked for (once) */
+	uint8_t *slot_big;       /* per send buffer: at buf_size */
+	uint32_t pending_cap;    /* payload the coalescing buffer may take */
 	bool to_rdma_inflight;   /* our TO_RDMA is posted but not yet completed */
 	uint32_t to_rdma_slot;
 	uint64_t snd_nxt;        /* next stream byte to hand to the transport */
@@ -68,9 +85,14 @@ struct sv_proto {
 	uint64_t rx_switch_seq, rx_fin_seq, peer_to_rdma_seq;
 	uint64_t rcv_nxt;        /* next stream byte expected over the QP */
 	uint64_t rcv_read;       /* stream bytes consumed by the application */
-	struct sv_rx_slot *rxq;  /* unread DATA, a ring of nrecv entries */
-	uint32_t rxq_head, rxq_count;
+	struct sv_rx_slot *rxq;  /* unread DATA, oldest first: a ring of rxq_cap */
+	uint32_t rxq_head, rxq_count, rxq_cap;
+	size_t stashed;          /* payload bytes in heap slots */
 	uint32_t peer_credits;   /* our view of the peer's credits towards us */
+	uint8_t *rx_big;         /* per receive buffer: posted at buf_size */
+	uint32_t rx_full_run;    /* DATA messages in a row that filled their buffer */
+	bool rx_grow_wanted;     /* they said: grow once nothing is unreported */
+	bool rx_grow_tried;
 	uint32_t unreported;     /* reposted buffers not yet reported */
 	int32_t rx_held;         /* the buffer the last receive call emptied, not
 				  * yet reposted (-1: none): sv_pr_rx_release */
@@ -126,12 +148,43 @@ static inline uint32_t sv_pr_nrecv(const struct sv_proto *p)
  * already in place, or zero copy from zc); carries the credit report. */
 int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, uint32_t len,
 	       const struct iovec *zc, int zccnt);
-/* A free send buffer, or -EAGAIN. */
+/* What the oldest buffer of the peer's we may send into holds: the next
+ * message's limit. With no credit, the newest size the peer reported:
+ * the credits that come are at least that large. Over time it only grows. */
+static inline uint32_t sv_pr_peer_cap(const struct sv_proto *p)
+{
+	uint32_t i = p->credits ? p->run_head : (p->run_head + p->run_count - 1) % SV_RUNS;
+	return p->runs[i].cap;
+}
+/* Payload send buffer `slot` holds. */
+static inline uint32_t sv_pr_slot_cap(const struct sv_proto *p, uint32_t slot)
+{
+	return p->slot_big[slot] ? p->payload_max : p->start_max;
+}
+/* Payload one message from `slot` may carry: what the slot and the peer's
+ * next buffer both hold. */
+static inline uint32_t sv_pr_msg_cap(const struct sv_proto *p, uint32_t slot)
+{
+	uint32_t a = sv_pr_slot_cap(p, slot), b = sv_pr_peer_cap(p);
+	return a < b ? a : b;
+}
+/* ... from a send buffer not taken yet. */
+static inline uint32_t sv_pr_tx_cap(const struct sv_proto *p)
+{
+	uint32_t a = p->st.tx_grown ? p->payload_max : p->start_max, b = sv_pr_peer_cap(p);
+	return a < b ? a : b;
+}
+/* A free send buffer, or -EAGAIN. After our send buffers grew, each is at
+ * the new size from the next time it is taken. */
 static inline int sv_pr_take_slot(struct sv_proto *p, uint32_t *slot)
 {
 	if (!p->nfree)
 		return -EAGAIN;
 	*slot = p->free_slots[--p->nfree];
+	if (p->st.tx_grown && !p->slot_big[*slot]) {
+		p->xp.ops->send_big(p->xp.ctx, *slot);
+		p->slot_big[*slot] = 1;
+	}
 	return 0;
 }
 /* A send buffer back on the free stack. */
@@ -176,6 +229,16 @@ int sv_pr_tx_release(struct sv_proto *p, struct sv_clock *clk);
 int sv_pr_flush_if_idle(struct sv_proto *p);
 /* A FIN that waited (sv_proto_shutdown_tx) goes once it can. */
 int sv_pr_fin_if_wanted(struct sv_proto *p, struct sv_clock *clk);
+/* Payload receive buffer `buf` holds as it was posted. */
+static inline uint32_t sv_pr_rx_cap(const struct sv_proto *p, uint32_t buf)
+{
+	return p->rx_big[buf] ? p->payload_max : p->start_max;
+}
+/* Post receive buffer `buf` (at the size the receive side has now). */
+int sv_pr_post_recv(struct sv_proto *p, uint32_t buf);
+/* Our receive buffers grow, if they were asked to and nothing posted
+ * before is unreported (a header reports buffers of one size). */
+void sv_pr_rx_grow_if_due(struct sv_proto *p);
 /* Repost a receive buffer whose contents are done with. */
 int sv_pr_repost_control(struct sv_proto *p, uint32_t buf);
 /* Repost the buffer the last receive call emptied (p->rx_held), if any. */
@@ -200,6 +263,26 @@ static inline uint32_t sv_pr_take_pending(struct sv_proto *p)
 	p->pending_hold = false;
 	return slot;
 }
+/* The i-th unread message (0: the oldest). */
+static inline struct sv_rx_slot *sv_pr_rxq_at(struct sv_proto *p, uint32_t i)
+{
+	return &p->rxq[(p->rxq_head + i) % p->rxq_cap];
+}
+/* The oldest unread message is gone. */
+static inline void sv_pr_rxq_pop(struct sv_proto *p)
+{
+	p->rxq_head = (p->rxq_head + 1) % p->rxq_cap;
+	p->rxq_count--;
+}
+/* Its buffer's payload, wherever it is. */
+static inline const uint8_t *sv_pr_slot_payload(const struct sv_proto *p,
+						const struct sv_rx_slot *s)
+{
+	return s->heap ? s->heap : (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, s->buf) +
+					   SV_HDR_SIZE;
+}
+/* A consumed heap slot's memory goes. */
+void sv_pr_slot_done(struct sv_proto *p, struct sv_rx_slot *s);
 /* Payload of receive buffer buf, and of send buffer slot. */
 static inline const uint8_t *sv_pr_rx_payload(const struct sv_proto *p, uint32_t buf)
 {

@@ -8,15 +8,98 @@
 #include "iov.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <sys/socket.h>
+
+int sv_pr_post_recv(struct sv_proto *p, uint32_t buf)
+{
+	int r = p->xp.ops->post_recv(p->xp.ctx, buf);
+	if (r == 0)
+		p->rx_big[buf] = p->st.rx_grown;
+	return r;
+}
 
 /* A control message's buffer is free again at once. */
 int sv_pr_repost_control(struct sv_proto *p, uint32_t buf)
 {
-	int r = p->xp.ops->post_recv(p->xp.ctx, buf);
+	int r = sv_pr_post_recv(p, buf);
 	if (r < 0)
 		return sv_proto_abort(p, r);
 	p->unreported++;
+	return 0;
+}
+
+/* ---- Growing the receive buffers ------------------------------------------ */
+
+/* Full DATA messages in a row after which the receive buffers grow: the
+ * peer has more to send than they hold (bulk, or writes larger than them),
+ * where a request and its answer end with a part-filled message. */
+#define SV_GROW_AFTER 4
+
+void sv_pr_rx_grow_if_due(struct sv_proto *p)
+{
+	if (!p->rx_grow_wanted || p->unreported || p->st.rx_grown || p->error)
+		return;
+	p->rx_grow_wanted = false;
+	int r = p->xp.ops->grow ? p->xp.ops->grow(p->xp.ctx, true) : -EOPNOTSUPP;
+	if (r == 0)
+		p->st.rx_grown = true; /* every buffer posted from now on */
+	else
+		p->st.grow_refused++;
+}
+
+/* A DATA message of `len` bytes in `buf`: a run of full ones asks for
+ * larger buffers. */
+static void rx_size_hint(struct sv_proto *p, uint32_t buf, uint32_t len)
+{
+	if (p->st.rx_grown || !p->xp.ops->grow)
+		return;
+	if (len < sv_pr_rx_cap(p, buf)) {
+		p->rx_full_run = 0;
+		return;
+	}
+	if (++p->rx_full_run < SV_GROW_AFTER)
+		return;
+	p->rx_full_run = 0;
+	p->rx_grow_wanted = true;
+	sv_pr_rx_grow_if_due(p);
+}
+
+/* The peer reported `n` more of its buffers, of the size `code` says
+ * (struct sv_hdr): they queue behind the ones we hold credits for. A size
+ * smaller than the last one reported, or no size at all, is malformed. */
+static int add_credits(struct sv_proto *p, uint32_t n, uint8_t code)
+{
+	uint32_t cap = p->peer_start_cap;
+	if (code) {
+		if (code < SV_SIZE_CODE_MIN || code > SV_SIZE_CODE_MAX)
+			return sv_pr_malformed(p);
+		cap = 1u << code;
+	}
+	if (!n)
+		return 0;
+	struct sv_credit_run *tail = &p->runs[(p->run_head + p->run_count - 1) % SV_RUNS];
+	if (cap < tail->cap)
+		return sv_pr_malformed(p);
+	p->credits += n;
+	if (cap == tail->cap) {
+		tail->n += n;
+	} else if (p->run_count == 1 && tail->n == 0) {
+		*tail = (struct sv_credit_run){.cap = cap, .n = n};
+	} else {
+		/* Sizes strictly grow from one run to the next: SV_RUNS is
+		 * enough for every size the header can name. */
+		p->runs[(p->run_head + p->run_count) % SV_RUNS] = (struct sv_credit_run){cap, n};
+		p->run_count++;
+	}
+	/* The peer's buffers grew beyond ours: ours may follow. */
+	if (cap > p->start_max && !p->st.tx_grown && !p->tx_grow_tried && p->xp.ops->grow) {
+		p->tx_grow_tried = true;
+		if (p->xp.ops->grow(p->xp.ctx, false) == 0)
+			p->st.tx_grown = true;
+		else
+			p->st.grow_refused++;
+	}
 	return 0;
 }
 
@@ -46,12 +129,66 @@ static bool qp_part(const struct sv_proto *p)
 	return ((p->rx_on_qp && !p->rx_switch_pending) || p->peer_to_rdma) && !p->peer_back;
 }
 
+/* Room for more unread messages than there are buffers (stashed ones). */
+static int rxq_grow(struct sv_proto *p)
+{
+	uint32_t ncap = p->rxq_cap * 2;
+	struct sv_rx_slot *n = calloc(ncap, sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < p->rxq_count; i++)
+		n[i] = *sv_pr_rxq_at(p, i);
+	free(p->rxq);
+	p->rxq = n;
+	p->rxq_head = 0;
+	p->rxq_cap = ncap;
+	return 0;
+}
+
+void sv_pr_slot_done(struct sv_proto *p, struct sv_rx_slot *s)
+{
+	p->stashed -= s->len;
+	free(s->heap);
+	s->heap = NULL;
+}
+
+/* An application that does not read keeps the peer's messages in our
+ * receive buffers, and without their credits the peer cannot send: the
+ * bytes a writer can put out before its reader reads would be the window's
+ * buffers, a few KiB while they are small. So, as the kernel's receive
+ * buffer does, a message that arrives when most data buffers hold unread
+ * messages moves to memory of its own and its buffer goes back to the
+ * peer, up to window x buf_size bytes (what the buffers held at their
+ * largest): what a writer may send ahead of its reader does not depend on
+ * the pinned memory. It costs one copy, and only while the reader lags.
+ * Buffers that never grow hold that much anyway: they never stash. */
+static int stash_if_lagging(struct sv_proto *p, struct sv_rx_slot *s)
+{
+	if (p->start_max == p->payload_max)
+		return 0;
+	uint32_t in_buffers = 0;
+	for (uint32_t i = p->rxq_count; i-- > 0 && in_buffers < p->prm.window / 2;)
+		in_buffers += sv_pr_rxq_at(p, i)->heap == NULL;
+	if (in_buffers < p->prm.window / 2 ||
+	    p->stashed + s->len > (size_t)p->prm.window * p->payload_max)
+		return 0;
+	uint8_t *copy = malloc(s->len);
+	if (!copy)
+		return 0; /* it waits in its buffer */
+	sv_copy(copy, sv_pr_rx_payload(p, s->buf), s->len);
+	s->heap = copy;
+	p->stashed += s->len;
+	sv_pr_consumed(p, s->len < p->prm.coalesce_size);
+	return sv_pr_repost_control(p, s->buf);
+}
+
 static int on_data(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 {
 	if (!qp_part(p) || p->rx_fin || h->len == 0 || h->seq != p->rcv_nxt)
 		return sv_pr_malformed(p);
 	p->rcv_nxt += h->len;
 	p->st.rx_data_msgs++;
+	rx_size_hint(p, buf, h->len);
 	p->st.rx_bytes += h->len;
 	if (p->back_sent) {
 		/* Sent before the peer saw our BACK: it goes back. */
@@ -62,12 +199,12 @@ static int on_data(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 		p->rcv_read += h->len;
 		return r;
 	}
-	struct sv_rx_slot *s = &p->rxq[(p->rxq_head + p->rxq_count) % sv_pr_nrecv(p)];
-	s->buf = buf;
-	s->off = 0;
-	s->len = h->len;
+	if (p->rxq_count == p->rxq_cap && rxq_grow(p) < 0)
+		return sv_proto_abort(p, -ENOMEM);
+	struct sv_rx_slot *s = sv_pr_rxq_at(p, p->rxq_count);
+	*s = (struct sv_rx_slot){.buf = buf, .len = h->len};
 	p->rxq_count++;
-	return 0;
+	return stash_if_lagging(p, s);
 }
 
 static int on_to_rdma(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
@@ -130,9 +267,10 @@ static int on_message(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 }
 
 /* The header's accounting: credits, the acknowledgment. */
-static int take_header(struct sv_proto *p, const struct sv_hdr *h, uint32_t byte_len)
+static int take_header(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf,
+		       uint32_t byte_len)
 {
-	if (h->flags != 0 || byte_len != SV_HDR_SIZE + (uint64_t)h->len || h->len > p->payload_max)
+	if (byte_len != SV_HDR_SIZE + (uint64_t)h->len || h->len > sv_pr_rx_cap(p, buf))
 		return sv_pr_malformed(p);
 	/* Our view of the peer's credits: it spent one on this message. */
 	if (p->peer_credits == 0)
@@ -142,7 +280,9 @@ static int take_header(struct sv_proto *p, const struct sv_hdr *h, uint32_t byte
 		return sv_pr_malformed(p); /* more buffers than the peer has */
 	if (h->ack > p->snd_nxt)
 		return sv_pr_malformed(p); /* acknowledges bytes we never sent */
-	p->credits += h->credits;
+	int r = add_credits(p, h->credits, h->flags);
+	if (r < 0)
+		return r;
 	p->st.rx_msgs++;
 	if (h->ack > p->snd_una) {
 		p->snd_una = h->ack;
@@ -159,7 +299,7 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, struct
 		return sv_pr_malformed(p);
 	struct sv_hdr h;
 	sv_hdr_decode(p->xp.ops->recv_buf(p->xp.ctx, buf), &h);
-	int r = take_header(p, &h, byte_len);
+	int r = take_header(p, &h, buf, byte_len);
 	if (r == 0)
 		r = on_message(p, &h, buf);
 	if (r < 0)
@@ -233,7 +373,7 @@ uint64_t sv_proto_readable(const struct sv_proto *p)
 static size_t copy_out(const struct sv_proto *p, const struct sv_rx_slot *s,
 		       const struct iovec *iov, int iovcnt, int *vi, size_t *voff)
 {
-	const uint8_t *src = sv_pr_rx_payload(p, s->buf) + s->off;
+	const uint8_t *src = sv_pr_slot_payload(p, s) + s->off;
 	size_t avail = s->len - s->off, took = 0;
 	while (took < avail && *vi < iovcnt) {
 		size_t room = iov[*vi].iov_len - *voff;
@@ -254,17 +394,16 @@ static long take_queued(struct sv_proto *p, const struct iovec *iov, int iovcnt,
 			bool peek)
 {
 	size_t done = 0, voff = 0;
-	uint32_t idx = p->rxq_head, left = p->rxq_count;
+	uint32_t idx = 0;
 	int vi = 0;
-	while (done < want && left > 0) {
-		struct sv_rx_slot *s = &p->rxq[idx];
+	while (done < want && idx < p->rxq_count) {
+		struct sv_rx_slot *s = sv_pr_rxq_at(p, idx);
 		size_t took = copy_out(p, s, iov, iovcnt, &vi, &voff);
 		done += took;
 		if (peek) {
 			if (took < s->len - s->off)
 				break;
-			idx = (idx + 1) % sv_pr_nrecv(p);
-			left--;
+			idx++;
 			continue;
 		}
 		s->off += (uint32_t)took;
@@ -274,17 +413,16 @@ static long take_queued(struct sv_proto *p, const struct iovec *iov, int iovcnt,
 		/* The buffer is consumed: give it back to the peer (not to a
 		 * broken connection: only its last bytes are read). The last
 		 * one of this call is held back (sv_pr_rx_release). */
-		if (!p->error) {
+		if (s->heap) {
+			sv_pr_slot_done(p, s); /* its buffer went back when it was stashed */
+		} else if (!p->error) {
 			int r = sv_pr_rx_release(p);
 			if (r < 0)
 				return done ? (long)done : r; /* never lose bytes already copied */
 			p->rx_held = (int32_t)s->buf;
 			sv_pr_consumed(p, s->len < p->prm.coalesce_size);
 		}
-		p->rxq_head = (p->rxq_head + 1) % sv_pr_nrecv(p);
-		p->rxq_count--;
-		idx = p->rxq_head;
-		left = p->rxq_count;
+		sv_pr_rxq_pop(p);
 	}
 	return (long)done;
 }

@@ -17,7 +17,11 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 {
 	struct sv_hdr h = {
 		.type = type,
-		.flags = 0,
+		/* The size of the buffers it reports: all of one size, as
+		 * sv_pr_rx_grow_if_due grows only between reports. */
+		.flags = p->st.rx_grown && p->start_max < p->payload_max
+				 ? sv_size_code(p->payload_max)
+				 : 0,
 		.credits = (uint16_t)p->unreported,
 		.len = len,
 		.seq = seq,
@@ -42,6 +46,12 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 	p->ack_deadline = 0;
 	p->ack_lazy_us = 0;
 	p->credits--;
+	/* It went into the oldest of the peer's buffers. */
+	if (--p->runs[p->run_head].n == 0 && p->run_count > 1) {
+		p->run_head = (p->run_head + 1) % SV_RUNS;
+		p->run_count--;
+	}
+	sv_pr_rx_grow_if_due(p);
 	p->inflight += type == SV_MSG_DATA;
 	p->slot_kind[slot] = (uint8_t)(zccnt ? SV_SLOT_ZCOPY
 					     : type == SV_MSG_DATA ? SV_SLOT_DATA : SV_SLOT_CONTROL);
@@ -117,7 +127,7 @@ int sv_proto_flush(struct sv_proto *p, enum sv_flush_reason why, struct sv_clock
 int sv_pr_tx_release(struct sv_proto *p, struct sv_clock *clk)
 {
 	if (p->pending_slot >= 0 && sv_pr_can_send_data(p)) {
-		bool full = p->pending_len >= p->tx_payload_max;
+		bool full = p->pending_len >= p->pending_cap;
 		bool free_to_go = !p->cork && !p->pending_hold &&
 				  (p->inflight == 0 || !p->prm.coalesce);
 		/* The timer matters only for a buffer that would stay: the
@@ -162,7 +172,7 @@ static int tx_check(const struct sv_proto *p)
 	return -EINVAL;
 }
 
-/* Whole messages of up to tx_payload_max bytes each, of the write's bytes
+/* Whole messages of as much as each fits (sv_pr_msg_cap), of the write's bytes
  * from `skip` on (`total` of them): copied into the send buffers, or with
  * zero copy left in the caller's memory (a message then ends early if its
  * slice of the write needs more than SV_ZCOPY_MAX_IOV entries). */
@@ -173,13 +183,16 @@ static long send_messages(struct sv_proto *p, const struct iovec *iov, int iovcn
 	while (done < total && sv_pr_can_send_data(p)) {
 		struct iovec part[SV_ZCOPY_MAX_IOV];
 		int k = 0;
-		size_t n = total - done < p->tx_payload_max ? total - done : p->tx_payload_max;
+		uint32_t slot;
+		sv_pr_take_slot(p, &slot);
+		/* Zero copy: the payload is the application's, only the
+		 * peer's buffer limits it. */
+		size_t cap = zcopy ? sv_pr_peer_cap(p) : sv_pr_msg_cap(p, slot);
+		size_t n = total - done < cap ? total - done : cap;
 		if (zcopy) {
 			k = sv_iov_slice(iov, iovcnt, skip + done, n, part, SV_ZCOPY_MAX_IOV);
 			n = sv_iov_total(part, k);
 		}
-		uint32_t slot;
-		sv_pr_take_slot(p, &slot);
 		if (!zcopy)
 			sv_iov_gather(sv_pr_tx_payload(p, slot), iov, iovcnt, skip + done, n);
 		int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, (uint32_t)n, zcopy ? part : NULL,
@@ -209,9 +222,9 @@ static int top_up(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_
 		  bool small, size_t *took)
 {
 	*took = 0;
-	if (p->pending_slot < 0 || (small && p->pending_len + total <= p->tx_payload_max))
+	if (p->pending_slot < 0 || (small && p->pending_len + total <= p->pending_cap))
 		return 0;
-	size_t room = p->tx_payload_max - p->pending_len;
+	size_t room = p->pending_cap - p->pending_len;
 	size_t n = total < room ? total : room;
 	if (n) {
 		uint8_t *buf = sv_pr_tx_payload(p, (uint32_t)p->pending_slot);
@@ -224,7 +237,7 @@ static int top_up(struct sv_proto *p, const struct iovec *iov, int iovcnt, size_
 		*took = n;
 	}
 	enum sv_flush_reason why = SV_FLUSH_FULL;
-	if (p->pending_len < p->tx_payload_max)
+	if (p->pending_len < p->pending_cap)
 		why = p->prm.coalesce ? SV_FLUSH_LARGE : SV_FLUSH_NODELAY;
 	return sv_pr_flush_pending(p, why);
 }
@@ -266,6 +279,9 @@ static long coalesce(struct sv_proto *p, const struct iovec *iov, int iovcnt, si
 		}
 		p->pending_slot = (int32_t)slot;
 		p->pending_len = 0;
+		/* What it may take is fixed now: the peer's next buffers are
+		 * never smaller (sv_pr_peer_cap only grows). */
+		p->pending_cap = sv_pr_msg_cap(p, slot);
 		p->pending_deadline = 0; /* armed below if the buffer stays */
 	} else if (p->prm.coalesce) {
 		p->st.coalesced_writes++;
@@ -278,7 +294,7 @@ static long coalesce(struct sv_proto *p, const struct iovec *iov, int iovcnt, si
 	p->pending_hold = (flags & MSG_MORE) != 0; /* the latest write says */
 
 	int r = 0;
-	if (p->pending_len >= p->tx_payload_max) /* TCP's MSS: a full buffer goes */
+	if (p->pending_len >= p->pending_cap) /* TCP's MSS: a full buffer goes */
 		r = sv_pr_flush_pending(p, SV_FLUSH_FULL);
 	else if (!p->prm.coalesce && !(flags & MSG_MORE))
 		r = sv_pr_flush_pending(p, SV_FLUSH_NODELAY);
@@ -324,7 +340,7 @@ long sv_proto_send(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 	 * sent at once; zero-copy from the registration threshold on, which
 	 * may lie below the coalescing size: such a write is large too, or
 	 * it would pass bytes that wait in the buffer. */
-	bool small = total < p->prm.coalesce_size && total <= p->tx_payload_max &&
+	bool small = total < p->prm.coalesce_size && total <= sv_pr_tx_cap(p) &&
 		     total < p->prm.zcopy_threshold;
 	size_t took;
 	r = top_up(p, iov, iovcnt, total, small, &took);

@@ -49,7 +49,9 @@ int sv_up_attach_qp(struct sv_stream *s)
 	struct sv_proto_params prm;
 	sv_config_proto_params(&sv_cfg, &prm);
 	prm.coalesce = !s->opt.nodelay;
-	size_t pin = (size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) * prm.buf_size;
+	/* What the connection starts with; growth takes its own (verbs.c). */
+	size_t pin = sv_pinned_pages((size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) *
+				     sv_proto_start_size(&prm));
 	int r = sv_pinned_take(pin);
 	if (r < 0)
 		return r;
@@ -214,7 +216,7 @@ static void client_route_resolved(struct sv_stream *s)
 	if (r == 0) {
 		const struct sv_proto_params *prm = sv_proto_params(s->proto);
 		req.nrecv = (uint16_t)sv_proto_nrecv(prm);
-		req.buf_size = prm->buf_size;
+		req.buf_size = sv_proto_start_size(prm);
 		memcpy(req.challenge, s->sw.my_challenge, SV_CHALLENGE_SIZE);
 		qp_num = s->qp->ops->num(s->qp);
 		sv_stream_set_state(s, SV_CONN_REQUESTED);

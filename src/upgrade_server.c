@@ -223,7 +223,7 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 		const struct sv_proto_params *prm = sv_proto_params(s->proto);
 		memcpy(s->sw.peer_challenge, req->challenge, SV_CHALLENGE_SIZE);
 		rep.nrecv = (uint16_t)sv_proto_nrecv(prm);
-		rep.buf_size = prm->buf_size;
+		rep.buf_size = sv_proto_start_size(prm);
 		memcpy(rep.challenge, s->sw.my_challenge, SV_CHALLENGE_SIZE);
 		qp_num = s->qp->ops->num(s->qp);
 		sv_stream_set_state(s, SV_CONN_REQUESTED);

@@ -50,6 +50,13 @@ struct sv_zc {
 	uint32_t n;
 };
 
+/* Registered memory: a mapping of its own and its registration. */
+struct pool {
+	uint8_t *mem;
+	size_t bytes; /* mapped (whole pages) */
+	struct ibv_mr *mr;
+};
+
 struct sv_verbs {
 	struct sv_qp q; /* first: the stream's view (qp.h) */
 	struct rdma_cm_id *id;
@@ -58,9 +65,14 @@ struct sv_verbs {
 	struct ibv_comp_channel *chan;
 	struct ibv_cq *cq;
 	struct ibv_qp *qp;
-	uint8_t *rpool, *spool; /* nrecv (nsend) buffers of buf_size bytes */
-	struct ibv_mr *rmr, *smr;
-	uint32_t nrecv, nsend, buf_size;
+	/* Every buffer starts in `small` (nrecv receive buffers, then nsend
+	 * send buffers, of start_size bytes); after a growth, each of one
+	 * direction is in its pool of buf_size buffers from its next use. */
+	struct pool small, rbig, sbig;
+	uint8_t *rbig_on, *sbig_on; /* per buffer: it is in rbig (sbig) now */
+	bool rgrown;                /* receives are posted from rbig */
+	size_t grown_pin;           /* taken from the budget for rbig and sbig */
+	uint32_t nrecv, nsend, buf_size, start_size;
 	uint32_t max_inline; /* what the QP got, 0 if none */
 	struct sv_zc *zc;    /* per send slot */
 	unsigned int unacked; /* channel events taken, not yet acknowledged */
@@ -72,7 +84,7 @@ static const struct sv_qp_ops qp_ops;
 
 /* What a connection needs besides its QP (completion channel and queue,
  * registered buffers): slow to make, 10 ms of a new connection's 20 under
- * emulation, most of it registering and faulting in 3 MiB. The last
+ * emulation when it registered 3 MiB. The last
  * connection to go keeps its kit for the next one of the same shape (one,
  * so at most one connection's buffers stay pinned with nobody using them;
  * none when the locked-memory budget is limited, pinned.h). */
@@ -82,9 +94,8 @@ struct kit {
 	struct sv_regcache *rc;
 	struct ibv_comp_channel *chan;
 	struct ibv_cq *cq;
-	uint8_t *rpool, *spool;
-	struct ibv_mr *rmr, *smr;
-	uint32_t nrecv, nsend, buf_size;
+	struct pool small; /* a connection's grown buffers are never kept */
+	uint32_t nrecv, nsend, buf_size, start_size;
 };
 
 static struct sv_lock kit_lock = SV_LOCK_INIT(SV_RANK_TRANSPORT);
@@ -95,16 +106,14 @@ static bool kit_take(struct sv_verbs *v, struct ibv_context *ctx)
 {
 	sv_lock(&kit_lock);
 	bool ok = spare.cq && spare.ctx == ctx && spare.nrecv == v->nrecv &&
-		  spare.nsend == v->nsend && spare.buf_size == v->buf_size;
+		  spare.nsend == v->nsend && spare.buf_size == v->buf_size &&
+		  spare.start_size == v->start_size;
 	if (ok) {
 		v->pd = spare.pd;
 		v->rc = spare.rc;
 		v->chan = spare.chan;
 		v->cq = spare.cq;
-		v->rpool = spare.rpool;
-		v->spool = spare.spool;
-		v->rmr = spare.rmr;
-		v->smr = spare.smr;
+		v->small = spare.small;
 		v->cq->cq_context = v;
 		spare = (struct kit){0};
 	}
@@ -116,7 +125,7 @@ static bool kit_take(struct sv_verbs *v, struct ibv_context *ctx)
  * and channel are emptied first: what they hold was the old QP's. */
 static void kit_keep(struct sv_verbs *v)
 {
-	if (!v->cq || !v->rmr || !v->smr || !v->chan || v->qp || sv_pinned_budget() != SIZE_MAX)
+	if (!v->cq || !v->small.mr || !v->chan || v->qp || sv_pinned_budget() != SIZE_MAX)
 		return;
 	sv_lock(&kit_lock);
 	bool room = !spare.cq;
@@ -137,14 +146,13 @@ static void kit_keep(struct sv_verbs *v)
 	if (!spare.cq) {
 		spare = (struct kit){
 			.ctx = v->cq->context, .pd = v->pd, .rc = v->rc, .chan = v->chan, .cq = v->cq,
-			.rpool = v->rpool, .spool = v->spool, .rmr = v->rmr, .smr = v->smr,
-			.nrecv = v->nrecv, .nsend = v->nsend, .buf_size = v->buf_size,
+			.small = v->small, .nrecv = v->nrecv, .nsend = v->nsend,
+			.buf_size = v->buf_size, .start_size = v->start_size,
 		};
 		v->pd = NULL;
 		v->chan = NULL;
 		v->cq = NULL;
-		v->rpool = v->spool = NULL;
-		v->rmr = v->smr = NULL;
+		v->small = (struct pool){0};
 	}
 	sv_unlock(&kit_lock);
 }
@@ -171,13 +179,17 @@ static void zc_release(struct sv_verbs *v, uint32_t slot)
 static void *xp_recv_buf(void *ctx, uint32_t i)
 {
 	struct sv_verbs *v = ctx;
-	return v->rpool + (size_t)i * v->buf_size;
+	if (v->rbig_on[i])
+		return v->rbig.mem + (size_t)i * v->buf_size;
+	return v->small.mem + (size_t)i * v->start_size;
 }
 
 static void *xp_send_buf(void *ctx, uint32_t i)
 {
 	struct sv_verbs *v = ctx;
-	return v->spool + (size_t)i * v->buf_size;
+	if (v->sbig_on[i])
+		return v->sbig.mem + (size_t)i * v->buf_size;
+	return v->small.mem + (size_t)(v->nrecv + i) * v->start_size;
 }
 
 static int xp_post_recv(void *ctx, uint32_t i)
@@ -185,10 +197,11 @@ static int xp_post_recv(void *ctx, uint32_t i)
 	struct sv_verbs *v = ctx;
 	if (i >= v->nrecv)
 		return -EINVAL;
+	v->rbig_on[i] = v->rgrown;
 	struct ibv_sge sge = {
 		.addr = (uintptr_t)xp_recv_buf(v, i),
-		.length = v->buf_size,
-		.lkey = v->rmr->lkey,
+		.length = v->rgrown ? v->buf_size : v->start_size,
+		.lkey = v->rgrown ? v->rbig.mr->lkey : v->small.mr->lkey,
 	};
 	struct ibv_recv_wr wr = {
 		.wr_id = SV_WR_ID(SV_WR_RECV, i),
@@ -209,8 +222,8 @@ static int xp_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iov
 			int iovcnt)
 {
 	struct sv_verbs *v = ctx;
-	if (slot >= v->nsend || len > v->buf_size || iovcnt < 0 ||
-	    iovcnt > SV_XPORT_MAX_SGE || (iovcnt > 0 && !iov))
+	if (slot >= v->nsend || len > (v->sbig_on[slot] ? v->buf_size : v->start_size) ||
+	    iovcnt < 0 || iovcnt > SV_XPORT_MAX_SGE || (iovcnt > 0 && !iov))
 		return -EINVAL;
 	struct sv_zc *zc = &v->zc[slot];
 	if (zc->n) {
@@ -224,15 +237,15 @@ static int xp_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iov
 	sge[nsge++] = (struct ibv_sge){
 		.addr = (uintptr_t)xp_send_buf(v, slot),
 		.length = len,
-		.lkey = v->smr->lkey,
+		.lkey = v->sbig_on[slot] ? v->sbig.mr->lkey : v->small.mr->lkey,
 	};
 	for (int i = 0; i < iovcnt; i++) {
 		size_t l = iov[i].iov_len;
 		if (l == 0)
 			continue;
 		total += l;
-		if (total > v->buf_size) {
-			r = -EMSGSIZE; /* the peer's receive buffer could not hold it */
+		if (total > SV_HDR_SIZE + (1u << SV_SIZE_CODE_MAX)) {
+			r = -EMSGSIZE; /* no peer's receive buffer could hold it */
 			goto release_zc;
 		}
 		struct sv_regcache_ent *ent;
@@ -271,11 +284,50 @@ release_zc:
 	return r;
 }
 
+static int alloc_pool(struct pool *pl, struct sv_verbs *v, size_t bytes);
+
+/* One direction's buffers at buf_size, within the budget's room for
+ * growth (pinned.h). */
+static int xp_grow(void *ctx, bool recv)
+{
+	struct sv_verbs *v = ctx;
+	struct pool *pl = recv ? &v->rbig : &v->sbig;
+	if (pl->mr)
+		return 0;
+	size_t bytes = sv_pinned_pages((size_t)(recv ? v->nrecv : v->nsend) * v->buf_size);
+	int r = sv_pinned_take_growth(bytes);
+	if (r < 0) {
+		sv_dbg("verbs: no locked memory for %s buffers of %u bytes: they stay at %u",
+		       recv ? "receive" : "send", v->buf_size, v->start_size);
+		return r;
+	}
+	r = alloc_pool(pl, v, bytes);
+	if (r < 0) {
+		sv_pinned_give(bytes);
+		return r;
+	}
+	v->grown_pin += bytes;
+	if (recv)
+		v->rgrown = true;
+	sv_dbg("verbs: QP %u: %s buffers grow to %u bytes", v->qp ? v->qp->qp_num : 0,
+	       recv ? "receive" : "send", v->buf_size);
+	return 0;
+}
+
+static void xp_send_big(void *ctx, uint32_t slot)
+{
+	struct sv_verbs *v = ctx;
+	if (slot < v->nsend && v->sbig.mr)
+		v->sbig_on[slot] = 1;
+}
+
 static const struct sv_xport_ops verbs_ops = {
 	.recv_buf = xp_recv_buf,
 	.send_buf = xp_send_buf,
 	.post_recv = xp_post_recv,
 	.post_send = xp_post_send,
+	.grow = xp_grow,
+	.send_big = xp_send_big,
 };
 
 void sv_verbs_regcache_stats(struct sv_verbs *v, struct sv_regcache_stats *st)
@@ -323,30 +375,42 @@ static int set_fd_flags(int fd)
 	return 0;
 }
 
-static int alloc_pool(uint8_t **pool, struct ibv_mr **mr, struct sv_verbs *v, uint32_t n,
-		      uint32_t size, int access)
+static int alloc_pool(struct pool *pl, struct sv_verbs *v, size_t bytes)
 {
-	size_t bytes = (size_t)n * size;
 	/* A mapping of its own, not malloc's: unmapped, it goes back to the
 	 * system at once. Freed large chunks make glibc raise its mmap
 	 * threshold, and later pools then came from the heap, which grew
 	 * with connections that come and go (bed.churn: 0.5 KiB of RSS per
 	 * connection). Registering faults the pages in. */
+	bytes = sv_pinned_pages(bytes);
 	void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (mem == MAP_FAILED)
 		return last_err();
-	*pool = mem;
-	*mr = ibv_reg_mr(v->pd, mem, bytes, access);
+	pl->mem = mem;
+	pl->bytes = bytes;
+	pl->mr = ibv_reg_mr(v->pd, mem, bytes, IBV_ACCESS_LOCAL_WRITE);
 	/* Out of lockable memory: the cache may give some back. */
-	if (!*mr && (errno == ENOMEM || errno == EAGAIN) && sv_regcache_flush(v->rc) > 0)
-		*mr = ibv_reg_mr(v->pd, mem, bytes, access);
-	if (!*mr) {
+	if (!pl->mr && (errno == ENOMEM || errno == EAGAIN) && sv_regcache_flush(v->rc) > 0)
+		pl->mr = ibv_reg_mr(v->pd, mem, bytes, IBV_ACCESS_LOCAL_WRITE);
+	if (!pl->mr) {
 		int r = last_err();
 		sv_err("verbs: ibv_reg_mr of a %zu-byte buffer pool: %s%s", bytes, strerror(-r),
 		       r == -ENOMEM || r == -EPERM ? " (RLIMIT_MEMLOCK too low?)" : "");
+		munmap(mem, bytes);
+		*pl = (struct pool){0};
 		return r;
 	}
 	return 0;
+}
+
+static void free_pool(struct pool *pl, const char *what)
+{
+	int r;
+	if (pl->mr && (r = ibv_dereg_mr(pl->mr)))
+		sv_warn("verbs: ibv_dereg_mr (%s): %s", what, strerror(-neg_err(r)));
+	if (pl->mem)
+		munmap(pl->mem, pl->bytes);
+	*pl = (struct pool){0};
 }
 
 /* The RC QP, with as much inline data as the device takes. */
@@ -450,9 +514,12 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 	v->nrecv = nr;
 	v->nsend = ns;
 	v->buf_size = prm->buf_size;
+	v->start_size = sv_proto_start_size(prm);
 	/* From here on sv_verbs_destroy undoes whatever part was built. */
 	v->zc = calloc(ns, sizeof(*v->zc));
-	if (!v->zc) {
+	v->rbig_on = calloc(nr, 1);
+	v->sbig_on = calloc(ns, 1);
+	if (!v->zc || !v->rbig_on || !v->sbig_on) {
 		r = -ENOMEM;
 		goto destroy_partial;
 	}
@@ -480,10 +547,7 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 		sv_err("verbs: ibv_create_cq (%u entries): %s", nr + ns, strerror(-r));
 		goto destroy_partial;
 	}
-	r = alloc_pool(&v->rpool, &v->rmr, v, nr, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
-	if (r)
-		goto destroy_partial;
-	r = alloc_pool(&v->spool, &v->smr, v, ns, prm->buf_size, IBV_ACCESS_LOCAL_WRITE);
+	r = alloc_pool(&v->small, v, (size_t)(nr + ns) * v->start_size);
 	if (r)
 		goto destroy_partial;
 make_qp:
@@ -518,16 +582,14 @@ void sv_verbs_destroy(struct sv_verbs *v)
 				zc_release(v, i);
 		free(v->zc);
 	}
+	free(v->rbig_on);
+	free(v->sbig_on);
+	free_pool(&v->rbig, "grown receive buffers");
+	free_pool(&v->sbig, "grown send buffers");
+	sv_pinned_give(v->grown_pin);
 	kit_keep(v); /* what it keeps is not freed below */
 	int r;
-	if (v->smr && (r = ibv_dereg_mr(v->smr)))
-		sv_warn("verbs: ibv_dereg_mr (send pool): %s", strerror(-neg_err(r)));
-	if (v->rmr && (r = ibv_dereg_mr(v->rmr)))
-		sv_warn("verbs: ibv_dereg_mr (receive pool): %s", strerror(-neg_err(r)));
-	if (v->spool)
-		munmap(v->spool, (size_t)v->nsend * v->buf_size);
-	if (v->rpool)
-		munmap(v->rpool, (size_t)v->nrecv * v->buf_size);
+	free_pool(&v->small, "buffers");
 	if (v->cq) {
 		/* ibv_destroy_cq waits for every event taken to be acknowledged. */
 		if (v->unacked)

@@ -82,6 +82,10 @@ enum qp_state { QP_INIT, QP_RTS, QP_ERR };
 struct fqp {
 	struct sv_qp q; /* first */
 	uint32_t num, nrecv, nsend, buf_size;
+	uint32_t start_size;     /* what buffers are before they grow */
+	bool rgrown, sgrown;
+	uint32_t *rsize;         /* per receive buffer: its size as posted */
+	uint8_t *sbig;           /* per send buffer: at buf_size */
 	uint8_t *rbuf, *sbuf;
 	uint32_t *posted; /* posted receive buffers, oldest first (a ring) */
 	uint32_t phead, pcount;
@@ -157,13 +161,13 @@ static void deliver(struct fqp *f, uint32_t slot, const uint8_t *bytes, uint32_t
 		push_cqe(f, true, true, slot, 0);
 		return;
 	}
-	if (len > p->buf_size) {
-		violation("QP %u sent %u bytes into QP %u's %u-byte buffers", f->num, len, p->num,
-			  p->buf_size);
+	uint32_t b = p->posted[p->phead];
+	if (len > p->rsize[b]) {
+		violation("QP %u sent %u bytes into QP %u's %u-byte buffer", f->num, len, p->num,
+			  p->rsize[b]);
 		push_cqe(f, true, true, slot, 0);
 		return;
 	}
-	uint32_t b = p->posted[p->phead];
 	p->phead = (p->phead + 1) % p->nrecv;
 	p->pcount--;
 	memcpy(p->rbuf + (size_t)b * p->buf_size, bytes, len);
@@ -185,6 +189,7 @@ static int q_post_recv(void *ctx, uint32_t i)
 	} else if (f->state == QP_ERR) {
 		push_cqe(f, false, true, i, 0);
 	} else {
+		f->rsize[i] = f->rgrown ? f->buf_size : f->start_size;
 		f->posted[(f->phead + f->pcount) % f->nrecv] = i;
 		f->pcount++;
 	}
@@ -199,7 +204,7 @@ static int q_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iove
 	size_t total = len;
 	for (int i = 0; i < iovcnt; i++)
 		total += iov[i].iov_len;
-	if (slot >= f->nsend || total > f->buf_size) {
+	if (slot >= f->nsend || len > (f->sbig[slot] ? f->buf_size : f->start_size)) {
 		violation("QP %u: post_send slot %u, %zu bytes", f->num, slot, total);
 		return -EINVAL;
 	}
@@ -252,11 +257,44 @@ static void *q_send_buf(void *ctx, uint32_t i)
 	return f->sbuf + (size_t)(i < f->nsend ? i : 0) * f->buf_size;
 }
 
+static unsigned grows_done;
+
+static int q_grow(void *ctx, bool recv)
+{
+	struct fqp *f = ctx;
+	sv_lock(&net_lock);
+	if (recv ? f->rgrown : f->sgrown)
+		violation("QP %u: grow(%d) twice", f->num, recv);
+	*(recv ? &f->rgrown : &f->sgrown) = true;
+	grows_done++;
+	sv_unlock(&net_lock);
+	return 0;
+}
+
+static void q_send_big(void *ctx, uint32_t slot)
+{
+	struct fqp *f = ctx;
+	if (!f->sgrown || slot >= f->nsend)
+		violation("QP %u: send_big(%u) before grow(send)", f->num, slot);
+	else
+		f->sbig[slot] = 1;
+}
+
+unsigned fake_net_grows(void)
+{
+	sv_lock(&net_lock);
+	unsigned n = grows_done;
+	sv_unlock(&net_lock);
+	return n;
+}
+
 static const struct sv_xport_ops xport_ops = {
 	.recv_buf = q_recv_buf,
 	.send_buf = q_send_buf,
 	.post_recv = q_post_recv,
 	.post_send = q_post_send,
+	.grow = q_grow,
+	.send_big = q_send_big,
 };
 
 static struct sv_xport q_xport(struct sv_qp *q)
@@ -371,6 +409,8 @@ static void q_destroy(struct sv_qp *q)
 	free(f->rbuf);
 	free(f->sbuf);
 	free(f->posted);
+	free(f->rsize);
+	free(f->sbig);
 	free(f);
 }
 
@@ -679,9 +719,14 @@ static int f_create_qp(struct sv_qp **out, struct rdma_cm_id *id,
 	f->nrecv = sv_proto_nrecv(prm);
 	f->nsend = sv_proto_nsend(prm);
 	f->buf_size = prm->buf_size;
+	f->start_size = sv_proto_start_size(prm);
+	f->rgrown = f->sgrown = f->start_size == f->buf_size;
 	f->rbuf = xcalloc(f->nrecv, f->buf_size);
 	f->sbuf = xcalloc(f->nsend, f->buf_size);
 	f->posted = xcalloc(f->nrecv, sizeof(*f->posted));
+	f->rsize = xcalloc(f->nrecv, sizeof(*f->rsize));
+	f->sbig = xcalloc(f->nsend, 1);
+	memset(f->sbig, f->sgrown, f->nsend);
 	f->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	sv_lock(&net_lock);
 	f->num = next_qp_num++;

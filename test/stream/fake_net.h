@@ -60,4 +60,7 @@ void fake_net_break_all(void);
 /* Queue pairs created so far. */
 unsigned fake_net_qps_created(void);
 
+/* Buffer growths (grow calls) the fake QPs have taken since the start. */
+unsigned fake_net_grows(void);
+
 #endif

@@ -123,7 +123,8 @@ Test(fallback, past_the_locked_memory_budget)
 {
 	struct sv_proto_params prm;
 	sv_config_proto_params(&sv_cfg, &prm);
-	size_t pin = (size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) * prm.buf_size;
+	size_t pin = sv_pinned_pages((size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) *
+				     sv_proto_start_size(&prm));
 	sv_pinned_set_budget(2 * pin); /* one pair: both ends are this process */
 	struct pair a, b, c;
 	h_pair_rdma(&a);

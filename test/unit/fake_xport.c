@@ -92,6 +92,7 @@ static int op_post_recv(void *xp, uint32_t i)
 		return -EINVAL;
 	}
 	ep->rstate[i] = FAKE_RB_POSTED;
+	ep->rsize[i] = ep->start_size && !ep->rgrown ? ep->start_size : ep->buf_size;
 	ep->rfifo[(ep->rhead + ep->rcount) % ep->nrecv] = i;
 	ep->rcount++;
 	ep->recv_posts++;
@@ -155,9 +156,15 @@ static int op_post_send(void *xp, uint32_t slot, uint32_t len, const struct iove
 	uint64_t total = len;
 	for (int k = 0; k < iovcnt; k++)
 		total += iov[k].iov_len;
-	if (len > ep->buf_size || total > peer->buf_size) {
-		violation(ep, "post_send: %llu bytes do not fit a %u-byte buffer",
-			  (unsigned long long)total, peer->buf_size);
+	uint32_t ssize = ep->start_size && !ep->sbig[slot] ? ep->start_size : ep->buf_size;
+	if (len > ssize) {
+		violation(ep, "post_send: %u bytes in a %u-byte send buffer", len, ssize);
+		return -EMSGSIZE;
+	}
+	if (peer->rcount && total > peer->rsize[peer->rfifo[peer->rhead]]) {
+		violation(ep, "post_send: %llu bytes do not fit a %u-byte buffer (message %zu)",
+			  (unsigned long long)total, peer->rsize[peer->rfifo[peer->rhead]],
+			  ep->nlog);
 		return -EMSGSIZE;
 	}
 	if (total < SV_HDR_SIZE) {
@@ -205,12 +212,44 @@ static int op_post_send(void *xp, uint32_t slot, uint32_t len, const struct iove
 	return 0;
 }
 
+static int op_grow(void *xp, bool recv)
+{
+	struct fake_ep *ep = xp;
+	if (!ep->start_size) {
+		violation(ep, "grow: the buffers are at their size from the start");
+		return -EINVAL;
+	}
+	if (ep->refuse_grow)
+		return -ENOBUFS;
+	if (recv ? ep->rgrown : ep->sgrown)
+		violation(ep, "grow(%s) twice", recv ? "recv" : "send");
+	*(recv ? &ep->rgrown : &ep->sgrown) = true;
+	ep->grows++;
+	return 0;
+}
+
+static void op_send_big(void *xp, uint32_t slot)
+{
+	struct fake_ep *ep = xp;
+	if (!ep->sgrown || slot >= ep->nsend || ep->sbusy[slot])
+		violation(ep, "send_big(%u): not grown, out of range or in flight", slot);
+	else
+		ep->sbig[slot] = 1;
+}
+
 static const struct sv_xport_ops fake_ops = {
 	.recv_buf = op_recv_buf,
 	.send_buf = op_send_buf,
 	.post_recv = op_post_recv,
 	.post_send = op_post_send,
+	.grow = op_grow,
+	.send_big = op_send_big,
 };
+
+void fake_ep_grows(struct fake_ep *ep, uint32_t start_size)
+{
+	ep->start_size = start_size;
+}
 
 uint64_t fake_clock_us = 1;
 unsigned fake_clock_reads;
@@ -245,6 +284,8 @@ static void ep_init(struct fake_ep *ep, uint32_t nrecv, uint32_t nsend, uint32_t
 	ep->rstate = xcalloc(nrecv, 1);
 	ep->sbusy = xcalloc(nsend, 1);
 	ep->rfifo = xcalloc(nrecv, sizeof(*ep->rfifo));
+	ep->rsize = xcalloc(nrecv, sizeof(*ep->rsize));
+	ep->sbig = xcalloc(nsend, 1);
 }
 
 static void ep_destroy(struct fake_ep *ep)
@@ -259,6 +300,8 @@ static void ep_destroy(struct fake_ep *ep)
 	free(ep->rstate);
 	free(ep->sbusy);
 	free(ep->rfifo);
+	free(ep->rsize);
+	free(ep->sbig);
 	free(ep->cq.ev);
 	free(ep->held.ev);
 	free(ep->log);

@@ -81,6 +81,15 @@ struct fake_ep {
 	uint64_t delivered;    /* completions handed to the core */
 	int poll_err;          /* the first error a core returned from a completion */
 	int fail_sends;        /* test hook: fail the next N post_send with -EIO */
+	/* Buffers that grow (fake_ep_grows): they start at start_size, a
+	 * receive buffer is at the size it was posted with, a send buffer at
+	 * buf_size once the core said so. 0: all at buf_size. */
+	uint32_t start_size;
+	bool rgrown, sgrown;
+	uint32_t *rsize;       /* per receive buffer: its size as posted */
+	uint8_t *sbig;         /* per send buffer: at buf_size */
+	bool refuse_grow;      /* test hook: grow fails with -ENOBUFS */
+	unsigned grows;        /* successful grow calls */
 };
 
 struct fake_pair {
@@ -94,6 +103,9 @@ int fake_pair_init2(struct fake_pair *fp, const uint32_t nrecv[2], const uint32_
 		    const uint32_t buf_size[2]);
 void fake_pair_destroy(struct fake_pair *fp);
 
+/* ep's buffers start at start_size bytes and grow to its buf_size (call
+ * before sv_proto_init). */
+void fake_ep_grows(struct fake_ep *ep, uint32_t start_size);
 /* The transport handle to give to sv_proto_init for this endpoint. */
 struct sv_xport fake_xport(struct fake_ep *ep);
 

@@ -217,7 +217,7 @@ static void conn_up2(const struct sv_proto_params *pa, const struct sv_proto_par
 		cr_assert_eq(r, 0, "sv_proto_set_peer (%c): %d", side_name(s), r);
 		/* A message must fit our send buffer and the peer's receive buffer. */
 		uint32_t small = bs[s] < bs[1 - s] ? bs[s] : bs[1 - s];
-		cr_assert_eq(P[s].tx_payload_max, small - SV_HDR_SIZE);
+		cr_assert_eq(sv_pr_tx_cap(&P[s]), small - SV_HDR_SIZE);
 	}
 	for (int s = 0; s < 2; s++) {
 		cr_assert_eq(fake_posted(&FP.ep[s]), nr[s],
@@ -3404,4 +3404,180 @@ ParameterizedTest(int *kind, proto, back_malformed)
 	int r = fake_poll(&FP.ep[SB], &P[SB], NOW);
 	cr_assert_eq(r, -ECONNRESET, "case %d: got %d", *kind, r);
 	cr_assert_eq(P[SB].error, -ECONNRESET);
+}
+
+/* ---- Buffers that grow -------------------------------------------------------- */
+
+/* Buffers of 1 KiB payload at first, growing to 8 KiB. */
+static struct sv_proto_params prm_grow(void)
+{
+	struct sv_proto_params p = prm_coalesce();
+	p.buf_size = 8192 + SV_HDR_SIZE;
+	p.start_size = 1024 + SV_HDR_SIZE;
+	p.coalesce_size = 8192;
+	return p;
+}
+
+/* Like conn_up, with both sides' buffers starting small (the peers learn
+ * the start size from the set-up). */
+static void conn_up_grow(const struct sv_proto_params *prm, bool refuse)
+{
+	PRM = *prm;
+	uint32_t nr = sv_proto_nrecv(prm), ns = sv_proto_nsend(prm);
+	cr_assert_eq(fake_pair_init(&FP, nr, ns, prm->buf_size), 0);
+	FP_UP = true;
+	for (int s = 0; s < 2; s++) {
+		fake_ep_grows(&FP.ep[s], sv_proto_start_size(prm));
+		FP.ep[s].refuse_grow = refuse;
+		struct sv_xport x = fake_xport(&FP.ep[s]);
+		cr_assert_eq(sv_proto_init(&P[s], prm, &x), 0);
+		P_UP[s] = true;
+	}
+	for (int s = 0; s < 2; s++)
+		cr_assert_eq(sv_proto_set_peer(&P[s], nr, sv_proto_start_size(prm)), 0);
+	open_both();
+}
+
+/* The largest DATA payload side s sent among its messages [from, to). */
+static uint32_t max_data(int s, size_t from, size_t to)
+{
+	uint32_t m = 0;
+	for (size_t i = from; i < to; i++) {
+		const struct fake_msg *x = msg_of(s, i);
+		if (x->h.type == SV_MSG_DATA && x->h.len > m)
+			m = x->h.len;
+	}
+	return m;
+}
+
+/* Bulk: after a few full messages the receiver's buffers grow, the header
+ * says so, the sender's buffers follow and its messages fill the new size;
+ * every message fits the buffer it lands in (the fake checks each). */
+Test(proto, bulk_grows_the_buffers)
+{
+	struct sv_proto_params prm = prm_grow();
+	conn_up_grow(&prm, false);
+	cr_assert_not(P[SB].st.rx_grown);
+	cr_assert_not(P[SA].st.tx_grown);
+	for (int i = 0; i < 32; i++) {
+		put_all(SA, 4096, 0);
+		pump();
+		drain(SB);
+		pump();
+	}
+	settle(1000, 50);
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	cr_assert(P[SB].st.rx_grown, "B's receive buffers did not grow");
+	cr_assert(P[SA].st.tx_grown, "A's send buffers did not follow");
+	cr_assert_not(P[SA].st.rx_grown, "A received no data: its buffers stay small");
+	cr_assert_eq(max_data(SA, 0, 6), 1024, "the first messages fill the small buffers");
+	size_t n = fake_count(&FP.ep[SA], 0);
+	cr_assert_eq(max_data(SA, n / 2, n), 8192, "later ones fill the grown buffers");
+	bool coded = false;
+	for (size_t i = 0; i < fake_count(&FP.ep[SB], 0); i++)
+		coded |= msg_of(SB, i)->h.flags == 13;
+	cr_assert(coded, "B's reports never named its 8 KiB buffers (size code 13)");
+	check_clean();
+}
+
+/* Requests and answers that each end in a part-filled message never
+ * grow anything. */
+Test(proto, request_response_stays_small)
+{
+	struct sv_proto_params prm = prm_grow();
+	conn_up_grow(&prm, false);
+	for (int i = 0; i < 100; i++) {
+		put_all(SA, 1500, 0); /* a full message and a tail */
+		pump();
+		drain(SB);
+		put_all(SB, 700, 0);
+		pump();
+		drain(SA);
+		pump();
+	}
+	settle(1000, 20);
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	cr_assert_eq(RXO[SA], TXO[SB]);
+	for (int s = 0; s < 2; s++)
+		cr_assert(!P[s].st.rx_grown && !P[s].st.tx_grown, "%c grew", side_name(s));
+	cr_assert_eq(FP.ep[SA].grows + FP.ep[SB].grows, 0);
+	check_clean();
+}
+
+/* No locked memory for growth: the buffers stay small, nothing is lost. */
+Test(proto, refused_growth_stays_small)
+{
+	struct sv_proto_params prm = prm_grow();
+	conn_up_grow(&prm, true);
+	for (int i = 0; i < 16; i++) {
+		put_all(SA, 8192, 0);
+		pump();
+		drain(SB);
+		pump();
+	}
+	settle(1000, 50);
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	cr_assert_not(P[SB].st.rx_grown);
+	cr_assert_gt(P[SB].st.grow_refused, 0);
+	cr_assert_eq(max_data(SA, 0, fake_count(&FP.ep[SA], 0)), 1024);
+	check_clean();
+}
+
+/* A reader that does not read: its small buffers' messages move to memory
+ * of their own and their credits go back, so a writer puts out as much
+ * ahead of it as the grown buffers would hold, then the window closes. */
+Test(proto, lagging_reader_stashes_up_to_the_window)
+{
+	struct sv_proto_params prm = prm_grow();
+	prm.coalesce = false;
+	conn_up_grow(&prm, true); /* no growth: all of it through small buffers */
+	size_t limit = (size_t)prm.window * 8192;
+	long r;
+	while ((r = put(SA, 1024, 0)) > 0)
+		pump();
+	cr_assert_eq(r, -EAGAIN);
+	cr_assert_geq(TXO[SA], limit, "A could write only %llu bytes ahead of B",
+		      (unsigned long long)TXO[SA]);
+	cr_assert_leq(P[SB].stashed, limit);
+	cr_assert_gt(P[SB].stashed, 0);
+	settle(1000, 200);
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	cr_assert_eq(P[SB].stashed, 0);
+	check_clean();
+}
+
+/* A report of buffers smaller than the last one, or with a size code out
+ * of range, is malformed: the connection resets. */
+static void inject_update(int s, uint8_t code, uint16_t credits)
+{
+	struct sv_hdr h = {.type = SV_MSG_UPDATE, .flags = code, .credits = credits,
+			   .ack = P[s].snd_una};
+	cr_assert_eq(fake_inject_msg(&FP.ep[s], &h, NULL, 0, SV_HDR_SIZE), 0);
+	fake_poll(&FP.ep[s], &P[s], NOW);
+}
+
+Test(proto, buffer_size_codes_are_checked)
+{
+	struct sv_proto_params prm = prm_grow();
+	conn_up_grow(&prm, false);
+	put_all(SA, 100, 0); /* a credit spent, so B can report one */
+	pump();
+	inject_update(SA, 12, 0);
+	cr_assert_eq(P[SA].error, 0, "a size with no credits is only checked for range");
+	inject_update(SA, 9, 0);
+	cr_assert_eq(P[SA].error, -ECONNRESET, "size code 9 is out of range");
+}
+
+Test(proto, smaller_buffers_after_larger_are_malformed)
+{
+	struct sv_proto_params prm = prm_grow();
+	conn_up_grow(&prm, false);
+	put_all(SA, 100, 0);
+	put_all(SA, 100, MSG_MORE);
+	pump();
+	inject_update(SA, 13, 1);
+	cr_assert_eq(P[SA].error, 0);
+	cr_assert_eq(P[SA].runs[(P[SA].run_head + P[SA].run_count - 1) % SV_RUNS].cap, 8192);
+	inject_update(SA, 0, 1); /* back to the set-up's 1 KiB */
+	cr_assert_eq(P[SA].error, -ECONNRESET);
 }
