@@ -52,8 +52,8 @@
 #define PROG "sovia-xport-test"
 #define EXIT_MISMATCH 2
 #define WIRE_MAGIC 0x54585653u /* "SVXT" */
-#define WIRE_VERSION 1
-#define WIRE_WORDS 13
+#define WIRE_VERSION 2 /* 2: the buffers' start size */
+#define WIRE_WORDS 14
 #define RESOLVE_MS 2000
 #define SUMMARY_SIZE 16
 #define MAX_READ (1u << 20)
@@ -217,6 +217,7 @@ static void params_encode(const struct opts *o, uint8_t out[WIRE_WORDS * 4])
 		prm->zcopy_threshold,
 		(uint32_t)o->bytes,
 		(uint32_t)(o->bytes >> 32),
+		prm->start_size,
 	};
 	for (int i = 0; i < WIRE_WORDS; i++)
 		put32le(out + 4 * i, w[i]);
@@ -242,6 +243,7 @@ static int params_decode(const void *data, size_t len, struct opts *o)
 		.coalesce_size = w[8],
 		.coalesce_timeout_us = w[9],
 		.zcopy_threshold = w[10],
+		.start_size = w[13],
 	};
 	o->duplex = (w[7] & WIRE_DUPLEX) != 0;
 	o->bytes = (uint64_t)w[12] << 32 | w[11];
@@ -250,10 +252,11 @@ static int params_decode(const void *data, size_t len, struct opts *o)
 
 static void params_print(const char *who, const struct sv_proto_params *p)
 {
-	printf(PROG ": %s params: window=%u reserve=%u buf_size=%u ack_delay=%u "
+	printf(PROG ": %s params: window=%u reserve=%u buf_size=%u start_size=%u ack_delay=%u "
 	       "ack_timeout_us=%" PRIu64 " coalesce=%d coalesce_size=%u "
 	       "coalesce_timeout_us=%" PRIu64 " zcopy_threshold=%u\n",
-	       who, p->window, p->reserve, p->buf_size, p->ack_delay, p->ack_timeout_us,
+	       who, p->window, p->reserve, p->buf_size, sv_proto_start_size(p), p->ack_delay,
+	       p->ack_timeout_us,
 	       p->coalesce, p->coalesce_size, p->coalesce_timeout_us, p->zcopy_threshold);
 }
 
