@@ -39,8 +39,16 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 	s->sw.connect_pending = false;
 	socklen_t pl = sizeof(s->tuple.peer);
 	if (getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) < 0) {
-		sv_dbg("fd %d: the non-blocking connect failed", s->fd);
-		sv_stream_fall_back(s, SV_FB_NO_ROUTE);
+		/* Not connected: the connect failed, or the connection already
+		 * carried its bytes and ended (after both FINs the kernel's
+		 * socket is closed and names no peer; a slow rdma_cm start
+		 * under emulation leaves that much time). Only the first may
+		 * say "no RDMA route", which the peer table remembers. */
+		bool ended = s->cl.tx_shut || s->st.tcp_tx_bytes || s->st.tcp_rx_bytes;
+		sv_dbg("fd %d: %s", s->fd,
+		       ended ? "the connection ended before its upgrade could start"
+			     : "the non-blocking connect failed");
+		sv_stream_fall_back(s, ended ? SV_FB_SHUTDOWN : SV_FB_NO_ROUTE);
 		sv->done = true;
 		return;
 	}

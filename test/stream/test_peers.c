@@ -272,3 +272,49 @@ Test(peers, a_held_connection_is_writable_until_a_write_is_refused)
 	cr_assert_eq(h_counts(p.c).tcp_tx, 0);
 	h_pair_free(&p);
 }
+
+/* A non-blocking connect whose connection carried its bytes and ended
+ * while this process's rdma_cm was still starting: the kernel names no
+ * peer for it any more. That is no sign of a missing RDMA route, and the
+ * host must not be remembered as one (later connections would skip
+ * RDMA for a minute). */
+Test(peers, a_connection_that_ended_before_its_upgrade_is_no_missing_route)
+{
+	fake_net_slow_start();
+	struct pair p;
+	h_listen(&p, true);
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
+	p.cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int r = connect(p.cfd, (struct sockaddr *)&a, sizeof(a));
+	cr_assert(r < 0 && errno == EINPROGRESS, "a loopback connect completed at once");
+	p.c = sv_stream_new(p.cfd, true);
+	sv_stream_start_connecting(p.c, (struct sockaddr *)&a, sizeof(a));
+	p.sfd = accept(p.lfd, NULL, NULL);
+	cr_assert_geq(p.sfd, 0);
+	uint8_t b = 7, g = 0;
+	cr_assert_eq(h_write(p.c, &b, 1, 0), 1);
+	cr_assert_eq(shutdown(p.cfd, SHUT_WR), 0);
+	cr_assert_eq(read(p.sfd, &g, 1), 1);
+	cr_assert_eq(g, 7);
+	cr_assert_eq(close(p.sfd), 0);
+	p.sfd = -1;
+	/* Both FINs: the client's socket is closed in the kernel's eyes. */
+	struct sockaddr_storage peer;
+	socklen_t pl = sizeof(peer);
+	uint64_t until = h_ms() + 10000;
+	while (getpeername(p.cfd, (struct sockaddr *)&peer, &pl) == 0 && h_ms() < until) {
+		usleep(1000);
+		pl = sizeof(peer);
+	}
+	cr_assert_eq(errno, ENOTCONN);
+	fake_net_start_now();
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	cr_assert_eq(h_fallback(p.c), SV_FB_SHUTDOWN, "fallback=%s",
+		     sv_fallback_name(h_fallback(p.c)));
+	struct sockaddr_storage ss = {0};
+	memcpy(&ss, &a, sizeof(a));
+	cr_assert_not(sv_peers_plain(&ss), "the host is remembered as having no RDMA route");
+	h_pair_free(&p);
+}
