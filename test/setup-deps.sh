@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs what building and testing libsovia needs, from Debian 12's own
-# packages. Idempotent: packages already there are left alone. ftpd, ftp and
-# iperf3 are the real programs of the integration tests (their services are
+# packages. Idempotent: packages already there are left alone. ftpd, ftp,
+# iperf3 and redis are the real programs of the integration tests (their services are
 # not needed: the tests start them themselves).
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config libibverbs-dev librdmacm-dev rdma-core
       ibverbs-providers ibverbs-utils libcriterion-dev netcat-openbsd iproute2
-      ftpd ftp iperf3 openssl)
+      ftpd ftp iperf3 openssl redis-server redis-tools)
 missing=()
 for p in "${PKGS[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -15,18 +15,8 @@ want=$(md5sum <"$WORK/in" | cut -d' ' -f1)
 TABLE=/dev/shm/libsovia-peers.$(id -u)
 rm -f "$TABLE"
 
-# First contact: a small transfer that waits until it is on RDMA.
 note "first contact"
-LD_PRELOAD=$LIB timeout 120 nc -l "$IP" 5030 >/dev/null 2>"$WORK/warm-server.err" &
-srv=$!
-wait_port 5030
-{
-	echo hello
-	wait_line "$WORK/warm-client.err" "on RDMA" 120 || echo "first_mb: never on RDMA" >&2
-} | LD_PRELOAD=$LIB timeout 120 nc -N "$IP" 5030 2>"$WORK/warm-client.err"
-wait "$srv" || fail "first contact: the server failed"
-[ -s "$TABLE" ] || fail "no peer table at $TABLE"
-rm -f "$WORK"/warm-*.err
+first_contact 5030
 
 transfer() { # $1: up (client sends) or down (server sends), $2: port
 	local dir=$1 port=$2

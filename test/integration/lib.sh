@@ -65,6 +65,21 @@ wait_line() {
 	return 1
 }
 
+# First contact: a small transfer that waits until it is on RDMA, so that
+# the hosts know each other (the peer table) before what is measured.
+first_contact() { # port
+	LD_PRELOAD=$LIB SOVIA_LOG=info timeout 120 nc -l "$IP" "$1" >/dev/null \
+		2>"$WORK/warm-server.err" &
+	local srv=$!
+	wait_port "$1"
+	{
+		echo hello
+		wait_line "$WORK/warm-client.err" "on RDMA" 120 || echo "first contact: never on RDMA" >&2
+	} | LD_PRELOAD=$LIB SOVIA_LOG=info timeout 120 nc -N "$IP" "$1" 2>"$WORK/warm-client.err"
+	wait "$srv" || fail "first contact: the server failed"
+	[ -s "/dev/shm/libsovia-peers.$(id -u)" ] || fail "first contact: no peer table"
+	rm -f "$WORK"/warm-*.err
+}
 rxe_pkts() { cat "/sys/class/infiniband/$DEV/ports/1/hw_counters/sent_pkts"; }
 
 # Wait until the rxe device sent $1 more packets than $2 (a count of

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Many connections in little locked memory: redis-server and
+# redis-benchmark, both preloaded, run as nobody under Debian's default
+# RLIMIT_MEMLOCK (8 MiB, no CAP_IPC_LOCK). 200 clients SET and GET 1 KiB
+# values. A connection starts with 28 KiB of buffers and requests never
+# grow them, so all 200 fit in each process's budget (6 MiB).
+#
+# Asserted: every request served (redis-benchmark's counts), no
+# connection of either end fell back for memlock, no memlock complaint,
+# at least 90% of the payload each way over RDMA by libsovia's own
+# statistics, and the kernel's loopback carried less than a quarter of
+# the bytes rxe's counters say went over RDMA (the medium, counted
+# outside libsovia). One redis-cli PING first: hosts that talked once.
+. "$(dirname "$0")/lib.sh"
+command -v redis-server >/dev/null || fail "redis-server is not installed (test/setup-deps.sh)"
+CLIENTS=${SOVIA_IT_REDIS_CLIENTS:-200}
+REQUESTS=${SOVIA_IT_REDIS_REQUESTS:-20000}
+PORT=6391
+export SOVIA_STATS=1 SOVIA_LOG=info
+chmod 755 "$WORK"
+as_nobody() {
+	prlimit --memlock=8388608 setpriv --reuid=nobody --regid=nogroup --clear-groups \
+		--inh-caps=-all -- env LD_PRELOAD="$LIB" "$@"
+}
+for f in server.err bench.err bench.out ping.err; do
+	touch "$WORK/$f"
+	chmod 666 "$WORK/$f"
+done
+as_nobody redis-server --port $PORT --bind "$IP" --protected-mode no --save '' \
+	--appendonly no --dir "$WORK" --maxclients 1000 --loglevel warning \
+	>/dev/null 2>"$WORK/server.err" &
+srv=$!
+wait_port $PORT
+as_nobody redis-cli -h "$IP" -p $PORT ping 2>"$WORK/ping.err" | grep -q PONG || fail "no PONG"
+
+p0=$(rxe_pkts) b0=$(cat "/sys/class/infiniband/$DEV/ports/1/counters/port_xmit_data" 2>/dev/null || echo 0)
+l0=$(lo_bytes)
+note "$CLIENTS clients, $REQUESTS SET and $REQUESTS GET of 1 KiB"
+as_nobody timeout 900 redis-benchmark -h "$IP" -p $PORT -c "$CLIENTS" -n "$REQUESTS" -d 1024 \
+	-t set,get -q >"$WORK/bench.out" 2>"$WORK/bench.err" || fail "redis-benchmark failed"
+l1=$(lo_bytes)
+p1=$(rxe_pkts)
+tr '\r' '\n' <"$WORK/bench.out" | grep -E "^(SET|GET):" | tail -2
+for t in SET GET; do
+	tr '\r' '\n' <"$WORK/bench.out" | grep -q "^$t: .*requests per second" ||
+		fail "redis-benchmark has no $t result"
+done
+as_nobody redis-cli -h "$IP" -p $PORT shutdown nosave 2>>"$WORK/ping.err" || true
+wait $srv 2>/dev/null || true
+
+grep -q "ulimit -l\|RLIMIT_MEMLOCK\|ibv_reg_mr" "$WORK/server.err" "$WORK/bench.err" &&
+	fail "a memlock complaint"
+for f in server bench; do
+	n=$(grep -c "libsovia stats.*fallback=memlock" "$WORK/$f.err" || true)
+	[ "$n" = 0 ] || fail "$f: $n connections fell back for memlock"
+done
+rdma_in=$(stat_of "$WORK/server.err" rdma_rx_bytes server)
+tcp_in=$(stat_of "$WORK/server.err" tcp_rx_bytes server)
+rdma_out=$(stat_of "$WORK/server.err" rdma_tx_bytes server)
+tcp_out=$(stat_of "$WORK/server.err" tcp_tx_bytes server)
+on=$(grep -c "libsovia stats.* server state=rdma" "$WORK/server.err" || true)
+conns=$(grep -c "libsovia stats.* server " "$WORK/server.err" || true)
+echo "redis: server connections on RDMA at close: $on of $conns"
+echo "redis: requests over RDMA $rdma_in bytes, over TCP $tcp_in;" \
+	"answers over RDMA $rdma_out, over TCP $tcp_out"
+echo "redis: rxe packets +$((p1 - p0)), loopback bytes +$((l1 - l0))"
+[ "$rdma_in" -gt 0 ] || fail "no request over RDMA"
+[ $((rdma_in * 100)) -ge $(((rdma_in + tcp_in) * 90)) ] ||
+	fail "requests: $((rdma_in * 100 / (rdma_in + tcp_in)))% over RDMA, want 90%"
+[ $((rdma_out * 100)) -ge $(((rdma_out + tcp_out) * 90)) ] ||
+	fail "answers: $((rdma_out * 100 / (rdma_out + tcp_out)))% over RDMA, want 90%"
+[ $((l1 - l0)) -lt $(((rdma_in + rdma_out) / 4)) ] ||
+	fail "loopback carried $((l1 - l0)) bytes against $((rdma_in + rdma_out)) over RDMA"
+echo "redis_many: OK"
