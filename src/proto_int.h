@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 /* One unread DATA message: in a receive buffer, or (when the application
- * lags, sv_pr_stash) in memory of its own, its buffer back with the peer. */
+ * lags: stash_if_lagging) in memory of its own, its buffer back with the peer. */
 struct sv_rx_slot {
 	uint32_t buf;  /* receive buffer index (unless heap) */
 	uint32_t off;  /* bytes of payload already consumed */
@@ -88,11 +88,12 @@ struct sv_proto {
 	struct sv_rx_slot *rxq;  /* unread DATA, oldest first: a ring of rxq_cap */
 	uint32_t rxq_head, rxq_count, rxq_cap;
 	size_t stashed;          /* payload bytes in heap slots */
+	uint32_t stashed_msgs;   /* ... and their number */
 	uint32_t peer_credits;   /* our view of the peer's credits towards us */
 	uint8_t *rx_big;         /* per receive buffer: posted at buf_size */
 	uint32_t rx_full_run;    /* DATA messages in a row that filled their buffer */
 	bool rx_grow_wanted;     /* they said: grow once nothing is unreported */
-	bool rx_grow_tried;
+	uint8_t rx_code;         /* the header's size code of what we post now (flags) */
 	uint32_t unreported;     /* reposted buffers not yet reported */
 	int32_t rx_held;         /* the buffer the last receive call emptied, not
 				  * yet reposted (-1: none): sv_pr_rx_release */
@@ -274,19 +275,18 @@ static inline void sv_pr_rxq_pop(struct sv_proto *p)
 	p->rxq_head = (p->rxq_head + 1) % p->rxq_cap;
 	p->rxq_count--;
 }
-/* Its buffer's payload, wherever it is. */
-static inline const uint8_t *sv_pr_slot_payload(const struct sv_proto *p,
-						const struct sv_rx_slot *s)
-{
-	return s->heap ? s->heap : (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, s->buf) +
-					   SV_HDR_SIZE;
-}
 /* A consumed heap slot's memory goes. */
 void sv_pr_slot_done(struct sv_proto *p, struct sv_rx_slot *s);
 /* Payload of receive buffer buf, and of send buffer slot. */
 static inline const uint8_t *sv_pr_rx_payload(const struct sv_proto *p, uint32_t buf)
 {
 	return (const uint8_t *)p->xp.ops->recv_buf(p->xp.ctx, buf) + SV_HDR_SIZE;
+}
+/* An unread message's payload, wherever it is. */
+static inline const uint8_t *sv_pr_slot_payload(const struct sv_proto *p,
+						const struct sv_rx_slot *s)
+{
+	return s->heap ? s->heap : sv_pr_rx_payload(p, s->buf);
 }
 static inline uint8_t *sv_pr_tx_payload(const struct sv_proto *p, uint32_t slot)
 {

@@ -42,8 +42,10 @@ void sv_pr_rx_grow_if_due(struct sv_proto *p)
 		return;
 	p->rx_grow_wanted = false;
 	int r = p->xp.ops->grow ? p->xp.ops->grow(p->xp.ctx, true) : -EOPNOTSUPP;
-	if (r == 0)
+	if (r == 0) {
 		p->st.rx_grown = true; /* every buffer posted from now on */
+		p->rx_code = sv_size_code(p->payload_max);
+	}
 	else
 		p->st.grow_refused++;
 }
@@ -148,6 +150,7 @@ static int rxq_grow(struct sv_proto *p)
 void sv_pr_slot_done(struct sv_proto *p, struct sv_rx_slot *s)
 {
 	p->stashed -= s->len;
+	p->stashed_msgs--;
 	free(s->heap);
 	s->heap = NULL;
 }
@@ -166,9 +169,7 @@ static int stash_if_lagging(struct sv_proto *p, struct sv_rx_slot *s)
 {
 	if (p->start_max == p->payload_max)
 		return 0;
-	uint32_t in_buffers = 0;
-	for (uint32_t i = p->rxq_count; i-- > 0 && in_buffers < p->prm.window / 2;)
-		in_buffers += sv_pr_rxq_at(p, i)->heap == NULL;
+	uint32_t in_buffers = p->rxq_count - p->stashed_msgs;
 	if (in_buffers < p->prm.window / 2 ||
 	    p->stashed + s->len > (size_t)p->prm.window * p->payload_max)
 		return 0;
@@ -178,6 +179,7 @@ static int stash_if_lagging(struct sv_proto *p, struct sv_rx_slot *s)
 	sv_copy(copy, sv_pr_rx_payload(p, s->buf), s->len);
 	s->heap = copy;
 	p->stashed += s->len;
+	p->stashed_msgs++;
 	sv_pr_consumed(p, s->len < p->prm.coalesce_size);
 	return sv_pr_repost_control(p, s->buf);
 }

@@ -19,9 +19,7 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 		.type = type,
 		/* The size of the buffers it reports: all of one size, as
 		 * sv_pr_rx_grow_if_due grows only between reports. */
-		.flags = p->st.rx_grown && p->start_max < p->payload_max
-				 ? sv_size_code(p->payload_max)
-				 : 0,
+		.flags = p->rx_code,
 		.credits = (uint16_t)p->unreported,
 		.len = len,
 		.seq = seq,
@@ -51,7 +49,8 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 		p->run_head = (p->run_head + 1) % SV_RUNS;
 		p->run_count--;
 	}
-	sv_pr_rx_grow_if_due(p);
+	if (p->rx_grow_wanted)
+		sv_pr_rx_grow_if_due(p);
 	p->inflight += type == SV_MSG_DATA;
 	p->slot_kind[slot] = (uint8_t)(zccnt ? SV_SLOT_ZCOPY
 					     : type == SV_MSG_DATA ? SV_SLOT_DATA : SV_SLOT_CONTROL);

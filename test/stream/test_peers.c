@@ -52,6 +52,17 @@ static bool writable(struct sv_stream *s, int fd)
 
 #define N (256u * 1024u)
 
+/* A listener with an RDMA side, and a non-blocking connect() to it from
+ * p->cfd: its result (0, or -1 with errno), the address in *a. */
+static int connect_nonblocking(struct pair *p, struct sockaddr_in *a)
+{
+	h_listen(p, true);
+	socklen_t al = sizeof(*a);
+	cr_assert_eq(getsockname(p->lfd, (struct sockaddr *)a, &al), 0);
+	p->cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	return connect(p->cfd, (struct sockaddr *)a, sizeof(*a));
+}
+
 /* Both ends write at once, while this process's rdma_cm is still starting:
  * each end's writes wait, then every byte goes over the QP. */
 Test(peers, a_known_peer_gets_its_first_bytes_over_rdma)
@@ -180,12 +191,8 @@ Test(peers, a_non_blocking_connect_to_a_known_peer_holds_from_the_start)
 	know_loopback();
 	fake_net_slow_start();
 	struct pair p;
-	h_listen(&p, true);
 	struct sockaddr_in a;
-	socklen_t al = sizeof(a);
-	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
-	p.cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-	int r = connect(p.cfd, (struct sockaddr *)&a, sizeof(a));
+	int r = connect_nonblocking(&p, &a);
 	cr_assert(r == 0 || errno == EINPROGRESS);
 	p.c = sv_stream_new(p.cfd, true);
 	if (r == 0)
@@ -282,12 +289,8 @@ Test(peers, a_connection_that_ended_before_its_upgrade_is_no_missing_route)
 {
 	fake_net_slow_start();
 	struct pair p;
-	h_listen(&p, true);
 	struct sockaddr_in a;
-	socklen_t al = sizeof(a);
-	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
-	p.cfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-	int r = connect(p.cfd, (struct sockaddr *)&a, sizeof(a));
+	int r = connect_nonblocking(&p, &a);
 	cr_assert(r < 0 && errno == EINPROGRESS, "a loopback connect completed at once");
 	p.c = sv_stream_new(p.cfd, true);
 	sv_stream_start_connecting(p.c, (struct sockaddr *)&a, sizeof(a));

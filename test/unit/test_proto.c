@@ -3450,6 +3450,19 @@ static uint32_t max_data(int s, size_t from, size_t to)
 	return m;
 }
 
+/* A writes `n` times `len` bytes, B reading after each write; then both
+ * settle. */
+static void a_writes_b_reads(int n, size_t len)
+{
+	for (int i = 0; i < n; i++) {
+		put_all(SA, len, 0);
+		pump();
+		drain(SB);
+		pump();
+	}
+	settle(1000, 50);
+}
+
 /* Bulk: after a few full messages the receiver's buffers grow, the header
  * says so, the sender's buffers follow and its messages fill the new size;
  * every message fits the buffer it lands in (the fake checks each). */
@@ -3459,13 +3472,7 @@ Test(proto, bulk_grows_the_buffers)
 	conn_up_grow(&prm, false);
 	cr_assert_not(P[SB].st.rx_grown);
 	cr_assert_not(P[SA].st.tx_grown);
-	for (int i = 0; i < 32; i++) {
-		put_all(SA, 4096, 0);
-		pump();
-		drain(SB);
-		pump();
-	}
-	settle(1000, 50);
+	a_writes_b_reads(32, 4096);
 	cr_assert_eq(RXO[SB], TXO[SA]);
 	cr_assert(P[SB].st.rx_grown, "B's receive buffers did not grow");
 	cr_assert(P[SA].st.tx_grown, "A's send buffers did not follow");
@@ -3509,13 +3516,7 @@ Test(proto, refused_growth_stays_small)
 {
 	struct sv_proto_params prm = prm_grow();
 	conn_up_grow(&prm, true);
-	for (int i = 0; i < 16; i++) {
-		put_all(SA, 8192, 0);
-		pump();
-		drain(SB);
-		pump();
-	}
-	settle(1000, 50);
+	a_writes_b_reads(16, 8192);
 	cr_assert_eq(RXO[SB], TXO[SA]);
 	cr_assert_not(P[SB].st.rx_grown);
 	cr_assert_gt(P[SB].st.grow_refused, 0);
