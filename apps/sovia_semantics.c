@@ -29,7 +29,12 @@
  *   it has both pieces. Under coalescing the second piece is held (the
  *   first is not acknowledged yet) until the client's wait pushes it out;
  *   test/integration/semantics.sh makes every other way out (the timers)
- *   too slow to come first and checks libsovia's counters. */
+ *   too slow to come first and checks libsovia's counters.
+ *
+ *   sovia-semantics -E PORT / -e HOST PORT: an end by _exit. The client
+ *   writes 1 MiB and a small tail, closes and calls _exit at once, as
+ *   ftpd ends a session; the server reads to the end and checks that every
+ *   byte arrived, in order. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -389,6 +394,50 @@ static void wait_client(int fd)
 	close(fd);
 }
 
+/* The byte at offset i of the _exit rounds' stream. */
+static char exit_byte(size_t i)
+{
+	return (char)(i * 7 + i / 4093);
+}
+
+#define EXIT_BULK (1u << 20)
+#define EXIT_TAIL 100u
+
+static void exit_writer(int fd)
+{
+	static char buf[8192];
+	size_t off = 0;
+	while (off < EXIT_BULK + EXIT_TAIL) {
+		size_t n = off < EXIT_BULK ? sizeof(buf) : EXIT_TAIL;
+		for (size_t i = 0; i < n; i++)
+			buf[i] = exit_byte(off + i);
+		send_all(fd, buf, n);
+		off += n;
+	}
+	CHECK(close(fd) == 0, "close");
+	printf("exit-writer: %zu bytes written, closed: ok\n", off);
+	_exit(0); /* no exit handlers: what is owed must go anyway */
+}
+
+static void exit_reader(int fd)
+{
+	static char buf[65536];
+	size_t off = 0;
+	for (;;) {
+		ssize_t n = read(fd, buf, sizeof(buf));
+		CHECK(n >= 0, "read at offset %zu", off);
+		if (n == 0)
+			break;
+		for (ssize_t i = 0; i < n; i++)
+			CHECK(buf[i] == exit_byte(off + (size_t)i), "byte %zu differs", off + (size_t)i);
+		off += (size_t)n;
+	}
+	CHECK(off == EXIT_BULK + EXIT_TAIL, "the stream ended after %zu of %u bytes", off,
+	      EXIT_BULK + EXIT_TAIL);
+	printf("exit-reader: %zu bytes, all in order: ok\n", off);
+	close(fd);
+}
+
 static int connect_to(const char *host, const char *port)
 {
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
@@ -422,21 +471,23 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &s, NULL);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	int fd;
-	if (argc == 3 && (strcmp(argv[1], "-s") == 0 || strcmp(argv[1], "-S") == 0)) {
+	if (argc == 3 && argv[1][0] == '-' && argv[1][1] && strchr("sSE", argv[1][1]) && !argv[1][2]) {
 		me = "server";
 		fd = accept_on(argv[2]);
 		printf("server: connected\n");
 		wait_go();
-		(argv[1][1] == 's' ? server : wait_server)(fd);
-	} else if (argc == 4 && (strcmp(argv[1], "-c") == 0 || strcmp(argv[1], "-C") == 0)) {
+		char m = argv[1][1];
+		(m == 's' ? server : m == 'S' ? wait_server : exit_reader)(fd);
+	} else if (argc == 4 && argv[1][0] == '-' && argv[1][1] && strchr("cCe", argv[1][1]) && !argv[1][2]) {
 		me = "client";
 		fd = connect_to(argv[2], argv[3]);
 		printf("client: connected\n");
 		wait_go();
-		(argv[1][1] == 'c' ? client : wait_client)(fd);
+		char m = argv[1][1];
+		(m == 'c' ? client : m == 'C' ? wait_client : exit_writer)(fd);
 	} else {
 		fprintf(stderr, "usage: sovia-semantics -s PORT | -c HOST PORT "
-				"| -S PORT | -C HOST PORT\n");
+				"| -S PORT | -C HOST PORT | -E PORT | -e HOST PORT\n");
 		return 2;
 	}
 	return 0;

@@ -56,6 +56,28 @@ __attribute__((destructor)) static void sv_preload_dtor(void)
 		sv_on_exit();
 }
 
+/* _exit and _Exit skip the destructors, but not the connections' due: a
+ * lingering close still owes the peer its last bytes and FIN on the QP
+ * (with TCP the kernel would deliver them after the exit), and a connection
+ * still open owes its coalesced bytes. ftpd, for one, ends each session
+ * with _exit right after its last transfer. The same bounded flush as at
+ * exit(); skipped when a signal handler interrupted libsovia's own code. */
+SV_EXPORT _Noreturn void _exit(int status)
+{
+	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside)
+		sv_on_exit();
+	SV_REAL(_exit)(status);
+	__builtin_unreachable();
+}
+
+SV_EXPORT _Noreturn void _Exit(int status)
+{
+	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside)
+		sv_on_exit();
+	SV_REAL(_Exit)(status);
+	__builtin_unreachable();
+}
+
 /* Is this a socket libsovia may accelerate? TCP over IPv4/IPv6 only;
  * SOCK_NONBLOCK and SOCK_CLOEXEC do not change the answer. */
 static bool classify_stream(int domain, int type, int protocol)

@@ -48,6 +48,8 @@
 	X(pselect, int, (int, fd_set *, fd_set *, fd_set *, const struct timespec *,        \
 			 const sigset_t *))                                                  \
 	X(fork, pid_t, (void))                                                              \
+	X(_exit, void, (int))                                                               \
+	X(_Exit, void, (int))                                                               \
 	X(execve, int, (const char *, char *const[], char *const[]))                        \
 	X(execv, int, (const char *, char *const[]))                                        \
 	X(execvp, int, (const char *, char *const[]))                                       \

@@ -53,6 +53,22 @@ case "$flushes" in
 esac
 echo "semantics: OK (and poll, select, epoll_wait pushed out coalesced bytes)"
 
+# A writer that closes and calls _exit at once (ftpd ends its sessions so)
+# owes its last bytes and FIN on the QP: _exit runs the exit's flush. Both
+# the bulk and the held tail must arrive, over RDMA, and the writer's
+# statistics line (printed by that flush) must say so. Without the flush
+# the reader met a clean end of the stream short of the tail.
+run_pair -E -e 5087 x "_exit writer"
+grep -q "^exit-reader: 1048676 bytes, all in order: ok" "$WORK/xserver.out" ||
+	fail "the _exit writer's bytes did not all arrive"
+line=$(grep "libsovia stats" "$WORK/xclient.err" | grep " client state=rdma ") ||
+	fail "no statistics line of the _exit writer on RDMA"
+[ "$(echo "$line" | sed -n 's/.* rdma_tx_bytes=\([0-9]*\) .*/\1/p')" = 1048676 ] ||
+	fail "the _exit writer did not send everything over RDMA: $line"
+[ "$(stat_of "$WORK/xserver.err" rdma_rx_bytes server)" = 1048676 ] ||
+	fail "the reader did not receive everything over RDMA"
+echo "semantics: OK (a close then _exit delivered everything over RDMA)"
+
 # TCP_NODELAY set before the connect is the stream's too: every small write
 # goes out as its own message, none is coalesced. sovia-bench -N sets it on
 # the client's socket before connect(); the same run without -N must
