@@ -28,7 +28,8 @@ struct sv_fd_wait_ops {
 	void (*split)(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen);
 	short (*recheck)(struct sv_fd *f, short events, short rev);
 	void (*waits)(struct sv_fd *f);
-	int (*sources)(struct sv_fd *f, struct pollfd *out, bool *again, uint64_t gen);
+	int (*sources)(struct sv_fd *f, struct pollfd *out, bool *again, int *tick_ms,
+		       uint64_t gen);
 	void (*done)(struct sv_fd *f, const struct pollfd *src, int n);
 	uint32_t (*spin_us)(struct sv_fd *f);
 	void (*waited)(struct sv_fd *f, uint64_t us);

@@ -104,8 +104,8 @@ static int judge(struct mixed *m)
 
 /* Add the streams' sleep sources after the application's fds (none when
  * the poll will not sleep). Sets *again when one changed since it was
- * judged. */
-static void add_sources(struct mixed *m, bool sleeps, bool *again)
+ * judged, and *tick_ms when one cannot wake the poll (look again then). */
+static void add_sources(struct mixed *m, bool sleeps, bool *again, int *tick_ms)
 {
 	m->nk = m->n;
 	for (nfds_t i = 0; i < m->n; i++) {
@@ -114,7 +114,7 @@ static void add_sources(struct mixed *m, bool sleeps, bool *again)
 		if (!e->f || !sleeps)
 			continue;
 		e->start = (int)m->nk;
-		e->cnt = e->f->ops->wait->sources(e->f, &m->k[m->nk], again, e->gen);
+		e->cnt = e->f->ops->wait->sources(e->f, &m->k[m->nk], again, tick_ms, e->gen);
 		m->nk += (nfds_t)e->cnt;
 	}
 }
@@ -195,7 +195,8 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 					m.e[i].f->ops->wait->waits(m.e[i].f);
 		}
 		bool again = false;
-		add_sources(&m, !ready && !spinning, &again);
+		int tick = 0;
+		add_sources(&m, !ready && !spinning, &again, &tick);
 		int t = -1;
 		if (ready || again || spinning) {
 			t = 0;
@@ -203,6 +204,8 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 			uint64_t left = deadline > now ? (deadline - now + 999) / 1000 : 0;
 			t = left < INT_MAX ? (int)left : INT_MAX;
 		}
+		if (tick && (t < 0 || t > tick))
+			t = tick; /* a stream that cannot wake us */
 		int r = kernel_poll(&m, t, mask);
 		int err = errno;
 		for (nfds_t i = 0; i < n; i++)

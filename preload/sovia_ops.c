@@ -168,9 +168,10 @@ static void w_waits(struct sv_fd *f)
 	sv_stream_poll_waits(stream_of(f));
 }
 
-static int w_sources(struct sv_fd *f, struct pollfd *out, bool *again, uint64_t gen)
+static int w_sources(struct sv_fd *f, struct pollfd *out, bool *again, int *tick_ms,
+		     uint64_t gen)
 {
-	return sv_stream_poll_sources(stream_of(f), out, again, gen);
+	return sv_stream_poll_sources(stream_of(f), out, again, tick_ms, gen);
 }
 
 static void w_done(struct sv_fd *f, const struct pollfd *src, int n)

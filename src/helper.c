@@ -8,6 +8,7 @@
 #include "guard.h"
 #include "lock.h"
 #include "log.h"
+#include "ownfd.h"
 #include "real.h"
 #include "upgrade.h"
 
@@ -81,6 +82,7 @@ static void init_rdma(void)
 		atomic_store(&h.rdma, err);
 		return;
 	}
+	h.ch->fd = sv_ownfd_move(h.ch->fd); /* rdma_cm reads and closes it by this field */
 	int fl = SV_REAL(fcntl)(h.ch->fd, F_GETFL);
 	SV_REAL(fcntl)(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
 	SV_REAL(fcntl)(h.ch->fd, F_SETFD, FD_CLOEXEC);
@@ -188,8 +190,8 @@ static void *helper_main(void *arg)
 static void start_once(void)
 {
 	sv_enter();
-	h.epfd = epoll_create1(EPOLL_CLOEXEC);
-	h.wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	h.epfd = sv_ownfd_move(epoll_create1(EPOLL_CLOEXEC));
+	h.wakefd = sv_ownfd_move(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
 	if (h.epfd < 0 || h.wakefd < 0) {
 		h.err = -errno;
 		goto out;

@@ -64,11 +64,7 @@ struct sv_stream *sv_stream_new(int fd, bool is_client)
 	struct sv_stream *s = calloc(1, sizeof(*s));
 	if (!s)
 		return NULL;
-	s->wt.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (s->wt.wake_fd < 0) {
-		free(s);
-		return NULL;
-	}
+	s->wt.wake_fd = -1; /* made for its first waiter (sv_stream_wake_fd) */
 	sv_lock_init(&s->lock, SV_RANK_STREAM);
 	atomic_init(&s->refs, 1);
 	s->fd = fd;

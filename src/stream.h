@@ -89,9 +89,13 @@ short sv_stream_poll_recheck(struct sv_stream *s, short events, short rev);
 void sv_stream_poll_waits(struct sv_stream *s);
 /* Before sleeping in poll(): arm, and add the fds whose readiness means the
  * stream may have changed (at most 3). Sets *again when it changed already
- * since `gen`. Every call is paired with sv_stream_poll_done after the
+ * since `gen`, and *tick_ms when none of them can tell a change (no
+ * wake-up fd could be made): the poll must then look again within that
+ * many milliseconds. Every call is paired with sv_stream_poll_done after the
  * sleep. */
-int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, uint64_t gen);
+int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, int *tick_ms,
+			   uint64_t gen);
+#define SV_POLL_TICK_MS 10
 void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n);
 /* Adaptive spin: how long a wait on s polls before it sleeps (0: sleep at
  * once), and the length of a wait that ended with something for it. */

@@ -7,32 +7,21 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "ownfd.h"
 #include "real.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 
 /* How long a closed connection may take to deliver its last bytes. */
 #define SV_LINGER_US (30u * 1000000u)
 
-/* A descriptor number far from the ones the application uses. */
-static int high_fd_base(void)
-{
-	struct rlimit rl;
-	int base = 1000;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-	    (rlim_t)base >= rl.rlim_cur)
-		base = (int)(rl.rlim_cur > 64 ? rl.rlim_cur - 64 : 3);
-	return base;
-}
-
 /* The stream's own copy of its socket: the application may close any of
  * its fds, or its only one, while the connection lives on. */
 static int keep_private(struct sv_stream *s)
 {
-	int keep = SV_REAL(fcntl)(s->fd, F_DUPFD_CLOEXEC, high_fd_base());
+	int keep = SV_REAL(fcntl)(s->fd, F_DUPFD_CLOEXEC, sv_ownfd_base());
 	if (keep < 0)
 		return -errno;
 	s->fd = keep;

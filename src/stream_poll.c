@@ -114,7 +114,8 @@ short sv_stream_poll_recheck(struct sv_stream *s, short events, short rev)
 	return rev;
 }
 
-int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, uint64_t gen)
+int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, int *tick_ms,
+			   uint64_t gen)
 {
 	int n = 0;
 	sv_lock(&s->lock);
@@ -133,7 +134,11 @@ int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again,
 			*again = true;
 		out[n++] = (struct pollfd){.fd = sv_qp_fd(s->qp), .events = POLLIN};
 	}
-	out[n++] = (struct pollfd){.fd = s->wt.wake_fd, .events = POLLIN};
+	int w = sv_stream_wake_fd(s);
+	if (w >= 0)
+		out[n++] = (struct pollfd){.fd = w, .events = POLLIN};
+	else
+		*tick_ms = SV_POLL_TICK_MS;
 	/* A pending switch still reads TCP (its bytes up to the switch point,
 	 * then the echo): TCP's readiness may change what we answer. */
 	if (s->proto && !sv_proto_rx_on_qp(s->proto) &&
@@ -161,6 +166,7 @@ void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n)
 			sv_qp_drain_events(s->qp);
 		}
 	}
+	sv_stream_wake_fd_trim(s);
 	sv_unlock(&s->lock);
 }
 

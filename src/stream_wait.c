@@ -4,6 +4,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "ownfd.h"
 #include "real.h"
 #include "spin.h"
 
@@ -11,14 +12,34 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 
 void sv_stream_wake(struct sv_stream *s)
 {
 	s->wt.wake_gen++; /* a poll between its judgement and its sleep sees it */
-	if (s->wt.waiters) {
+	if (s->wt.waiters && s->wt.wake_fd >= 0) {
 		uint64_t one = 1;
 		ssize_t r = SV_REAL(write)(s->wt.wake_fd, &one, sizeof(one));
 		(void)r; /* EAGAIN means it is signalled already */
+	}
+	sv_stream_wake_fd_trim(s);
+}
+
+int sv_stream_wake_fd(struct sv_stream *s)
+{
+	if (s->wt.wake_fd < 0) {
+		int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (fd >= 0)
+			s->wt.wake_fd = sv_ownfd_move(fd);
+	}
+	return s->wt.wake_fd;
+}
+
+void sv_stream_wake_fd_trim(struct sv_stream *s)
+{
+	if (s->wt.wake_fd >= 0 && !s->wt.waiters && sv_stream_tcp_for_good(s)) {
+		SV_REAL(close)(s->wt.wake_fd);
+		s->wt.wake_fd = -1;
 	}
 }
 
@@ -189,8 +210,12 @@ static void sleep_fds(struct sv_stream *s, short tcp_events, struct sleep_fds *f
 	}
 	if (tcp_events)
 		f->pfd[f->n++] = (struct pollfd){.fd = s->fd, .events = tcp_events};
-	f->wake = f->n;
-	f->pfd[f->n++] = (struct pollfd){.fd = s->wt.wake_fd, .events = POLLIN};
+	f->wake = -1;
+	int w = sv_stream_wake_fd(s);
+	if (w >= 0) {
+		f->wake = f->n;
+		f->pfd[f->n++] = (struct pollfd){.fd = w, .events = POLLIN};
+	}
 }
 
 /* Sleep in the kernel, the lock let go. 0 (woken or timed out) or -errno. */
@@ -201,6 +226,8 @@ static int sleep_in_kernel(struct sv_stream *s, struct sleep_fds *f, uint64_t de
 	int timeout = -1;
 	if (deadline)
 		timeout = deadline > now ? (int)((deadline - now + 999) / 1000) : 0;
+	if (f->wake < 0 && (timeout < 0 || timeout > SV_WAKE_TICK_MS))
+		timeout = SV_WAKE_TICK_MS; /* nothing can wake us: look again soon */
 	s->wt.waiters++;
 	sv_unlock(&s->lock);
 	int r = SV_REAL(poll)(f->pfd, (nfds_t)f->n, timeout);
@@ -213,12 +240,13 @@ static int sleep_in_kernel(struct sv_stream *s, struct sleep_fds *f, uint64_t de
 	if (r < 0)
 		return -err;
 	bool chan = f->chan >= 0 && (f->pfd[f->chan].revents & POLLIN);
-	bool kick = (f->pfd[f->wake].revents & POLLIN) != 0;
+	bool kick = f->wake >= 0 && (f->pfd[f->wake].revents & POLLIN);
 	if (kick && s->wt.waiters == 0) {
 		uint64_t v;
 		ssize_t rr = SV_REAL(read)(s->wt.wake_fd, &v, sizeof(v));
 		(void)rr;
 	}
+	sv_stream_wake_fd_trim(s);
 	sv_stream_count_sleep(s, now, clk->us, r == 0, chan, kick);
 	if (chan && s->qp)
 		sv_qp_drain_events(s->qp);

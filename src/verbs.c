@@ -15,6 +15,7 @@
 
 #include "lock.h"
 #include "log.h"
+#include "ownfd.h"
 #include "pinned.h"
 #include "qp.h"
 #include "regcache.h"
@@ -534,6 +535,7 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 		sv_err("verbs: ibv_create_comp_channel: %s", strerror(-r));
 		goto destroy_partial;
 	}
+	v->chan->fd = sv_ownfd_move(v->chan->fd); /* libibverbs reads and closes it by this field */
 	r = set_fd_flags(v->chan->fd);
 	if (r) {
 		sv_err("verbs: completion channel fd flags: %s", strerror(-r));

@@ -36,8 +36,25 @@ as_nobody redis-cli -h "$IP" -p $PORT ping 2>"$WORK/ping.err" | grep -q PONG || 
 p0=$(rxe_pkts) b0=$(cat "/sys/class/infiniband/$DEV/ports/1/counters/port_xmit_data" 2>/dev/null || echo 0)
 l0=$(lo_bytes)
 note "$CLIENTS clients, $REQUESTS SET and $REQUESTS GET of 1 KiB"
+rpid=$(ss -ltnpH "sport = :$PORT" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
+[ -n "$rpid" ] || fail "no pid for redis-server"
+fds0=$(ls /proc/$rpid/fd | wc -l)
+# The server's descriptors while the clients are connected (a count, for
+# the report): sampled with the number of clients redis counts then.
+(
+	while kill -0 $rpid 2>/dev/null; do
+		n=$(ls /proc/$rpid/fd 2>/dev/null | wc -l)
+		c=$(redis-cli -h "$IP" -p $PORT info clients 2>/dev/null |
+			sed -n 's/^connected_clients:\([0-9]*\).*/\1/p')
+		echo "${c:-0} $n"
+		sleep 0.5
+	done
+) >"$WORK/fds" 2>/dev/null &
+sampler=$!
 as_nobody timeout 900 redis-benchmark -h "$IP" -p $PORT -c "$CLIENTS" -n "$REQUESTS" -d 1024 \
 	-t set,get -q >"$WORK/bench.out" 2>"$WORK/bench.err" || fail "redis-benchmark failed"
+kill $sampler 2>/dev/null || true
+wait $sampler 2>/dev/null || true
 l1=$(lo_bytes)
 p1=$(rxe_pkts)
 tr '\r' '\n' <"$WORK/bench.out" | grep -E "^(SET|GET):" | tail -2
@@ -64,6 +81,13 @@ echo "redis: server connections on RDMA at close: $on of $conns"
 echo "redis: requests over RDMA $rdma_in bytes, over TCP $tcp_in;" \
 	"answers over RDMA $rdma_out, over TCP $tcp_out"
 echo "redis: rxe packets +$((p1 - p0)), loopback bytes +$((l1 - l0))"
+# The sample with the most clients (the sampler's own plain client among
+# them): each connection's descriptors beyond the server's before the run.
+last=$(sort -n "$WORK/fds" | tail -1)
+nc=${last% *} nf=${last#* }
+[ "${nc:-0}" -gt 1 ] || fail "no sample of the server's descriptors with clients connected"
+echo "redis: server fds: $fds0 before the run, $nf with $nc clients connected:" \
+	"$(awk -v a="$fds0" -v b="$nf" -v c="$nc" 'BEGIN {printf "%.2f", (b - a) / c}') per connection"
 [ "$rdma_in" -gt 0 ] || fail "no request over RDMA"
 [ $((rdma_in * 100)) -ge $(((rdma_in + tcp_in) * 90)) ] ||
 	fail "requests: $((rdma_in * 100 / (rdma_in + tcp_in)))% over RDMA, want 90%"

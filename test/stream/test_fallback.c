@@ -7,7 +7,9 @@
 #include "pinned.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -146,4 +148,63 @@ Test(fallback, past_the_locked_memory_budget)
 	h_pair_rdma(&c);
 	h_pair_free(&b);
 	h_pair_free(&c);
+}
+
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	cr_assert_not_null(d);
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n - 1; /* the directory's own */
+}
+
+struct reader {
+	struct sv_stream *s;
+	uint8_t in[100];
+	size_t got;
+};
+
+static void *read_100(void *arg)
+{
+	struct reader *r = arg;
+	long end;
+	r->got = h_read_all(r->s, r->in, sizeof(r->in), &end);
+	return NULL;
+}
+
+/* libsovia's wake-up eventfd is made for a stream's first waiter and given
+ * back when the stream is plain TCP for good: a connection that stays on
+ * TCP keeps no descriptor of ours (a server under `ulimit -n` accepts as
+ * many as without libsovia). Here a reader sleeps on the server while it
+ * still waits for an upgrade request that never comes (no RDMA route). */
+Test(fallback, a_plain_connection_keeps_no_descriptor_of_ours)
+{
+	sv_cfg.upgrade_timeout_ms = 1500;
+	fake_net_no_route(true);
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	int base = open_fds();
+	struct reader r = {.s = p.s};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, read_100, &r), 0);
+	uint64_t until = h_ms() + 10000;
+	while (open_fds() == base && h_state(p.s) != SV_CONN_FALLBACK && h_ms() < until)
+		usleep(1000);
+	bool slept_with_one = open_fds() == base + 1;
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	cr_assert_eq(h_fallback(p.s), SV_FB_TIMEOUT);
+	uint8_t out[100];
+	h_pattern(out, sizeof(out), 31, 0);
+	cr_assert_eq(h_write_all(p.c, out, sizeof(out)), (long)sizeof(out));
+	pthread_join(t, NULL);
+	cr_assert_eq(r.got, sizeof(r.in));
+	cr_assert(h_pattern_ok(r.in, sizeof(r.in), 31, 0));
+	cr_assert(slept_with_one, "the sleeping reader had no wake-up fd of its own");
+	cr_assert_eq(open_fds(), base, "%d fds of libsovia's stayed", open_fds() - base);
+	h_pair_free(&p);
 }
