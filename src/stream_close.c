@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <sys/socket.h>
 
 /* How long a closed connection may take to deliver its last bytes. */
@@ -64,6 +65,27 @@ static int close_now(struct sv_stream *s, int r)
 	return r;
 }
 
+/* How long a close that cannot linger apart may take (linger_in_place). */
+#define SV_LINGER_IN_PLACE_US 2000000u
+
+/* No descriptor was free for the connection's own copy (EMFILE): the
+ * application's number cannot be given back while the connection lives on
+ * it, and close() must not fail for that. Finish here, as a close with
+ * SO_LINGER does: what is owed and the FIN go within 2 s, then the socket
+ * is closed (with a reset if they could not). Under the lock. */
+static void linger_in_place(struct sv_stream *s)
+{
+	struct sv_clock clk = SV_CLOCK_INIT;
+	s->cl.linger_deadline_us = sv_clock_now(&clk) + SV_LINGER_IN_PLACE_US;
+	bool done = false;
+	for (;;) {
+		uint64_t next = sv_stream_linger(s, sv_clock_update(&clk), &done);
+		if (done)
+			break;
+		sv_stream_wait(s, &clk, 0, next, 0);
+	}
+}
+
 int sv_stream_close(struct sv_stream *s, int appfd)
 {
 	sv_lock(&s->lock);
@@ -85,11 +107,14 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 		int fd = s->fd;
 		int k = keep_private(s);
 		if (k < 0) {
-			r = k;
-			sv_warn("fd %d: cannot keep the connection for a lingering close (%d)", fd, r);
-		} else if (SV_REAL(close)(fd) < 0) {
-			r = -errno;
+			sv_info("fd %d: no descriptor for a lingering close (%s): finishing it now",
+				fd, strerror(-k));
+			linger_in_place(s);
+			sv_unlock(&s->lock);
+			return r;
 		}
+		if (SV_REAL(close)(fd) < 0)
+			r = -errno;
 	}
 	if (s->state == SV_CONN_SWITCHING)
 		sv_info("fd %d: closed while switching to RDMA: the switch finishes first", appfd);

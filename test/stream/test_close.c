@@ -4,7 +4,10 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,5 +71,45 @@ Test(close, returns_at_once)
 	cr_assert_eq(h_read_all(p.s, in, sent, &end), sent);
 	cr_assert_eq(h_read(p.s, in, 1, 0), 0);
 	free(in);
+	h_pair_free(&p);
+}
+
+/* No descriptor is free for the connection's own copy (EMFILE, every
+ * number up to RLIMIT_NOFILE taken): close() must still succeed, never
+ * fail with EMFILE, and the queued bytes and the end still arrive. It then
+ * finishes in place, within a bound, as a close with SO_LINGER would. */
+Test(close, without_a_free_descriptor_finishes_in_place)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	enum { N = 20000, FILL = 100 };
+	uint8_t *buf = malloc(N);
+	h_pattern(buf, N, 21, 0);
+	cr_assert_eq(h_write_all(p.c, buf, N), N);
+	int fill[FILL], top = -1;
+	for (int i = 0; i < FILL; i++) {
+		fill[i] = dup(0);
+		cr_assert_geq(fill[i], 0);
+		top = fill[i] > top ? fill[i] : top;
+	}
+	struct rlimit was, low;
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &was), 0);
+	low = was;
+	low.rlim_cur = (rlim_t)top + 1;
+	cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+	cr_assert_eq(fcntl(p.cfd, F_DUPFD_CLOEXEC, 0), -1, "a descriptor was still free");
+	int r = sv_stream_close(p.c, p.cfd);
+	int err = errno;
+	cr_assert_eq(setrlimit(RLIMIT_NOFILE, &was), 0);
+	for (int i = 0; i < FILL; i++)
+		close(fill[i]);
+	cr_assert_eq(r, 0, "close gave %d (errno %d)", r, err);
+	long end;
+	memset(buf, 0, N);
+	size_t got = h_read_all(p.s, buf, N, &end);
+	cr_assert_eq(got, N);
+	cr_assert(h_pattern_ok(buf, N, 21, 0));
+	cr_assert_eq(h_read(p.s, buf, 1, 0), 0, "EOF after the last byte");
+	free(buf);
 	h_pair_free(&p);
 }
