@@ -77,6 +77,10 @@ struct sv_verbs {
 	uint32_t max_inline; /* what the QP got, 0 if none */
 	struct sv_zc *zc;    /* per send slot */
 	unsigned int unacked; /* channel events taken, not yet acknowledged */
+	/* A notification is requested and its event not taken yet: arming
+	 * again would only cost a system call (a write for rxe), once per
+	 * connection for every poll or epoll_wait that sleeps. */
+	bool armed;
 };
 
 static const struct sv_qp_ops qp_ops;
@@ -679,12 +683,15 @@ int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, struct sv_clock *clk)
 
 int sv_verbs_arm(struct sv_verbs *v)
 {
+	if (v->armed)
+		return 0; /* its event, when it comes, makes the channel readable */
 	int r = ibv_req_notify_cq(v->cq, 0);
 	if (r) {
 		r = neg_err(r);
 		sv_dbg("verbs: ibv_req_notify_cq: %s", strerror(-r));
 		return r;
 	}
+	v->armed = true;
 	return 0;
 }
 
@@ -699,6 +706,7 @@ void sv_verbs_drain_events(struct sv_verbs *v)
 	void *cq_ctx;
 	/* The fd is non-blocking: EAGAIN ends the loop when none is left. */
 	while (ibv_get_cq_event(v->chan, &cq, &cq_ctx) == 0) {
+		v->armed = false; /* the notification is spent */
 		if (++v->unacked >= SV_EVENT_ACK_BATCH) {
 			ibv_ack_cq_events(v->cq, v->unacked);
 			v->unacked = 0;
