@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# How an epoll server scales with its clients, in one run of the soft-RoCE
+# test bed: redis-server and redis-benchmark (root, 1 KiB GET, keep-alive)
+# with 8 clients, then 400, over kernel TCP and over libsovia (both ends
+# preloaded, hosts that talked once). Printed per variant: requests/s for
+# each client count, the ratio 400/8 (the target is >= 0.8x for libsovia),
+# and for libsovia the server's connections on RDMA. Under emulation only
+# the ratios within this run mean anything.
+#
+#   test/bed/sovia-bed -- bench/redis_scale.sh BUILD_DIR [REQUESTS]
+#
+# SOVIA_BENCH_VARIANTS picks the variants (default "tcp libsovia").
+set -uo pipefail
+BUILD=${1:?usage: $0 BUILD_DIR [REQUESTS]}
+REQ=${2:-20000}
+IP=${SOVIA_BED_IP:?run me in the test bed: test/bed/sovia-bed -- $0 ...}
+LIB=$BUILD/preload/libsovia.so
+WORK=$(mktemp -d /dev/shm/sovia-rscale.XXXXXX)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$WORK"' EXIT
+PORT=6400
+# Descriptors: SOVIA_BENCH_NOFILE (default 65536) for every process here.
+ulimit -n "${SOVIA_BENCH_NOFILE:-65536}" || exit 1
+rps() { tr '\r' '\n' <"$1" | sed -n 's/^GET: \([0-9.]*\) requests per second.*/\1/p' | tail -1; }
+for variant in ${SOVIA_BENCH_VARIANTS:-tcp libsovia}; do
+	PORT=$((PORT + 1))
+	pre=""
+	[ $variant = libsovia ] && pre=$LIB
+	env LD_PRELOAD="$pre" SOVIA_STATS=1 redis-server --port $PORT --bind "$IP" \
+		--protected-mode no --save '' --appendonly no --dir "$WORK" --maxclients 1000 \
+		--loglevel warning >/dev/null 2>"$WORK/$variant.srv" &
+	srv=$!
+	for _ in $(seq 100); do ss -ltn "sport = :$PORT" | grep -q LISTEN && break; sleep 0.1; done
+	env LD_PRELOAD="$pre" redis-cli -h "$IP" -p $PORT set key:__rand_int__ x >/dev/null 2>&1
+	env LD_PRELOAD="$pre" redis-benchmark -h "$IP" -p $PORT -c 8 -n 2000 -d 1024 -t set \
+		-q >/dev/null 2>&1 # the keys, and a first contact
+	declare -A R
+	for c in 8 400; do
+		env LD_PRELOAD="$pre" redis-benchmark -h "$IP" -p $PORT -c $c -n "$REQ" -d 1024 \
+			-t get -q >"$WORK/$variant.$c" 2>"$WORK/$variant.$c.err"
+		R[$c]=$(rps "$WORK/$variant.$c")
+		echo "redis_scale $variant: $c clients: ${R[$c]:-no result} GET/s ($(date +%T))"
+	done
+	env LD_PRELOAD="" redis-cli -h "$IP" -p $PORT shutdown nosave >/dev/null 2>&1
+	wait $srv 2>/dev/null
+	ratio=$(awk -v a="${R[8]:-0}" -v b="${R[400]:-0}" 'BEGIN {if (a > 0) printf "%.2f", b / a; else print "-"}')
+	extra=""
+	if [ $variant = libsovia ]; then
+		on=$(grep -c "libsovia stats.* server state=rdma" "$WORK/$variant.srv")
+		all=$(grep -c "libsovia stats.* server " "$WORK/$variant.srv")
+		extra="; server connections on RDMA: $on of $all"
+	fi
+	echo "redis_scale $variant: GET/s 8 clients ${R[8]:-none}, 400 clients ${R[400]:-none}: ratio ${ratio}x$extra"
+done
