@@ -74,8 +74,14 @@ in_ftpd_ns() {
 		exec env LD_PRELOAD="$lib" "$@"' sh "$WORK" "$LIB" "$@"
 }
 
-# The statistics lines of the data connections (not the control port's).
-data_lines() { { grep -h "libsovia stats" "$@" || true; } | { grep -v ":$CTRL " || true; }; }
+# The statistics lines of the data connections (not the control port's):
+# by the two addresses' ports (the 4th and 6th fields), since a counter
+# such as "timeout:21 " further on must not hide a line.
+data_lines() {
+	{ grep -h "libsovia stats" "$@" || true; } |
+		awk -v p=":$CTRL" 'function is_ctrl(a) { return substr(a, length(a) - length(p) + 1) == p }
+			!is_ctrl($4) && !is_ctrl($6)'
+}
 dstat() { # $1: field, $2...: files; summed over the data connections
 	local f=$1
 	shift
