@@ -34,12 +34,15 @@
  *   sovia-semantics -E PORT / -e HOST PORT: an end by _exit. The client
  *   writes 1 MiB and a small tail, closes and calls _exit at once, as
  *   ftpd ends a session; the server reads to the end and checks that every
- *   byte arrived, in order. */
+ *   byte arrived, in order. Between the bulk and the tail, a child made by
+ *   clone() with the client's memory (a hand-made vfork) calls _exit: it
+ *   must leave the client's connection alone. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -51,6 +54,7 @@
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -403,6 +407,14 @@ static char exit_byte(size_t i)
 #define EXIT_BULK (1u << 20)
 #define EXIT_TAIL 100u
 
+static char child_stack[1 << 16];
+
+static int shared_child(void *arg)
+{
+	(void)arg;
+	_exit(0);
+}
+
 static void exit_writer(int fd)
 {
 	static char buf[8192];
@@ -411,6 +423,11 @@ static void exit_writer(int fd)
 		size_t n = off < EXIT_BULK ? sizeof(buf) : EXIT_TAIL;
 		for (size_t i = 0; i < n; i++)
 			buf[i] = exit_byte(off + i);
+		if (off == EXIT_BULK) {
+			pid_t pid = clone(shared_child, child_stack + sizeof(child_stack),
+					  CLONE_VM | CLONE_VFORK | SIGCHLD, NULL);
+			CHECK(pid > 0 && waitpid(pid, NULL, 0) == pid, "clone");
+		}
 		send_all(fd, buf, n);
 		off += n;
 	}

@@ -20,6 +20,16 @@ atomic_bool sv_initialised;
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/* The process whose connections these are: a child made by clone() with
+ * shared memory (a hand-made vfork) that calls _exit must not flush them. */
+static atomic_int owner_pid;
+
+static void atfork_child(void)
+{
+	atomic_store(&owner_pid, (int)getpid());
+	sv_ops_atfork_child();
+}
+
 static void init_once_fn(void)
 {
 	sv_real_resolve();
@@ -33,7 +43,8 @@ static void init_once_fn(void)
 	}
 	if (sv_cfg.disable)
 		sv_info("SOVIA_DISABLE is set: all sockets stay on the kernel");
-	pthread_atfork(NULL, NULL, sv_ops_atfork_child);
+	atomic_store(&owner_pid, (int)getpid());
+	pthread_atfork(NULL, NULL, atfork_child);
 	atomic_store_explicit(&sv_initialised, true, memory_order_release);
 }
 
@@ -61,19 +72,25 @@ __attribute__((destructor)) static void sv_preload_dtor(void)
  * (with TCP the kernel would deliver them after the exit), and a connection
  * still open owes its coalesced bytes. ftpd, for one, ends each session
  * with _exit right after its last transfer. The same bounded flush as at
- * exit(); skipped when a signal handler interrupted libsovia's own code. */
+ * exit(); skipped when a signal handler interrupted libsovia's own code,
+ * and in a child that shares the parent's memory without our fork. */
+static void quick_exit_flush(void)
+{
+	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside &&
+	    atomic_load(&owner_pid) == (int)getpid())
+		sv_on_exit();
+}
+
 SV_EXPORT _Noreturn void _exit(int status)
 {
-	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside)
-		sv_on_exit();
+	quick_exit_flush();
 	SV_REAL(_exit)(status);
 	__builtin_unreachable();
 }
 
 SV_EXPORT _Noreturn void _Exit(int status)
 {
-	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside)
-		sv_on_exit();
+	quick_exit_flush();
 	SV_REAL(_Exit)(status);
 	__builtin_unreachable();
 }

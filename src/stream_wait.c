@@ -27,6 +27,7 @@ void sv_stream_wake(struct sv_stream *s)
 
 int sv_stream_wake_fd(struct sv_stream *s)
 {
+	sv_lock_assert_held(&s->lock);
 	if (s->wt.wake_fd < 0) {
 		int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 		if (fd >= 0)
@@ -37,6 +38,7 @@ int sv_stream_wake_fd(struct sv_stream *s)
 
 void sv_stream_wake_fd_trim(struct sv_stream *s)
 {
+	sv_lock_assert_held(&s->lock);
 	if (s->wt.wake_fd >= 0 && !s->wt.waiters && sv_stream_tcp_for_good(s)) {
 		SV_REAL(close)(s->wt.wake_fd);
 		s->wt.wake_fd = -1;
