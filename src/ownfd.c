@@ -16,6 +16,14 @@ int sv_ownfd_base(void)
 	return base;
 }
 
+int sv_ownfd_dup(int fd)
+{
+	int c = SV_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, sv_ownfd_base());
+	if (c < 0)
+		c = SV_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, 0);
+	return c < 0 ? -errno : c;
+}
+
 int sv_ownfd_move(int fd)
 {
 	int base = sv_ownfd_base();

@@ -9,6 +9,10 @@
  * RLIMIT_NOFILE when that is lower. */
 int sv_ownfd_base(void);
 
+/* A close-on-exec copy of fd at or above sv_ownfd_base(), or at any free
+ * number when none is free up there. The copy or -errno. */
+int sv_ownfd_dup(int fd);
+
 /* Move fd (libsovia's, not the application's) to a number at or above
  * sv_ownfd_base(), close-on-exec. Returns the new number, or fd itself
  * (unmoved, still valid) when no such number is free. */

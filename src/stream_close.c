@@ -22,9 +22,9 @@
  * its fds, or its only one, while the connection lives on. */
 static int keep_private(struct sv_stream *s)
 {
-	int keep = SV_REAL(fcntl)(s->fd, F_DUPFD_CLOEXEC, sv_ownfd_base());
+	int keep = sv_ownfd_dup(s->fd);
 	if (keep < 0)
-		return -errno;
+		return keep;
 	s->fd = keep;
 	s->fd_private = true;
 	return 0;

@@ -242,9 +242,8 @@ void sv_stream_wake(struct sv_stream *s);
  * lock), made at the first need: a connection nobody waits on inside
  * libsovia (an epoll server's once it is plain TCP) costs no descriptor.
  * -1 when none can be made (EMFILE): that waiter then looks again every
- * SV_WAKE_TICK_MS. */
+ * SV_POLL_TICK_MS. */
 int sv_stream_wake_fd(struct sv_stream *s);
-#define SV_WAKE_TICK_MS SV_POLL_TICK_MS
 /* Give the eventfd back once nobody waits and the stream is plain TCP for
  * good (under the lock). */
 void sv_stream_wake_fd_trim(struct sv_stream *s);

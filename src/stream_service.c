@@ -101,12 +101,10 @@ static void idle_watch(struct sv_stream *s, struct sv_service *sv, struct sv_clo
 		/* The copy keeps the helper's epoll registration tied to the
 		 * channel it armed, even if the stream's descriptor is closed
 		 * and its number reused meanwhile. */
-		int copy = SV_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, sv_ownfd_base());
-		if (copy < 0) /* none free up there */
-			copy = SV_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, 0);
+		int copy = sv_ownfd_dup(fd);
 		if (copy < 0) {
 			sv_dbg("fd %d: helper: no copy of the completion channel: %s", s->fd,
-			       strerror(errno));
+			       strerror(-copy));
 			return; /* the helper keeps looking by the clock */
 		}
 		sv->chan = copy;

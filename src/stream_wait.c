@@ -228,8 +228,8 @@ static int sleep_in_kernel(struct sv_stream *s, struct sleep_fds *f, uint64_t de
 	int timeout = -1;
 	if (deadline)
 		timeout = deadline > now ? (int)((deadline - now + 999) / 1000) : 0;
-	if (f->wake < 0 && (timeout < 0 || timeout > SV_WAKE_TICK_MS))
-		timeout = SV_WAKE_TICK_MS; /* nothing can wake us: look again soon */
+	if (f->wake < 0 && (timeout < 0 || timeout > SV_POLL_TICK_MS))
+		timeout = SV_POLL_TICK_MS; /* nothing can wake us: look again soon */
 	s->wt.waiters++;
 	sv_unlock(&s->lock);
 	int r = SV_REAL(poll)(f->pfd, (nfds_t)f->n, timeout);
