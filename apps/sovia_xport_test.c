@@ -29,6 +29,7 @@
 #include "config.h"
 #include "log.h"
 #include "proto.h"
+#include "hub.h"
 #include "verbs.h"
 
 #include <errno.h>
@@ -601,15 +602,18 @@ static int wait_more(struct conn *c)
 		wait = dl <= now ? 0 : (dl - now < wait ? dl - now : wait);
 	struct timespec ts = {.tv_sec = (time_t)(wait / 1000000u),
 			      .tv_nsec = (long)(wait % 1000000u) * 1000};
-	struct pollfd pfd[2] = {
-		{.fd = sv_verbs_fd(c->v), .events = POLLIN},
-		{.fd = c->ech->fd, .events = POLLIN},
-	};
-	if (ppoll(pfd, 2, &ts, NULL) < 0 && errno != EINTR)
-		return -errno;
+	/* The device's completion channel is the hub's (src/hub.h): the
+	 * only sleeper here, this thread leads and polls it. */
+	struct sv_hub_sleeper sl;
+	sv_hub_sleep_begin(&sl, -1);
+	struct pollfd pfd[1 + SV_HUB_MAX_CHANS] = {{.fd = c->ech->fd, .events = POLLIN}};
+	int nhub = sv_hub_sleep_fds(&sl, &pfd[1]);
+	int pr = ppoll(pfd, (nfds_t)(1 + nhub), &ts, NULL);
+	int err = errno;
+	sv_hub_sleep_end(&sl, &pfd[1], nhub);
+	if (pr < 0 && err != EINTR)
+		return -err;
 	if (pfd[0].revents)
-		sv_verbs_drain_events(c->v);
-	if (pfd[1].revents)
 		cm_poll_events(c);
 	n = pump(c);
 	return n < 0 ? n : 0;

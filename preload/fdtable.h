@@ -20,6 +20,8 @@
 struct sv_fd;
 struct pollfd;
 struct sv_marks;
+struct sv_hub_watch;
+struct sv_hub_node;
 
 /* Readiness of an fd whose data libsovia may hold: poll, select and epoll
  * ask it instead of (or besides) the kernel. Each op is the stream's of the
@@ -28,9 +30,12 @@ struct sv_fd_wait_ops {
 	void (*split)(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen);
 	short (*recheck)(struct sv_fd *f, short events, short rev);
 	void (*waits)(struct sv_fd *f);
-	int (*sources)(struct sv_fd *f, struct pollfd *out, bool *again, int *tick_ms,
+	int (*sources)(struct sv_fd *f, struct sv_hub_watch *w, struct pollfd *out, bool *again,
 		       uint64_t gen);
-	void (*done)(struct sv_fd *f, const struct pollfd *src, int n);
+	void (*done)(struct sv_fd *f, struct sv_hub_watch *w);
+	bool (*arm)(struct sv_fd *f, uint64_t gen, short *tcp_events);
+	/* Where watches attach to learn of the stream's changes (hub.h). */
+	struct sv_hub_node *(*node)(struct sv_fd *f);
 	uint32_t (*spin_us)(struct sv_fd *f);
 	void (*waited)(struct sv_fd *f, uint64_t us);
 	void (*marks)(struct sv_fd *f, struct sv_marks *m);

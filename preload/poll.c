@@ -7,6 +7,7 @@
  * channel and wake eventfd; after a wake the streams are judged again. */
 #include "clock.h"
 #include "guard.h"
+#include "hub.h"
 #include "preload.h"
 #include "real.h"
 #include "wait.h"
@@ -43,19 +44,23 @@ struct mixed_ent {
 	struct sv_fd *f; /* libsovia answers for it (a reference), or NULL */
 	short own;       /* the events libsovia found ready */
 	uint64_t gen;    /* the state libsovia judged */
-	int start, cnt;  /* its sleep sources in k[] */
+	bool watching;   /* w is attached to its stream for this sleep */
+	struct sv_hub_watch w;
 };
 
 /* One call of sv_poll_mixed: the application's fds, what libsovia knows
  * of each, and the kernel's poll set: the application's fds with the
- * events the kernel answers, then the streams' sleep sources. One
- * allocation holds both arrays. */
+ * events the kernel answers, then the streams' sleep sources (at most one
+ * each), then the hub's (the thread's eventfd, the channels it leads).
+ * One allocation holds both arrays. */
 struct mixed {
 	struct pollfd *fds;
 	nfds_t n;
 	struct mixed_ent *e;
 	struct pollfd *k;
 	nfds_t nk;
+	struct sv_hub_sleeper sl;
+	int hub_at, nhub; /* the hub's fds in k[] (nhub 0: not asleep) */
 };
 
 static void mixed_free(struct mixed *m)
@@ -68,7 +73,7 @@ static void mixed_free(struct mixed *m)
 static int mixed_init(struct mixed *m, struct pollfd *fds, nfds_t n)
 {
 	*m = (struct mixed){.fds = fds, .n = n};
-	m->e = calloc(1, n * sizeof(*m->e) + (n * 4 + 1) * sizeof(*m->k));
+	m->e = calloc(1, n * sizeof(*m->e) + (n * 2 + 1 + SV_HUB_MAX_CHANS) * sizeof(*m->k));
 	if (!m->e)
 		return -ENOMEM;
 	m->k = (struct pollfd *)(m->e + n);
@@ -102,21 +107,40 @@ static int judge(struct mixed *m)
 	return ready;
 }
 
-/* Add the streams' sleep sources after the application's fds (none when
- * the poll will not sleep). Sets *again when one changed since it was
- * judged, and *tick_ms when one cannot wake the poll (look again then). */
-static void add_sources(struct mixed *m, bool sleeps, bool *again, int *tick_ms)
+/* Before a sleep: begin it in the hub, watch every stream (a change
+ * kicks this thread) and add their sleep sources and the hub's fds after
+ * the application's. Sets *again when a stream changed since it was
+ * judged, and *tick_ms when nothing can wake the poll (look again then). */
+static void add_sources(struct mixed *m, bool *again, int *tick_ms)
 {
-	m->nk = m->n;
+	sv_hub_sleep_begin(&m->sl, sv_hub_thread_fd());
 	for (nfds_t i = 0; i < m->n; i++) {
 		struct mixed_ent *e = &m->e[i];
-		e->cnt = 0;
-		if (!e->f || !sleeps)
+		if (!e->f)
 			continue;
-		e->start = (int)m->nk;
-		e->cnt = e->f->ops->wait->sources(e->f, &m->k[m->nk], again, tick_ms, e->gen);
-		m->nk += (nfds_t)e->cnt;
+		e->w = (struct sv_hub_watch){.fn = sv_hub_kick_fn, .arg = &m->sl};
+		e->watching = true;
+		int c = e->f->ops->wait->sources(e->f, &e->w, &m->k[m->nk], again, e->gen);
+		m->nk += (nfds_t)c;
 	}
+	m->hub_at = (int)m->nk;
+	m->nhub = sv_hub_sleep_fds(&m->sl, &m->k[m->nk]);
+	m->nk += (nfds_t)m->nhub;
+	if (m->sl.efd < 0)
+		*tick_ms = SV_HUB_TICK_MS;
+}
+
+/* After the sleep: stop watching, end it in the hub. */
+static void end_sources(struct mixed *m)
+{
+	for (nfds_t i = 0; i < m->n; i++) {
+		struct mixed_ent *e = &m->e[i];
+		if (e->watching)
+			e->f->ops->wait->done(e->f, &e->w);
+		e->watching = false;
+	}
+	sv_hub_sleep_end(&m->sl, &m->k[m->hub_at], m->nhub);
+	m->nhub = 0;
 }
 
 /* Every fd's events after the kernel's poll. Returns how many have some. */
@@ -194,9 +218,11 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 				if (m.e[i].f)
 					m.e[i].f->ops->wait->waits(m.e[i].f);
 		}
-		bool again = false;
+		bool again = false, sleeps = !ready && !spinning;
 		int tick = 0;
-		add_sources(&m, !ready && !spinning, &again, &tick);
+		m.nk = n;
+		if (sleeps)
+			add_sources(&m, &again, &tick);
 		int t = -1;
 		if (ready || again || spinning) {
 			t = 0;
@@ -208,9 +234,8 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 			t = tick; /* a stream that cannot wake us */
 		int r = kernel_poll(&m, t, mask);
 		int err = errno;
-		for (nfds_t i = 0; i < n; i++)
-			if (m.e[i].cnt)
-				m.e[i].f->ops->wait->done(m.e[i].f, &m.k[m.e[i].start], m.e[i].cnt);
+		if (sleeps)
+			end_sources(&m);
 		if (r < 0) {
 			result = -err;
 			break;

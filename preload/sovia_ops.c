@@ -168,15 +168,25 @@ static void w_waits(struct sv_fd *f)
 	sv_stream_poll_waits(stream_of(f));
 }
 
-static int w_sources(struct sv_fd *f, struct pollfd *out, bool *again, int *tick_ms,
+static int w_sources(struct sv_fd *f, struct sv_hub_watch *w, struct pollfd *out, bool *again,
 		     uint64_t gen)
 {
-	return sv_stream_poll_sources(stream_of(f), out, again, tick_ms, gen);
+	return sv_stream_poll_sources(stream_of(f), w, out, again, gen);
 }
 
-static void w_done(struct sv_fd *f, const struct pollfd *src, int n)
+static void w_done(struct sv_fd *f, struct sv_hub_watch *w)
 {
-	sv_stream_poll_done(stream_of(f), src, n);
+	sv_stream_poll_done(stream_of(f), w);
+}
+
+static bool w_arm(struct sv_fd *f, uint64_t gen, short *tcp_events)
+{
+	return sv_stream_poll_arm(stream_of(f), gen, tcp_events);
+}
+
+static struct sv_hub_node *w_node(struct sv_fd *f)
+{
+	return sv_stream_hub_node(stream_of(f));
 }
 
 static uint32_t w_spin_us(struct sv_fd *f)
@@ -208,6 +218,8 @@ static const struct sv_fd_wait_ops stream_wait_ops = {
 	.waits = w_waits,
 	.sources = w_sources,
 	.done = w_done,
+	.arm = w_arm,
+	.node = w_node,
 	.spin_us = w_spin_us,
 	.waited = w_waited,
 	.marks = w_marks,

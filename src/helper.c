@@ -6,6 +6,7 @@
 #include "clock.h"
 #include "cm.h"
 #include "guard.h"
+#include "hub.h"
 #include "lock.h"
 #include "log.h"
 #include "ownfd.h"
@@ -19,7 +20,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 
 /* Work that needs rdma_cm, queued until the helper has it ready. */
@@ -40,8 +41,8 @@ static struct {
 	struct job *jobs;
 	pthread_t thread;
 	struct rdma_event_channel *ch;
-	int epfd, wakefd;
-	bool started; /* epfd and wakefd exist */
+	int wakefd;
+	bool started; /* wakefd exists */
 } h = {.once = PTHREAD_ONCE_INIT, .lock = SV_LOCK_INIT(SV_RANK_HELPER)};
 
 void sv_helper_wake(void)
@@ -86,8 +87,6 @@ static void init_rdma(void)
 	int fl = SV_REAL(fcntl)(h.ch->fd, F_GETFL);
 	SV_REAL(fcntl)(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
 	SV_REAL(fcntl)(h.ch->fd, F_SETFD, FD_CLOEXEC);
-	struct epoll_event e = {.events = EPOLLIN, .data.u64 = SV_EV_CM};
-	SV_REAL(epoll_ctl)(h.epfd, EPOLL_CTL_ADD, h.ch->fd, &e);
 	atomic_store(&h.rdma, 1);
 }
 
@@ -142,20 +141,39 @@ int sv_helper_when_ready(void (*fn)(void *arg, int rdma_err), void *arg)
 	return 0;
 }
 
-static void handle_events(const struct epoll_event *evs, int n)
+/* One sleep of the thread: on its wake fd, rdma_cm's channel and, while
+ * a watched stream's CQ is armed for it, the hub (whose kicks and whose
+ * watches' wake-ups come on the same wake fd). */
+static void sleep_once(int timeout, bool on_hub)
 {
-	for (int i = 0; i < n; i++) {
-		if (evs[i].data.u64 == SV_EV_WAKE) {
-			uint64_t v;
-			ssize_t r = SV_REAL(read)(h.wakefd, &v, sizeof(v));
-			(void)r;
-		} else if (evs[i].data.u64 == SV_EV_CM) {
-			if (h.ch)
-				sv_upgrade_events(h.ch);
-		} else {
-			sv_watch_fired(evs[i].data.ptr);
-		}
+	struct pollfd pfd[2 + SV_HUB_MAX_CHANS];
+	struct sv_hub_sleeper sl;
+	int n = 0, nhub = 0;
+	if (on_hub) {
+		sv_hub_sleep_begin(&sl, h.wakefd);
+		nhub = sv_hub_sleep_fds(&sl, pfd);
+		n = nhub;
+	} else {
+		pfd[n++] = (struct pollfd){.fd = h.wakefd, .events = POLLIN};
 	}
+	int cm = -1;
+	if (h.ch) {
+		cm = n;
+		pfd[n++] = (struct pollfd){.fd = h.ch->fd, .events = POLLIN};
+	}
+	int r = SV_REAL(poll)(pfd, (nfds_t)n, timeout);
+	if (on_hub)
+		sv_hub_sleep_end(&sl, pfd, nhub);
+	run_jobs();
+	if (r <= 0)
+		return;
+	if (pfd[0].revents & POLLIN) {
+		uint64_t v;
+		ssize_t rr = SV_REAL(read)(h.wakefd, &v, sizeof(v));
+		(void)rr;
+	}
+	if (cm >= 0 && (pfd[cm].revents & POLLIN))
+		sv_upgrade_events(h.ch);
 }
 
 static void *helper_main(void *arg)
@@ -170,7 +188,8 @@ static void *helper_main(void *arg)
 	run_jobs();
 	for (;;) {
 		uint64_t now = sv_now_us();
-		uint64_t next = sv_watch_service_all(now);
+		bool on_hub = false;
+		uint64_t next = sv_watch_service_all(now, &on_hub);
 		uint64_t up = sv_upgrade_timers(now);
 		if (up && (!next || up < next))
 			next = up;
@@ -179,10 +198,7 @@ static void *helper_main(void *arg)
 			now = sv_now_us();
 			timeout = next > now ? (int)((next - now + 999) / 1000) : 0;
 		}
-		struct epoll_event evs[16];
-		int n = SV_REAL(epoll_wait)(h.epfd, evs, 16, timeout);
-		run_jobs();
-		handle_events(evs, n);
+		sleep_once(timeout, on_hub);
 	}
 	return NULL;
 }
@@ -190,18 +206,14 @@ static void *helper_main(void *arg)
 static void start_once(void)
 {
 	sv_enter();
-	h.epfd = sv_ownfd_move(epoll_create1(EPOLL_CLOEXEC));
 	h.wakefd = sv_ownfd_move(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-	if (h.epfd < 0 || h.wakefd < 0) {
+	if (h.wakefd < 0) {
 		h.err = -errno;
 		goto out;
 	}
 	sv_lock(&h.lock);
 	h.started = true;
 	sv_unlock(&h.lock);
-	sv_watch_init(h.epfd);
-	struct epoll_event e = {.events = EPOLLIN, .data.u64 = SV_EV_WAKE};
-	SV_REAL(epoll_ctl)(h.epfd, EPOLL_CTL_ADD, h.wakefd, &e);
 
 	/* The helper must not take signals meant for the application. */
 	sigset_t all, old;
@@ -234,10 +246,8 @@ void sv_helper_atfork_child(void)
 	if (h.ch)
 		SV_REAL(close)(h.ch->fd);
 	sv_watch_atfork_child();
-	if (h.started) {
-		SV_REAL(close)(h.epfd);
+	if (h.started)
 		SV_REAL(close)(h.wakefd);
-	}
 	h.started = false;
 	sv_lock_reinit(&h.lock);
 	h.once = (pthread_once_t)PTHREAD_ONCE_INIT;
@@ -246,5 +256,5 @@ void sv_helper_atfork_child(void)
 	atomic_store(&h.creds_stale, false); /* nothing of RDMA is open here yet */
 	h.jobs = NULL;
 	h.ch = NULL;
-	h.epfd = h.wakefd = -1;
+	h.wakefd = -1;
 }

@@ -1,7 +1,7 @@
 /* The helper thread (SOVIA's connection and close thread): rdma_cm events
  * for upgrades and listeners, timers of connections nobody is calling
  * into, the TCP pump during a switch, and lingering closes. It sleeps in
- * epoll_wait when nothing needs it: no busy polling. */
+ * poll() when nothing needs it: no busy polling. */
 #ifndef SV_HELPER_H
 #define SV_HELPER_H
 

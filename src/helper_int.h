@@ -5,23 +5,16 @@
 
 #include "helper.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
-/* Wake the thread from its epoll_wait. */
+/* Wake the thread from its sleep. */
 void sv_helper_wake(void);
 
-/* helper_watch.c: the epoll set the thread sleeps in (channel copies join
- * it), set once the thread's fds exist. */
-void sv_watch_init(int epfd);
-/* Look at every watched stream that is due; drop those that are done.
- * Returns the next deadline (0 = none). */
-uint64_t sv_watch_service_all(uint64_t now);
-/* epoll said a watch's channel copy is readable (its epoll data). */
-void sv_watch_fired(void *watch);
-/* The fd table's epoll data of the thread's own fds; anything else is a
- * watch. */
-#define SV_EV_WAKE 1u
-#define SV_EV_CM 2u
+/* helper_watch.c: look at every watched stream that is due; drop those
+ * that are done. Returns the next deadline (0 = none); *on_hub when some
+ * stream's CQ is armed for the helper, which must then sleep on the hub. */
+uint64_t sv_watch_service_all(uint64_t now, bool *on_hub);
 /* In a fork's child: the parent's watches are the parent's. */
 void sv_watch_atfork_child(void);
 

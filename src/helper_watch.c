@@ -7,16 +7,13 @@
  * stream's (stream_service.c). */
 #include "helper_int.h"
 
+#include "hub.h"
 #include "lock.h"
 #include "log.h"
-#include "real.h"
 #include "stream.h"
 
-#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/epoll.h>
 
 /* The first look at a stream its active application drives comes after
  * SV_HELPER_LOOK_US; each look that finds it still active doubles the
@@ -30,21 +27,27 @@ struct sv_watch {
 	struct sv_watch *next;
 	uint64_t due;        /* idle watches: the next look (0 = none) */
 	bool idle;           /* looked at only when due, fired or kicked */
-	bool fired;          /* the channel copy woke the helper */
 	atomic_bool kick;    /* sv_helper_watch asked for a look now */
 	uint32_t look_us;    /* the interval while the application stays active;
 			      * 0 after it was found idle */
-	int chan, chan_of;   /* our copy of its completion channel, and what it copies */
-	bool chan_in_epoll;
+	/* On the stream's node (hub.h), attached at the first look. While
+	 * cq_armed, the stream's next change or completion sets `fired` and
+	 * wakes the helper (once per arming). */
+	struct sv_hub_watch hw;
+	atomic_bool cq_armed, fired;
 };
 
 static struct sv_lock watch_lock = SV_LOCK_INIT(SV_RANK_HELPER);
 static struct sv_watch *watches; /* under watch_lock */
-static int epfd = -1;
 
-void sv_watch_init(int fd)
+/* Under the hub's lock. */
+static void watch_fn(struct sv_hub_watch *hw)
 {
-	epfd = fd;
+	struct sv_watch *w = hw->arg;
+	if (!atomic_exchange(&w->cq_armed, false))
+		return; /* the application drives it: its own calls see this */
+	atomic_store(&w->fired, true);
+	sv_helper_wake();
 }
 
 void sv_helper_watch(struct sv_stream *s)
@@ -61,40 +64,12 @@ void sv_helper_watch(struct sv_stream *s)
 		sv_stream_get(s);
 		sv_stream_set_watch(s, w);
 		w->s = s;
-		w->chan = w->chan_of = -1;
+		w->hw = (struct sv_hub_watch){.fn = watch_fn, .arg = w};
 		w->next = watches;
 		watches = w;
 	}
 	sv_unlock(&watch_lock);
 	sv_helper_wake();
-}
-
-void sv_watch_fired(void *watch)
-{
-	/* Serviced in the next round (a watch is freed only there, after it
-	 * left epoll). */
-	((struct sv_watch *)watch)->fired = true;
-}
-
-/* Sleep on (or stop sleeping on) a watch's completion channel copy. */
-static void chan_update(struct sv_watch *w, int old_chan, bool armed)
-{
-	if (old_chan >= 0 && old_chan != w->chan) {
-		if (w->chan_in_epoll)
-			SV_REAL(epoll_ctl)(epfd, EPOLL_CTL_DEL, old_chan, NULL);
-		SV_REAL(close)(old_chan);
-		w->chan_in_epoll = false;
-	}
-	if (!armed || w->chan < 0)
-		return;
-	/* One-shot: the application's own traffic wakes the helper at most
-	 * once per arming; it arms again only when the stream is idle. */
-	struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = w};
-	if (SV_REAL(epoll_ctl)(epfd, w->chan_in_epoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, w->chan,
-			       &e) == 0)
-		w->chan_in_epoll = true;
-	else
-		sv_dbg("helper: epoll_ctl on a completion channel: %s", strerror(errno));
 }
 
 /* Let go of a watch the stream needs no more, unless sv_helper_watch asked
@@ -109,11 +84,7 @@ static bool watch_free(struct sv_watch *w)
 	sv_unlock(&watch_lock);
 	if (again)
 		return false;
-	if (w->chan >= 0) {
-		if (w->chan_in_epoll)
-			SV_REAL(epoll_ctl)(epfd, EPOLL_CTL_DEL, w->chan, NULL);
-		SV_REAL(close)(w->chan);
-	}
+	sv_hub_detach(&w->hw);
 	sv_stream_put(w->s);
 	free(w);
 	return true;
@@ -140,18 +111,20 @@ static uint64_t active_look(struct sv_watch *w, uint64_t now, uint64_t flush)
  * helper no more. */
 static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 {
-	int old_chan = w->chan;
+	if (!w->hw.node)
+		sv_hub_attach(sv_stream_hub_node(w->s), &w->hw);
+	bool fired = atomic_exchange(&w->fired, false);
 	struct sv_service sv = {
 		.now = now,
-		.fired = w->fired,
-		.try_only = w->look_us && !w->fired && !kicked,
-		.chan = w->chan,
-		.chan_of = w->chan_of,
+		.fired = fired,
+		.try_only = w->look_us && !fired && !kicked,
 	};
+	/* Set before the service may arm the CQ: its completion may come
+	 * (and be drained by another thread) before the service returns. */
+	atomic_store(&w->cq_armed, true);
 	sv_stream_service(w->s, &sv);
-	w->fired = false;
-	w->chan = sv.chan;
-	w->chan_of = sv.chan_of;
+	if (!sv.armed || sv.done)
+		atomic_store(&w->cq_armed, false);
 	w->idle = sv.driven;
 	uint64_t next = sv.next;
 	if (sv.driven && sv.active) {
@@ -162,11 +135,10 @@ static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 			next = now + SV_HELPER_LOOK_US; /* could not arm: look by the clock */
 	}
 	*done = sv.done;
-	chan_update(w, old_chan, sv.armed && !sv.done);
 	return next;
 }
 
-uint64_t sv_watch_service_all(uint64_t now)
+uint64_t sv_watch_service_all(uint64_t now, bool *on_hub)
 {
 	uint64_t next = 0;
 	sv_lock(&watch_lock);
@@ -180,7 +152,7 @@ uint64_t sv_watch_service_all(uint64_t now)
 		list = list->next;
 		bool kicked = atomic_exchange(&w->kick, false);
 		uint64_t d = w->due;
-		if (!w->idle || kicked || w->fired || (w->due && w->due <= now)) {
+		if (!w->idle || kicked || atomic_load(&w->fired) || (w->due && w->due <= now)) {
 			bool done;
 			d = look(w, now, kicked, &done);
 			w->due = d;
@@ -193,6 +165,10 @@ uint64_t sv_watch_service_all(uint64_t now)
 		}
 		if (d && (!next || d < next))
 			next = d;
+		/* Fired while it was looked at: look again at once. */
+		if (atomic_load(&w->fired))
+			next = now;
+		*on_hub = *on_hub || atomic_load(&w->cq_armed);
 		w->next = keep;
 		keep = w;
 	}
@@ -209,12 +185,8 @@ uint64_t sv_watch_service_all(uint64_t now)
 
 void sv_watch_atfork_child(void)
 {
-	/* The parent's watches stay the parent's: their channel copies are
-	 * closed, the list forgotten (its streams are the parent's). */
-	for (struct sv_watch *w = watches; w; w = w->next)
-		if (w->chan >= 0)
-			SV_REAL(close)(w->chan);
+	/* The parent's watches stay the parent's: the list is forgotten (its
+	 * streams are the parent's, and so is the hub's state). */
 	sv_lock_reinit(&watch_lock);
 	watches = NULL;
-	epfd = -1;
 }

@@ -28,8 +28,10 @@ enum sv_lock_rank {
 	SV_RANK_EPOLL_SET = 10, /* one epoll set's shadow (preload/epoll.c) */
 	SV_RANK_UPGRADE = 20,   /* rdma_cm: requests, listeners (upgrade.c) */
 	SV_RANK_STREAM = 30,    /* one stream, its core and its QP */
+	SV_RANK_HUB = 35,       /* wake-ups: watches, sleepers, channels (hub.c) */
 	SV_RANK_TRANSPORT = 40, /* below a stream: the devices' PDs (verbs.c), a
 				 * test's fake connection manager and QPs */
+	SV_RANK_EPOLL_READY = 45, /* an epoll set's ready list (a hub watch adds) */
 	SV_RANK_REGCACHE = 50,  /* a PD's registration cache */
 	SV_RANK_HELPER = 60,    /* the helper's watch list and jobs */
 	SV_RANK_STREAMS = 70,   /* the list of live streams */

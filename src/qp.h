@@ -20,13 +20,10 @@ struct sv_qp_ops {
 	 * handled, or -errno (a failed work request: the core is aborted;
 	 * every completion is consumed even then). */
 	int (*poll)(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk);
-	/* Ask for an event on fd() at the next completion (poll once more
-	 * after arming, before sleeping). 0 or -errno. */
+	/* Ask for an event at the next completion: the transport's channel
+	 * then fires `node` (hub.h). Poll once more after arming, before
+	 * sleeping. 0 or -errno. */
 	int (*arm)(struct sv_qp *q);
-	/* The completion channel: readable once an armed completion came. */
-	int (*fd)(const struct sv_qp *q);
-	/* Take the channel's events (never blocks). */
-	void (*drain_events)(struct sv_qp *q);
 	/* The QP's number, for rdma_connect/rdma_accept. */
 	uint32_t (*num)(const struct sv_qp *q);
 	/* Ready to send and receive (RTR, then RTS). 0 or -errno. */
@@ -40,8 +37,14 @@ struct sv_qp_ops {
 	void (*regcache_stats)(struct sv_qp *q, struct sv_regcache_stats *st);
 };
 
+struct sv_hub_node;
+
 struct sv_qp {
 	const struct sv_qp_ops *ops;
+	/* What an armed completion fires (the stream's), set by the stream
+	 * before it first arms; read by the channel's drain under the hub's
+	 * lock. */
+	struct sv_hub_node *node;
 };
 
 static inline int sv_qp_poll(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk)
@@ -52,16 +55,6 @@ static inline int sv_qp_poll(struct sv_qp *q, struct sv_proto *p, struct sv_cloc
 static inline int sv_qp_arm(struct sv_qp *q)
 {
 	return q->ops->arm(q);
-}
-
-static inline int sv_qp_fd(const struct sv_qp *q)
-{
-	return q->ops->fd(q);
-}
-
-static inline void sv_qp_drain_events(struct sv_qp *q)
-{
-	q->ops->drain_events(q);
 }
 
 #endif

@@ -4,6 +4,8 @@
  * stream_qp.c, the switch in stream_switch.c, closing in stream_close.c. */
 #include "stream_int.h"
 
+#include "hub.h"
+
 #include "cm.h"
 #include "config.h"
 #include "helper.h"
@@ -64,7 +66,6 @@ struct sv_stream *sv_stream_new(int fd, bool is_client)
 	struct sv_stream *s = calloc(1, sizeof(*s));
 	if (!s)
 		return NULL;
-	s->wt.wake_fd = -1; /* made for its first waiter (sv_stream_wake_fd) */
 	sv_lock_init(&s->lock, SV_RANK_STREAM);
 	atomic_init(&s->refs, 1);
 	s->fd = fd;
@@ -94,13 +95,16 @@ void sv_stream_put(struct sv_stream *s)
 	all_remove(s);
 	sv_upgrade_forget(s); /* the QP before the core whose buffers it used */
 	sv_proto_free(s->proto);
-	if (s->wt.wake_fd >= 0)
-		SV_REAL(close)(s->wt.wake_fd);
 	if (s->fd_private && s->fd >= 0)
 		SV_REAL(close)(s->fd); /* e.g. after the way back, the last copy gone */
 	free(s->tcpbuf);
 	sv_lock_destroy(&s->lock);
 	free(s);
+}
+
+struct sv_hub_node *sv_stream_hub_node(struct sv_stream *s)
+{
+	return &s->wt.node;
 }
 
 struct sv_watch *sv_stream_watch(const struct sv_stream *s)
@@ -182,6 +186,7 @@ void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l)
 
 void sv_stream_atfork_child(void)
 {
+	sv_hub_atfork_child();
 	sv_helper_atfork_child();
 	sv_upgrade_atfork_child();
 	sv_pinned_atfork_child();

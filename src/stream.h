@@ -87,16 +87,23 @@ short sv_stream_poll_recheck(struct sv_stream *s, short events, short rev);
  * likely for an answer to what it wrote. Pushes out what it coalesced, as
  * a receive call does. */
 void sv_stream_poll_waits(struct sv_stream *s);
-/* Before sleeping in poll(): arm, and add the fds whose readiness means the
- * stream may have changed (at most 3). Sets *again when it changed already
- * since `gen`, and *tick_ms when none of them can tell a change (no
- * wake-up fd could be made): the poll must then look again within that
- * many milliseconds. Every call is paired with sv_stream_poll_done after the
- * sleep. */
-int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, int *tick_ms,
-			   uint64_t gen);
-#define SV_POLL_TICK_MS 10
-void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n);
+/* Before sleeping in poll(): attach w (a watch that kicks the sleeping
+ * thread, hub.h) so that any change of the stream wakes the sleep, arm the
+ * CQ, and add the fds whose readiness also means a change (at most 1: the
+ * TCP socket while a switch is pending). Sets *again when it changed
+ * already since `gen`. Every call is paired with sv_stream_poll_done
+ * after the sleep. */
+struct sv_hub_watch;
+struct sv_hub_node;
+int sv_stream_poll_sources(struct sv_stream *s, struct sv_hub_watch *w, struct pollfd *out,
+			   bool *again, uint64_t gen);
+void sv_stream_poll_done(struct sv_stream *s, struct sv_hub_watch *w);
+/* For a watch that stays attached (an epoll set's): arm before a sleep.
+ * True when the stream changed since `gen` (judge it again); *tcp_events:
+ * the TCP socket's events that also mean a change (0 or POLLIN). */
+bool sv_stream_poll_arm(struct sv_stream *s, uint64_t gen, short *tcp_events);
+/* The stream's node: epoll sets and the helper attach their watches. */
+struct sv_hub_node *sv_stream_hub_node(struct sv_stream *s);
 /* Adaptive spin: how long a wait on s polls before it sleeps (0: sleep at
  * once), and the length of a wait that ended with something for it. */
 uint32_t sv_stream_spin_us(struct sv_stream *s);
@@ -111,7 +118,7 @@ void sv_stream_marks(struct sv_stream *s, struct sv_marks *m);
 struct sv_service {
 	/* in */
 	uint64_t now;
-	bool fired;    /* the helper's copy of the completion channel woke it */
+	bool fired;    /* its armed CQ fired since the helper armed it */
 	bool try_only; /* the application drove it at the last look: if it holds
 			* the lock now it is inside libsovia and runs the
 			* timers itself, so do not queue behind it */
@@ -121,13 +128,9 @@ struct sv_service {
 			* looks now and then (or sleeps on the channel) */
 	bool active;   /* ... and it called in since the last look (or holds
 			* the lock now) */
-	bool armed;    /* idle: the CQ is armed, sleep on `chan` */
+	bool armed;    /* idle: the CQ is armed, the helper sleeps on the hub */
 	uint64_t next; /* the stream's own next deadline (0 = none) */
 	uint64_t flush_deadline; /* coalesced bytes wait for this (0 = none) */
-	/* in/out: the helper's copy (dup) of the stream's completion channel,
-	 * -1 none, and the channel fd it copies; replaced under the stream's
-	 * lock when stale, so it is always a copy of the live channel. */
-	int chan, chan_of;
 };
 void sv_stream_service(struct sv_stream *s, struct sv_service *sv);
 /* The helper's record of its watch on s: the stream only keeps it, the

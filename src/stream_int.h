@@ -12,6 +12,7 @@
 #include "stream.h"
 
 #include "clock.h"
+#include "hub.h"
 #include "lock.h"
 #include "proto.h"
 #include "qp.h"
@@ -140,8 +141,9 @@ struct sv_switch {
 /* Waiting: what a wait and the readiness calls share with other threads
  * (the atomics are read without the lock). */
 struct sv_waiting {
-	int wake_fd;         /* eventfd: state changes other waiters must see;
-			      * -1 until a thread first waits (sv_stream_wake_fd) */
+	/* Who to wake when the stream changes or its CQ fires: the threads
+	 * asleep on it, the epoll sets and the helper watching it (hub.h). */
+	struct sv_hub_node node;
 	unsigned waiters;    /* threads asleep on this stream */
 	uint64_t wake_gen;   /* counts sv_stream_wake: changes a poll must not miss */
 	/* How long the application's waits lasted lately (a moving average,
@@ -238,15 +240,6 @@ struct sv_stream {
 /* Wake every thread sleeping on this stream, and move the mark a poll
  * compares (wake_gen). */
 void sv_stream_wake(struct sv_stream *s);
-/* The stream's wake-up eventfd for a thread about to sleep on it (under the
- * lock), made at the first need: a connection nobody waits on inside
- * libsovia (an epoll server's once it is plain TCP) costs no descriptor.
- * -1 when none can be made (EMFILE): that waiter then looks again every
- * SV_POLL_TICK_MS. */
-int sv_stream_wake_fd(struct sv_stream *s);
-/* Give the eventfd back once nobody waits and the stream is plain TCP for
- * good (under the lock). */
-void sv_stream_wake_fd_trim(struct sv_stream *s);
 /* Is the fd in blocking mode for this call? As last seen: no fcntl for a
  * blocking fd's calls (the waits check again before they sleep). */
 bool sv_stream_blocking(struct sv_stream *s, int flags);

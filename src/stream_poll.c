@@ -114,59 +114,58 @@ short sv_stream_poll_recheck(struct sv_stream *s, short events, short rev)
 	return rev;
 }
 
-int sv_stream_poll_sources(struct sv_stream *s, struct pollfd *out, bool *again, int *tick_ms,
-			   uint64_t gen)
+/* Arm and look once more (a completion before the arming would not wake
+ * the sleep); *again when the stream changed since `gen`. The TCP events
+ * that may also change it (a pending switch still reads TCP: its bytes up
+ * to the switch point, then the echo). Under the lock. */
+static short arm_locked(struct sv_stream *s, bool *again, uint64_t gen)
 {
-	int n = 0;
-	sv_lock(&s->lock);
 	s->wt.app_calls++;
 	/* Changed since sv_stream_poll_split judged it (another thread, the
-	 * helper): its wake-up came before we were a waiter. Judge again. */
+	 * helper): its wake-up came before we watched. Judge again. */
 	if (s->wt.wake_gen != gen)
 		*again = true;
 	if (s->qp && !s->error) {
-		/* Arm, then look once more: a completion before the arming
-		 * would not wake the sleep. */
 		struct sv_clock clk = SV_CLOCK_INIT;
 		sv_qp_arm(s->qp);
-		int r = sv_stream_poll_cq(s, &clk);
-		if (r != 0)
+		if (sv_stream_poll_cq(s, &clk) != 0)
 			*again = true;
-		out[n++] = (struct pollfd){.fd = sv_qp_fd(s->qp), .events = POLLIN};
 	}
-	int w = sv_stream_wake_fd(s);
-	if (w >= 0)
-		out[n++] = (struct pollfd){.fd = w, .events = POLLIN};
-	else
-		*tick_ms = SV_POLL_TICK_MS;
-	/* A pending switch still reads TCP (its bytes up to the switch point,
-	 * then the echo): TCP's readiness may change what we answer. */
 	if (s->proto && !sv_proto_rx_on_qp(s->proto) &&
 	    (sv_proto_peer_switch(s->proto, NULL) || s->sw.chal_len))
-		out[n++] = (struct pollfd){.fd = s->fd, .events = POLLIN};
-	s->wt.waiters++;
-	sv_unlock(&s->lock);
-	return n;
+		return POLLIN;
+	return 0;
 }
 
-void sv_stream_poll_done(struct sv_stream *s, const struct pollfd *src, int n)
+int sv_stream_poll_sources(struct sv_stream *s, struct sv_hub_watch *w, struct pollfd *out,
+			   bool *again, uint64_t gen)
 {
 	sv_lock(&s->lock);
+	/* Attached before the arming: a completion after it fires the node. */
+	sv_hub_attach(&s->wt.node, w);
+	short tcp = arm_locked(s, again, gen);
+	s->wt.waiters++;
+	sv_unlock(&s->lock);
+	if (!tcp)
+		return 0;
+	out[0] = (struct pollfd){.fd = s->fd, .events = tcp};
+	return 1;
+}
+
+bool sv_stream_poll_arm(struct sv_stream *s, uint64_t gen, short *tcp_events)
+{
+	bool again = false;
+	sv_lock(&s->lock);
+	*tcp_events = arm_locked(s, &again, gen);
+	sv_unlock(&s->lock);
+	return again;
+}
+
+void sv_stream_poll_done(struct sv_stream *s, struct sv_hub_watch *w)
+{
+	sv_hub_detach(w);
+	sv_lock(&s->lock);
 	s->wt.waiters--;
-	for (int i = 0; i < n; i++) {
-		if (!(src[i].revents & POLLIN))
-			continue;
-		if (src[i].fd == s->wt.wake_fd) {
-			if (s->wt.waiters == 0) {
-				uint64_t v;
-				ssize_t r = SV_REAL(read)(s->wt.wake_fd, &v, sizeof(v));
-				(void)r;
-			}
-		} else if (s->qp) {
-			sv_qp_drain_events(s->qp);
-		}
-	}
-	sv_stream_wake_fd_trim(s);
 	sv_unlock(&s->lock);
 }
 

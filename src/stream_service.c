@@ -8,7 +8,6 @@
 
 #include "config.h"
 #include "log.h"
-#include "ownfd.h"
 #include "real.h"
 
 #include <errno.h>
@@ -91,25 +90,11 @@ static bool app_drives(const struct sv_stream *s)
 
 /* A stream its application drives, found idle (no call since the last
  * look, nobody waiting in libsovia): arm the CQ, so the helper sleeps on
- * the completion channel (its own copy) and the core's deadline. An idle
- * application's connection then still answers BACK, sends its delayed
- * ACKs and flushes its coalesced bytes. */
+ * the hub (its watch on the stream fires at the completion) and the
+ * core's deadline. An idle application's connection then still answers
+ * BACK, sends its delayed ACKs and flushes its coalesced bytes. */
 static void idle_watch(struct sv_stream *s, struct sv_service *sv, struct sv_clock *clk)
 {
-	int fd = sv_qp_fd(s->qp);
-	if (sv->chan < 0 || sv->chan_of != fd) {
-		/* The copy keeps the helper's epoll registration tied to the
-		 * channel it armed, even if the stream's descriptor is closed
-		 * and its number reused meanwhile. */
-		int copy = sv_ownfd_dup(fd);
-		if (copy < 0) {
-			sv_dbg("fd %d: helper: no copy of the completion channel: %s", s->fd,
-			       strerror(-copy));
-			return; /* the helper keeps looking by the clock */
-		}
-		sv->chan = copy;
-		sv->chan_of = fd;
-	}
 	if (sv_qp_arm(s->qp) < 0)
 		return;
 	/* Look once more: a completion before the arming would never signal. */
@@ -142,8 +127,6 @@ static void service_on_qp(struct sv_stream *s, struct sv_service *sv, struct sv_
 		sv->flush_deadline = sv_proto_flush_deadline(s->proto);
 		return;
 	}
-	if (sv->fired && s->qp)
-		sv_qp_drain_events(s->qp);
 	if (s->state == SV_CONN_RDMA && s->qp)
 		s->st.helper_polls++;
 	sv_stream_progress(s, clk, 0);

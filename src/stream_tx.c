@@ -164,6 +164,11 @@ static void send_finish(struct sv_stream *s, struct send_call *c)
 		sv_proto_timers(p, &c->clk);
 	if (!c->on_qp)
 		return;
+	/* Bytes coalesced: an epoll set that judges only the streams that
+	 * changed must look at this one before it sleeps, and push them out
+	 * (sv_stream_poll_waits). */
+	if (!s->error && sv_proto_tx_pending(p))
+		sv_hub_notify(&s->wt.node);
 	/* Zero copy: the application may reuse its buffer only once the data
 	 * is out of it. */
 	while (sv_proto_zcopy_busy(p) && !s->error) {

@@ -4,7 +4,6 @@
 
 #include "config.h"
 #include "log.h"
-#include "ownfd.h"
 #include "real.h"
 #include "spin.h"
 
@@ -12,37 +11,12 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 
 void sv_stream_wake(struct sv_stream *s)
 {
+	sv_lock_assert_held(&s->lock);
 	s->wt.wake_gen++; /* a poll between its judgement and its sleep sees it */
-	if (s->wt.waiters && s->wt.wake_fd >= 0) {
-		uint64_t one = 1;
-		ssize_t r = SV_REAL(write)(s->wt.wake_fd, &one, sizeof(one));
-		(void)r; /* EAGAIN means it is signalled already */
-	}
-	sv_stream_wake_fd_trim(s);
-}
-
-int sv_stream_wake_fd(struct sv_stream *s)
-{
-	sv_lock_assert_held(&s->lock);
-	if (s->wt.wake_fd < 0) {
-		int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-		if (fd >= 0)
-			s->wt.wake_fd = sv_ownfd_move(fd);
-	}
-	return s->wt.wake_fd;
-}
-
-void sv_stream_wake_fd_trim(struct sv_stream *s)
-{
-	sv_lock_assert_held(&s->lock);
-	if (s->wt.wake_fd >= 0 && !s->wt.waiters && sv_stream_tcp_for_good(s)) {
-		SV_REAL(close)(s->wt.wake_fd);
-		s->wt.wake_fd = -1;
-	}
+	sv_hub_notify(&s->wt.node);
 }
 
 /* ---- Blocking mode, timeouts, errors ------------------------------------------ */
@@ -186,14 +160,9 @@ static bool spin(struct sv_stream *s, struct sv_clock *clk, uint64_t deadline, b
 
 /* ---- The sleep ------------------------------------------------------------------ */
 
-struct sleep_fds {
-	struct pollfd pfd[3];
-	int n, chan, wake;
-};
-
 /* Arm the CQ and look once more (a completion that came before the arming
  * would not wake the sleep). 1 when that look took completions, -1 when
- * it found the QP broken, 0 when the channel is armed. */
+ * it found the QP broken, 0 when the CQ is armed. */
 static int arm(struct sv_stream *s, struct sv_clock *clk)
 {
 	if (sv_qp_arm(s->qp) < 0)
@@ -202,38 +171,32 @@ static int arm(struct sv_stream *s, struct sv_clock *clk)
 	return r > 0 ? 1 : r < 0 ? -1 : 0;
 }
 
-static void sleep_fds(struct sv_stream *s, short tcp_events, struct sleep_fds *f)
+/* Sleep in the kernel, the lock let go, on the TCP socket (for
+ * tcp_events) and the hub (sl: the thread's eventfd, which the stream's
+ * changes and completions kick, and the channels when it leads). 1 when
+ * a kick or a channel ended it, 0 for the TCP socket or the time, or
+ * -errno. */
+static int sleep_in_kernel(struct sv_stream *s, struct sv_hub_sleeper *sl, short tcp_events,
+			   uint64_t deadline, struct sv_clock *clk)
 {
-	f->n = 0;
-	f->chan = -1;
-	if (s->qp && !s->error) {
-		f->chan = f->n;
-		f->pfd[f->n++] = (struct pollfd){.fd = sv_qp_fd(s->qp), .events = POLLIN};
-	}
+	struct pollfd pfd[2 + SV_HUB_MAX_CHANS];
+	int n = 0;
 	if (tcp_events)
-		f->pfd[f->n++] = (struct pollfd){.fd = s->fd, .events = tcp_events};
-	f->wake = -1;
-	int w = sv_stream_wake_fd(s);
-	if (w >= 0) {
-		f->wake = f->n;
-		f->pfd[f->n++] = (struct pollfd){.fd = w, .events = POLLIN};
-	}
-}
-
-/* Sleep in the kernel, the lock let go. 0 (woken or timed out) or -errno. */
-static int sleep_in_kernel(struct sv_stream *s, struct sleep_fds *f, uint64_t deadline,
-			   struct sv_clock *clk)
-{
+		pfd[n++] = (struct pollfd){.fd = s->fd, .events = tcp_events};
+	int hub_at = n;
+	int nhub = sv_hub_sleep_fds(sl, &pfd[n]);
+	n += nhub;
 	uint64_t now = clk->us;
 	int timeout = -1;
 	if (deadline)
 		timeout = deadline > now ? (int)((deadline - now + 999) / 1000) : 0;
-	if (f->wake < 0 && (timeout < 0 || timeout > SV_POLL_TICK_MS))
-		timeout = SV_POLL_TICK_MS; /* nothing can wake us: look again soon */
+	if (sl->efd < 0 && (timeout < 0 || timeout > SV_HUB_TICK_MS))
+		timeout = SV_HUB_TICK_MS; /* nothing can kick us: look again soon */
 	s->wt.waiters++;
 	sv_unlock(&s->lock);
-	int r = SV_REAL(poll)(f->pfd, (nfds_t)f->n, timeout);
+	int r = SV_REAL(poll)(pfd, (nfds_t)n, timeout);
 	int err = errno;
+	bool kicked = sv_hub_sleep_end(sl, &pfd[hub_at], nhub);
 	sv_lock(&s->lock);
 	s->wt.waiters--;
 	sv_clock_update(clk);
@@ -241,18 +204,11 @@ static int sleep_in_kernel(struct sv_stream *s, struct sleep_fds *f, uint64_t de
 		r = 0; /* as if restarted: the caller judges again and waits */
 	if (r < 0)
 		return -err;
-	bool chan = f->chan >= 0 && (f->pfd[f->chan].revents & POLLIN);
-	bool kick = f->wake >= 0 && (f->pfd[f->wake].revents & POLLIN);
-	if (kick && s->wt.waiters == 0) {
-		uint64_t v;
-		ssize_t rr = SV_REAL(read)(s->wt.wake_fd, &v, sizeof(v));
-		(void)rr;
-	}
-	sv_stream_wake_fd_trim(s);
-	sv_stream_count_sleep(s, now, clk->us, r == 0, chan, kick);
-	if (chan && s->qp)
-		sv_qp_drain_events(s->qp);
-	return chan ? 1 : 0;
+	bool chan = false;
+	for (int i = hub_at; i < n; i++)
+		chan = chan || (pfd[i].fd != sl->efd && (pfd[i].revents & POLLIN));
+	sv_stream_count_sleep(s, now, clk->us, r == 0, chan, kicked && !chan);
+	return kicked ? 1 : 0;
 }
 
 int sv_stream_wait(struct sv_stream *s, struct sv_clock *clk, short tcp_events,
@@ -265,21 +221,30 @@ int sv_stream_wait(struct sv_stream *s, struct sv_clock *clk, short tcp_events,
 		s->st.waits_spun++;
 		return drained ? 1 : 0;
 	}
+	/* Begun and watching before the arming: the completion after it, or
+	 * another thread's change, kicks this sleep (hub.h). */
+	struct sv_hub_sleeper sl;
+	struct sv_hub_watch w = {.fn = sv_hub_kick_fn, .arg = &sl};
+	sv_hub_sleep_begin(&sl, sv_hub_thread_fd());
+	sv_hub_attach(&s->wt.node, &w);
+	int r = 0;
 	if (s->qp && !s->error) {
 		int a = arm(s, clk);
 		if (a != 0) {
 			s->st.waits_spun++;
-			return a > 0 ? 1 : 0;
+			r = a > 0 ? 1 : 0;
+			goto end_sleep;
 		}
 	}
-	struct sleep_fds f;
-	sleep_fds(s, tcp_events, &f);
 	uint64_t next = s->proto ? sv_proto_next_deadline(s->proto, clk) : 0;
 	if (!deadline || (next && next < deadline))
 		deadline = next;
-	if ((flags & SV_WAIT_APP) && !mode_blocking(s))
-		return -EAGAIN; /* made non-blocking since it was last seen */
-	int r = sleep_in_kernel(s, &f, deadline, clk);
+	if ((flags & SV_WAIT_APP) && !mode_blocking(s)) {
+		r = -EAGAIN; /* made non-blocking since it was last seen */
+		goto end_sleep;
+	}
+	r = sleep_in_kernel(s, &sl, tcp_events, deadline, clk);
+	sv_hub_detach(&w);
 	if (r < 0)
 		return r;
 	if (r > 0)
@@ -287,4 +252,9 @@ int sv_stream_wait(struct sv_stream *s, struct sv_clock *clk, short tcp_events,
 	if (s->proto && !s->error)
 		sv_proto_timers(s->proto, clk);
 	return 0;
+
+end_sleep:
+	sv_hub_detach(&w);
+	sv_hub_sleep_end(&sl, NULL, 0);
+	return r;
 }

@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "helper.h"
+#include "hub.h"
 #include "log.h"
 #include "peers.h"
 #include "pinned.h"
@@ -62,6 +63,9 @@ int sv_up_attach_qp(struct sv_stream *s)
 		destroy_qp(s);
 		return r;
 	}
+	sv_hub_lock(); /* the channel's drain reads it under this lock */
+	s->qp->node = &s->wt.node;
+	sv_hub_unlock();
 	struct sv_xport xp = s->qp->ops->xport(s->qp);
 	r = sv_proto_new(&s->proto, &prm, &xp);
 	if (r < 0) {

@@ -13,6 +13,7 @@
 #include "verbs.h"
 #include "verbs_int.h"
 
+#include "hub.h"
 #include "lock.h"
 #include "log.h"
 #include "ownfd.h"
@@ -23,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,7 +42,6 @@ enum {
 
 #define SV_WR_ID(kind, idx) (((uint64_t)(kind) << 32) | (uint64_t)(idx))
 #define SV_POLL_BATCH 16
-#define SV_EVENT_ACK_BATCH 32
 
 /* Inline sizes to ask for, largest first; 0 (no inline data) always works. */
 static const uint32_t inline_sizes[] = {256, 64, 0};
@@ -63,8 +64,7 @@ struct sv_verbs {
 	struct rdma_cm_id *id;
 	struct ibv_pd *pd; /* shared: see sv_verbs_pd_get */
 	struct sv_regcache *rc; /* the PD's, shared too */
-	struct ibv_comp_channel *chan;
-	struct ibv_cq *cq;
+	struct ibv_cq *cq; /* reports to the device's channel (verbs_pd.c) */
 	struct ibv_qp *qp;
 	/* Every buffer starts in `small` (nrecv receive buffers, then nsend
 	 * send buffers, of start_size bytes); after a growth, each of one
@@ -76,19 +76,19 @@ struct sv_verbs {
 	uint32_t nrecv, nsend, buf_size, start_size;
 	uint32_t max_inline; /* what the QP got, 0 if none */
 	struct sv_zc *zc;    /* per send slot */
-	unsigned int unacked; /* channel events taken, not yet acknowledged */
 	/* A notification is requested and its event not taken yet: arming
 	 * again would only cost a system call (a write for rxe), once per
-	 * connection for every poll or epoll_wait that sleeps. */
-	bool armed;
+	 * connection for every poll or epoll_wait that sleeps. Set under the
+	 * stream's lock, cleared by the channel's drain under the hub's. */
+	atomic_bool armed;
 };
 
 static const struct sv_qp_ops qp_ops;
 
 /* ---- A spare kit --------------------------------------------------------------------- */
 
-/* What a connection needs besides its QP (completion channel and queue,
- * registered buffers): slow to make, 10 ms of a new connection's 20 under
+/* What a connection needs besides its QP (completion queue, registered
+ * buffers): slow to make, 10 ms of a new connection's 20 under
  * emulation when it registered 3 MiB. The last
  * connection to go keeps its kit for the next one of the same shape (one,
  * so at most one connection's buffers stay pinned with nobody using them;
@@ -97,7 +97,6 @@ struct kit {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd; /* with the reference its connection had */
 	struct sv_regcache *rc;
-	struct ibv_comp_channel *chan;
 	struct ibv_cq *cq;
 	struct pool small; /* a connection's grown buffers are never kept */
 	uint32_t nrecv, nsend, buf_size, start_size;
@@ -116,10 +115,8 @@ static bool kit_take(struct sv_verbs *v, struct ibv_context *ctx)
 	if (ok) {
 		v->pd = spare.pd;
 		v->rc = spare.rc;
-		v->chan = spare.chan;
 		v->cq = spare.cq;
 		v->small = spare.small;
-		v->cq->cq_context = v;
 		spare = (struct kit){0};
 	}
 	sv_unlock(&kit_lock);
@@ -127,10 +124,11 @@ static bool kit_take(struct sv_verbs *v, struct ibv_context *ctx)
 }
 
 /* Keep v's kit (its QP destroyed) as the spare, if there is none. Its CQ
- * and channel are emptied first: what they hold was the old QP's. */
+ * is emptied first (what it holds was the old QP's), and its events from
+ * now on go nowhere (cq_context NULL). Under the hub's lock. */
 static void kit_keep(struct sv_verbs *v)
 {
-	if (!v->cq || !v->small.mr || !v->chan || v->qp || sv_pinned_budget() != SIZE_MAX)
+	if (!v->cq || !v->small.mr || v->qp || sv_pinned_budget() != SIZE_MAX)
 		return;
 	sv_lock(&kit_lock);
 	bool room = !spare.cq;
@@ -140,22 +138,15 @@ static void kit_keep(struct sv_verbs *v)
 	struct ibv_wc wc[SV_POLL_BATCH];
 	while (ibv_poll_cq(v->cq, SV_POLL_BATCH, wc) > 0)
 		;
-	struct ibv_cq *ecq;
-	void *ectx;
-	while (ibv_get_cq_event(v->chan, &ecq, &ectx) == 0)
-		v->unacked++; /* the channel is non-blocking */
-	if (v->unacked)
-		ibv_ack_cq_events(v->cq, v->unacked);
-	v->unacked = 0;
 	sv_lock(&kit_lock);
 	if (!spare.cq) {
 		spare = (struct kit){
-			.ctx = v->cq->context, .pd = v->pd, .rc = v->rc, .chan = v->chan, .cq = v->cq,
+			.ctx = v->cq->context, .pd = v->pd, .rc = v->rc, .cq = v->cq,
 			.small = v->small, .nrecv = v->nrecv, .nsend = v->nsend,
 			.buf_size = v->buf_size, .start_size = v->start_size,
 		};
+		v->cq->cq_context = NULL;
 		v->pd = NULL;
-		v->chan = NULL;
 		v->cq = NULL;
 		v->small = (struct pool){0};
 	}
@@ -368,18 +359,6 @@ static int check_device(struct ibv_context *ctx, uint32_t nrecv, uint32_t nsend)
 	return 0;
 }
 
-/* The channel fd is polled by the caller: it must never block a read. */
-static int set_fd_flags(int fd)
-{
-	int fl = SV_REAL(fcntl)(fd, F_GETFL);
-	if (fl < 0 || SV_REAL(fcntl)(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-		return last_err();
-	fl = SV_REAL(fcntl)(fd, F_GETFD);
-	if (fl < 0 || SV_REAL(fcntl)(fd, F_SETFD, fl | FD_CLOEXEC) < 0)
-		return last_err();
-	return 0;
-}
-
 static int alloc_pool(struct pool *pl, struct sv_verbs *v, size_t bytes)
 {
 	/* A mapping of its own, not malloc's: unmapped, it goes back to the
@@ -503,7 +482,8 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 	if (!id || !id->verbs || id->qp || prm->buf_size <= SV_HDR_SIZE || prm->window < 1)
 		return -EINVAL;
 	int r = 0;
-	struct ibv_context *ctx = sv_verbs_own_ctx(id->verbs->device, &r);
+	struct ibv_comp_channel *chan;
+	struct ibv_context *ctx = sv_verbs_own_ctx(id->verbs->device, &chan, &r);
 	if (!ctx)
 		return r;
 	uint32_t nr = sv_proto_nrecv(prm), ns = sv_proto_nsend(prm);
@@ -528,26 +508,18 @@ int sv_verbs_create(struct sv_verbs **out, struct rdma_cm_id *id, const struct s
 		r = -ENOMEM;
 		goto destroy_partial;
 	}
-	if (kit_take(v, ctx))
+	if (kit_take(v, ctx)) {
+		sv_hub_lock(); /* its channel's events find v from here on */
+		v->cq->cq_context = v;
+		sv_hub_unlock();
 		goto make_qp;
+	}
 	r = sv_verbs_pd_get(ctx, &v->pd, &v->rc);
 	if (r)
 		goto destroy_partial;
-	v->chan = ibv_create_comp_channel(ctx);
-	if (!v->chan) {
-		r = last_err();
-		sv_err("verbs: ibv_create_comp_channel: %s", strerror(-r));
-		goto destroy_partial;
-	}
-	v->chan->fd = sv_ownfd_move(v->chan->fd); /* libibverbs reads and closes it by this field */
-	r = set_fd_flags(v->chan->fd);
-	if (r) {
-		sv_err("verbs: completion channel fd flags: %s", strerror(-r));
-		goto destroy_partial;
-	}
 	/* Every WR is signalled, and a slot or buffer is reused only after its
 	 * completion was polled: nrecv + nsend entries never overflow. */
-	v->cq = ibv_create_cq(ctx, (int)(nr + ns), v, v->chan, 0);
+	v->cq = ibv_create_cq(ctx, (int)(nr + ns), v, chan, 0);
 	if (!v->cq) {
 		r = last_err();
 		sv_err("verbs: ibv_create_cq (%u entries): %s", nr + ns, strerror(-r));
@@ -593,19 +565,16 @@ void sv_verbs_destroy(struct sv_verbs *v)
 	free_pool(&v->rbig, "grown receive buffers");
 	free_pool(&v->sbig, "grown send buffers");
 	sv_pinned_give(v->grown_pin);
+	/* Under the hub's lock a channel's drain never meets a CQ being
+	 * destroyed; it acknowledges each event it takes at once, so
+	 * ibv_destroy_cq (which waits for that) never waits. */
+	sv_hub_lock();
 	kit_keep(v); /* what it keeps is not freed below */
 	int r;
+	if (v->cq && (r = ibv_destroy_cq(v->cq)))
+		sv_warn("verbs: ibv_destroy_cq: %s", strerror(-neg_err(r)));
+	sv_hub_unlock();
 	free_pool(&v->small, "buffers");
-	if (v->cq) {
-		/* ibv_destroy_cq waits for every event taken to be acknowledged. */
-		if (v->unacked)
-			ibv_ack_cq_events(v->cq, v->unacked);
-		v->unacked = 0;
-		if ((r = ibv_destroy_cq(v->cq)))
-			sv_warn("verbs: ibv_destroy_cq: %s", strerror(-neg_err(r)));
-	}
-	if (v->chan && (r = ibv_destroy_comp_channel(v->chan)))
-		sv_warn("verbs: ibv_destroy_comp_channel: %s", strerror(-neg_err(r)));
 	if (v->pd)
 		sv_verbs_pd_put(v->pd);
 	free(v);
@@ -683,34 +652,33 @@ int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, struct sv_clock *clk)
 
 int sv_verbs_arm(struct sv_verbs *v)
 {
-	if (v->armed)
-		return 0; /* its event, when it comes, makes the channel readable */
+	/* Marked before the request: its event, drained at any moment after,
+	 * must find the mark to clear, or no arming would follow it. */
+	if (atomic_exchange(&v->armed, true))
+		return 0; /* its event, when it comes, wakes the hub */
 	int r = ibv_req_notify_cq(v->cq, 0);
 	if (r) {
+		atomic_store(&v->armed, false);
 		r = neg_err(r);
 		sv_dbg("verbs: ibv_req_notify_cq: %s", strerror(-r));
 		return r;
 	}
-	v->armed = true;
 	return 0;
 }
 
-int sv_verbs_fd(const struct sv_verbs *v)
-{
-	return v->chan->fd;
-}
-
-void sv_verbs_drain_events(struct sv_verbs *v)
+void sv_verbs_chan_drain(struct ibv_comp_channel *ch)
 {
 	struct ibv_cq *cq;
 	void *cq_ctx;
 	/* The fd is non-blocking: EAGAIN ends the loop when none is left. */
-	while (ibv_get_cq_event(v->chan, &cq, &cq_ctx) == 0) {
-		v->armed = false; /* the notification is spent */
-		if (++v->unacked >= SV_EVENT_ACK_BATCH) {
-			ibv_ack_cq_events(v->cq, v->unacked);
-			v->unacked = 0;
-		}
+	while (ibv_get_cq_event(ch, &cq, &cq_ctx) == 0) {
+		ibv_ack_cq_events(cq, 1); /* its CQ may be destroyed once we let go */
+		struct sv_verbs *v = cq_ctx;
+		if (!v)
+			continue; /* a spare kit's CQ */
+		atomic_store(&v->armed, false); /* the notification is spent */
+		if (v->q.node)
+			sv_hub_fire(v->q.node);
 	}
 	if (errno != EAGAIN && errno != EWOULDBLOCK)
 		sv_dbg("verbs: ibv_get_cq_event: %s", strerror(errno));
@@ -736,16 +704,6 @@ static int q_poll(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk)
 static int q_arm(struct sv_qp *q)
 {
 	return sv_verbs_arm(of(q));
-}
-
-static int q_fd(const struct sv_qp *q)
-{
-	return sv_verbs_fd(of(q));
-}
-
-static void q_drain_events(struct sv_qp *q)
-{
-	sv_verbs_drain_events(of(q));
 }
 
 static uint32_t q_num(const struct sv_qp *q)
@@ -777,8 +735,6 @@ static const struct sv_qp_ops qp_ops = {
 	.xport = q_xport,
 	.poll = q_poll,
 	.arm = q_arm,
-	.fd = q_fd,
-	.drain_events = q_drain_events,
 	.num = q_num,
 	.connected = q_connected,
 	.to_error = q_to_error,

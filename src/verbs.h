@@ -1,12 +1,12 @@
 /* The RDMA verbs transport under the protocol core: one RC queue pair per
- * connection, created on a librdmacm id, with one completion queue and its
- * own completion channel, and the registered buffer pools the core numbers.
+ * connection, created on a librdmacm id, with one completion queue, and the registered buffer pools the core numbers.
  *
  * It implements struct sv_xport_ops (proto.h). Like the core it has no
  * locks of its own (only the process-wide PD list and each PD's
  * registration cache of zero-copy memory, regcache.h, are shared, each with
  * its lock), never blocks and keeps no clocks: the caller serialises calls,
- * polls, arms and sleeps on sv_verbs_fd(). */
+ * polls and arms; the armed completion's event goes to the device's
+ * channel, which the hub's sleepers poll (hub.h). */
 #ifndef SV_VERBS_H
 #define SV_VERBS_H
 
@@ -23,8 +23,7 @@ struct rdma_cm_id;
 /* One connection's verbs resources. */
 struct sv_verbs;
 
-/* Create the CQ (with its own completion channel, fd non-blocking and
- * close-on-exec), the RC QP on `id` (which must be bound to a device:
+/* Create the CQ (on the device's completion channel), the RC QP on `id` (which must be bound to a device:
  * address resolved on the active side, the connect request's id on the
  * passive side) and the registered receive and send pools for `prm`.
  * The protection domain is shared by all connections on one device.
@@ -79,13 +78,6 @@ int sv_verbs_poll(struct sv_verbs *v, struct sv_proto *p, struct sv_clock *clk);
 /* Request an event on the channel for the next completion. Poll once more
  * after arming and before sleeping, or a completion that raced in is missed. */
 int sv_verbs_arm(struct sv_verbs *v);
-
-/* The completion channel fd: poll it for POLLIN while waiting. */
-int sv_verbs_fd(const struct sv_verbs *v);
-
-/* Take every pending channel event (never blocks) and acknowledge them, in
- * batches; sv_verbs_destroy acknowledges what is left. */
-void sv_verbs_drain_events(struct sv_verbs *v);
 
 /* The counters of the registration cache this connection's zero-copy sends
  * use (one per device, shared by its connections). */

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdint.h>
 
+struct ibv_comp_channel;
 struct ibv_context;
 struct ibv_device;
 struct ibv_pd;
@@ -27,8 +28,13 @@ static inline int last_err(void)
 }
 
 /* libsovia's own context for dev (never librdmacm's: see verbs_pd.c),
- * opened on first use; NULL with *err set. */
-struct ibv_context *sv_verbs_own_ctx(struct ibv_device *dev, int *err);
+ * opened on first use, and its completion channel (the hub's, hub.h);
+ * NULL with *err set. */
+struct ibv_context *sv_verbs_own_ctx(struct ibv_device *dev, struct ibv_comp_channel **chan,
+				     int *err);
+/* The channel's drain for the hub: take its events, acknowledge each at
+ * once, and fire the node of each CQ's connection. Under the hub's lock. */
+void sv_verbs_chan_drain(struct ibv_comp_channel *ch);
 /* The PD of ctx (shared by its connections) and its registration cache,
  * with a reference; sv_verbs_pd_put drops it. 0 or -errno. */
 int sv_verbs_pd_get(struct ibv_context *ctx, struct ibv_pd **out, struct sv_regcache **rc_out);

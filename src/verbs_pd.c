@@ -4,11 +4,16 @@
 #include "verbs.h"
 #include "verbs_int.h"
 
+#include "hub.h"
 #include "lock.h"
 #include "log.h"
+#include "ownfd.h"
+#include "real.h"
 #include "regcache.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,32 +32,86 @@ struct sv_ctx_ent {
 	struct sv_ctx_ent *next;
 	struct ibv_device *dev;
 	struct ibv_context *ctx;
+	/* Every CQ of ours on the device reports here: one descriptor per
+	 * device, not per connection (hub.h). */
+	struct ibv_comp_channel *chan;
+	struct sv_hub_chan hc;
+	int hub_err; /* 1 until the channel joined the hub, -errno if it could not */
 };
 
 static struct sv_ctx_ent *ctx_list; /* under pd_lock */
 
+static void chan_drain(struct sv_hub_chan *c)
+{
+	struct sv_ctx_ent *e = (struct sv_ctx_ent *)((char *)c - offsetof(struct sv_ctx_ent, hc));
+	sv_verbs_chan_drain(e->chan);
+}
+
+/* The channel is polled by the hub's sleepers: a read must never block. */
+static int set_fd_flags(int fd)
+{
+	int fl = SV_REAL(fcntl)(fd, F_GETFL);
+	if (fl < 0 || SV_REAL(fcntl)(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return last_err();
+	return 0;
+}
+
+static int open_chan(struct sv_ctx_ent *e)
+{
+	e->chan = ibv_create_comp_channel(e->ctx);
+	if (!e->chan) {
+		int r = last_err();
+		sv_err("verbs: ibv_create_comp_channel: %s", strerror(-r));
+		return r;
+	}
+	/* libibverbs reads and closes it by this field */
+	e->chan->fd = sv_ownfd_move(e->chan->fd);
+	int r = set_fd_flags(e->chan->fd);
+	if (r) {
+		sv_err("verbs: completion channel fd flags: %s", strerror(-r));
+		goto destroy_chan;
+	}
+	e->hc = (struct sv_hub_chan){.fd = e->chan->fd, .drain = chan_drain};
+	return 0;
+
+destroy_chan:
+	ibv_destroy_comp_channel(e->chan);
+	e->chan = NULL;
+	return r;
+}
+
 /* Our context for dev, opened on first use and kept. Under pd_lock. */
-static struct ibv_context *own_ctx(struct ibv_device *dev, int *err)
+static struct sv_ctx_ent *own_ctx(struct ibv_device *dev, int *err)
 {
 	for (struct sv_ctx_ent *e = ctx_list; e; e = e->next)
 		if (e->dev == dev)
-			return e->ctx;
+			return e;
 	struct sv_ctx_ent *e = calloc(1, sizeof(*e));
 	if (!e) {
 		*err = -ENOMEM;
 		return NULL;
 	}
+	e->dev = dev;
 	e->ctx = ibv_open_device(dev);
 	if (!e->ctx) {
 		*err = last_err();
 		sv_err("verbs: ibv_open_device %s: %s", ibv_get_device_name(dev), strerror(-*err));
-		free(e);
-		return NULL;
+		goto free_entry;
 	}
-	e->dev = dev;
+	*err = open_chan(e);
+	if (*err)
+		goto close_ctx;
+	/* The hub's lock ranks below ours: the channel joins it after. */
+	e->hub_err = 1;
 	e->next = ctx_list;
 	ctx_list = e;
-	return e->ctx;
+	return e;
+
+close_ctx:
+	ibv_close_device(e->ctx);
+free_entry:
+	free(e);
+	return NULL;
 }
 
 /* ---- Protection domains, one per device context ------------------------ */
@@ -124,7 +183,11 @@ unlock:
 void sv_verbs_atfork_child(void)
 {
 	/* The parent's contexts and PDs are the parent's (their files are
-	 * useless here): start afresh. */
+	 * useless here): start afresh. Their channels' files are shared with
+	 * the parent: a read here would take the parent's events. */
+	for (struct sv_ctx_ent *e = ctx_list; e; e = e->next)
+		if (e->chan)
+			SV_REAL(close)(e->chan->fd);
 	sv_lock_reinit(&pd_lock);
 	ctx_list = NULL;
 	pd_list = NULL;
@@ -193,10 +256,29 @@ static const struct sv_regcache_ops regcache_ops = {
 };
 
 
-struct ibv_context *sv_verbs_own_ctx(struct ibv_device *dev, int *err)
+struct ibv_context *sv_verbs_own_ctx(struct ibv_device *dev, struct ibv_comp_channel **chan,
+				     int *err)
 {
 	sv_lock(&pd_lock);
-	struct ibv_context *ctx = own_ctx(dev, err);
+	struct sv_ctx_ent *e = own_ctx(dev, err);
+	bool join = e && e->hub_err == 1;
+	if (join)
+		e->hub_err = 0;
 	sv_unlock(&pd_lock);
-	return ctx;
+	if (join && sv_hub_chan_add(&e->hc) < 0) {
+		sv_err("verbs: %s: more devices than libsovia serves (%d)",
+		       ibv_get_device_name(dev), SV_HUB_MAX_CHANS);
+		sv_lock(&pd_lock);
+		e->hub_err = -ENOSPC;
+		sv_unlock(&pd_lock);
+	}
+	if (!e)
+		return NULL;
+	sv_lock(&pd_lock);
+	*err = e->hub_err < 0 ? e->hub_err : 0;
+	sv_unlock(&pd_lock);
+	if (*err)
+		return NULL; /* its completions could wake nobody */
+	*chan = e->chan;
+	return e->ctx;
 }

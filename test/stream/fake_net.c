@@ -1,6 +1,7 @@
 /* The in-process fake of rdma_cm and RC queue pairs: see fake_net.h. */
 #include "fake_net.h"
 
+#include "hub.h"
 #include "lock.h"
 
 #include <errno.h>
@@ -94,7 +95,8 @@ struct fqp {
 	enum fake_side side;
 	bool hold;
 	bool armed;
-	int evfd;
+	bool fired;           /* on the channel's list */
+	struct fqp *next_fired;
 	enum qp_state state;
 	struct fqp *peer;
 	struct fqp *next; /* every live QP */
@@ -102,6 +104,59 @@ struct fqp {
 
 static struct fqp *qps;
 static uint32_t next_qp_num = 100;
+
+/* The fake's completion channel: one for every QP, as a device's is
+ * (hub.h). An armed QP's completion puts it on the list and makes the
+ * eventfd readable. */
+static struct {
+	struct sv_hub_chan hc;
+	bool added;
+	struct fqp *fired;
+} chan = {.hc.fd = -1};
+
+/* With net_lock. */
+static void fire(struct fqp *f)
+{
+	f->armed = false;
+	if (f->fired)
+		return;
+	f->fired = true;
+	f->next_fired = chan.fired;
+	chan.fired = f;
+	notify(chan.hc.fd);
+}
+
+/* Under the hub's lock (below net_lock's rank: taken inside it). */
+static void chan_drain(struct sv_hub_chan *c)
+{
+	sv_lock(&net_lock);
+	unnotify(c->fd);
+	while (chan.fired) {
+		struct fqp *f = chan.fired;
+		chan.fired = f->next_fired;
+		f->fired = false;
+		if (f->q.node)
+			sv_hub_fire(f->q.node);
+	}
+	sv_unlock(&net_lock);
+}
+
+/* The channel, made and given to the hub at the first QP (not under
+ * net_lock: the hub's lock ranks below it). */
+static pthread_mutex_t chan_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void chan_open(void)
+{
+	pthread_mutex_lock(&chan_mu);
+	if (!chan.added) {
+		chan.hc.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		chan.hc.drain = chan_drain;
+		if (chan.hc.fd < 0 || sv_hub_chan_add(&chan.hc) < 0)
+			abort();
+		chan.added = true;
+	}
+	pthread_mutex_unlock(&chan_mu);
+}
 
 static struct fqp *of(const struct sv_qp *q)
 {
@@ -117,10 +172,8 @@ static void push_cqe(struct fqp *f, bool send, bool flushed, uint32_t idx, uint3
 	else
 		f->cq_head = c;
 	f->cq_tail = c;
-	if (f->armed) {
-		f->armed = false;
-		notify(f->evfd);
-	}
+	if (f->armed)
+		fire(f);
 }
 
 /* Into the error state: the posted receives and the sends in flight come
@@ -341,22 +394,10 @@ static int q_arm(struct sv_qp *q)
 	struct fqp *f = of(q);
 	sv_lock(&net_lock);
 	f->armed = true;
-	if (f->cq_head) { /* as a CQ armed with entries in it: an event at the next one */
-		f->armed = false;
-		notify(f->evfd);
-	}
+	if (f->cq_head) /* as a CQ armed with entries in it: an event at the next one */
+		fire(f);
 	sv_unlock(&net_lock);
 	return 0;
-}
-
-static int q_fd(const struct sv_qp *q)
-{
-	return of(q)->evfd;
-}
-
-static void q_drain_events(struct sv_qp *q)
-{
-	unnotify(of(q)->evfd);
 }
 
 static uint32_t q_num(const struct sv_qp *q)
@@ -393,6 +434,12 @@ static void q_destroy(struct sv_qp *q)
 	}
 	if (f->peer)
 		f->peer->peer = NULL;
+	for (struct fqp **pp = &chan.fired; *pp; pp = &(*pp)->next_fired) {
+		if (*pp == f) {
+			*pp = f->next_fired;
+			break;
+		}
+	}
 	sv_unlock(&net_lock);
 	while (f->cq_head) {
 		struct cqe *c = f->cq_head;
@@ -405,7 +452,6 @@ static void q_destroy(struct sv_qp *q)
 		free(m->bytes);
 		free(m);
 	}
-	close(f->evfd);
 	free(f->rbuf);
 	free(f->sbuf);
 	free(f->posted);
@@ -418,8 +464,6 @@ static const struct sv_qp_ops qp_ops = {
 	.xport = q_xport,
 	.poll = q_poll,
 	.arm = q_arm,
-	.fd = q_fd,
-	.drain_events = q_drain_events,
 	.num = q_num,
 	.connected = q_connected,
 	.to_error = q_to_error,
@@ -727,7 +771,7 @@ static int f_create_qp(struct sv_qp **out, struct rdma_cm_id *id,
 	f->rsize = xcalloc(f->nrecv, sizeof(*f->rsize));
 	f->sbig = xcalloc(f->nsend, 1);
 	memset(f->sbig, f->sgrown, f->nsend);
-	f->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	chan_open();
 	sv_lock(&net_lock);
 	f->num = next_qp_num++;
 	f->side = fi->listener ? FAKE_SERVER : FAKE_CLIENT;
@@ -747,6 +791,14 @@ static void f_atfork_child(void)
 	sv_lock_reinit(&net_lock);
 	qps = NULL;
 	ids = NULL;
+	/* The channel's eventfd is shared with the parent: a new one, given
+	 * to the child's hub (which forgot the parent's) at the next QP. */
+	if (chan.hc.fd >= 0)
+		close(chan.hc.fd);
+	chan.hc.fd = -1;
+	chan.added = false;
+	chan.fired = NULL;
+	pthread_mutex_init(&chan_mu, NULL);
 }
 
 static const struct sv_cm_ops fake_ops = {

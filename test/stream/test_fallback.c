@@ -175,11 +175,12 @@ static void *read_100(void *arg)
 	return NULL;
 }
 
-/* libsovia's wake-up eventfd is made for a stream's first waiter and given
- * back when the stream is plain TCP for good: a connection that stays on
- * TCP keeps no descriptor of ours (a server under `ulimit -n` accepts as
- * many as without libsovia). Here a reader sleeps on the server while it
- * still waits for an upgrade request that never comes (no RDMA route). */
+/* A thread that sleeps on a stream is woken through an eventfd of its own
+ * (src/hub.h), made at its first sleep and closed when it ends: a
+ * connection keeps no descriptor of ours (a server under `ulimit -n`
+ * accepts as many as without libsovia). Here a reader sleeps on the
+ * server while it still waits for an upgrade request that never comes (no
+ * RDMA route). */
 Test(fallback, a_plain_connection_keeps_no_descriptor_of_ours)
 {
 	sv_cfg.upgrade_timeout_ms = 1500;
@@ -204,7 +205,7 @@ Test(fallback, a_plain_connection_keeps_no_descriptor_of_ours)
 	pthread_join(t, NULL);
 	cr_assert_eq(r.got, sizeof(r.in));
 	cr_assert(h_pattern_ok(r.in, sizeof(r.in), 31, 0));
-	cr_assert(slept_with_one, "the sleeping reader had no wake-up fd of its own");
+	cr_assert(slept_with_one, "the sleeping reader had no eventfd of its own");
 	cr_assert_eq(open_fds(), base, "%d fds of libsovia's stayed", open_fds() - base);
 	h_pair_free(&p);
 }

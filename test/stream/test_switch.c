@@ -2,6 +2,9 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,4 +175,75 @@ Test(switch, after_a_non_blocking_connect)
 	nb_pair(&p);
 	three_bytes_over_the_qp(&p);
 	h_pair_free(&p);
+}
+
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	cr_assert_not_null(d);
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n - 1; /* the directory's own */
+}
+
+struct sleeper {
+	struct sv_stream *s;
+	long got;
+};
+
+static void *read_one(void *arg)
+{
+	struct sleeper *z = arg;
+	uint8_t b;
+	z->got = h_read(z->s, &b, 1, 0);
+	return NULL;
+}
+
+/* A connection on RDMA costs no descriptor of libsovia's: every CQ reports
+ * to the device's one channel, and a thread that sleeps is woken through
+ * its own eventfd (src/hub.h). K connections on RDMA, each read by a
+ * thread that slept on it, hold as many descriptors as K that stay on
+ * TCP: their sockets. */
+Test(switch, connections_on_rdma_cost_no_descriptors)
+{
+	enum { K = 8 };
+	struct pair warm, tcp[K], rdma[K];
+	/* What a process makes once (the helper, rdma_cm's channel, the
+	 * device's channel) is made before counting. */
+	h_pair_rdma(&warm);
+	int base = open_fds();
+	for (int i = 0; i < K; i++) {
+		h_listen(&tcp[i], false);
+		h_connect(&tcp[i]);
+		cr_assert_eq(h_wait_state(tcp[i].c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	}
+	int on_tcp = open_fds() - base;
+	base = open_fds();
+	struct sleeper z[K];
+	pthread_t t[K];
+	for (int i = 0; i < K; i++) {
+		h_pair_rdma(&rdma[i]);
+		z[i] = (struct sleeper){.s = rdma[i].s};
+		cr_assert_eq(pthread_create(&t[i], NULL, read_one, &z[i]), 0);
+	}
+	usleep(300 * 1000); /* long enough for the readers' spins to end in sleeps */
+	for (int i = 0; i < K; i++) {
+		cr_assert_eq(h_write_all(rdma[i].c, "x", 1), 1);
+		pthread_join(t[i], NULL);
+		cr_assert_eq(z[i].got, 1);
+	}
+	int on_rdma = open_fds() - base;
+	for (int i = 0; i < K; i++) {
+		cr_assert_eq(h_state(rdma[i].s), SV_CONN_RDMA);
+		cr_assert_eq(h_counts(rdma[i].s).rdma_rx, 1, "the byte came over the QP");
+	}
+	cr_assert_eq(on_rdma, on_tcp, "%d connections on RDMA hold %d fds, on TCP %d", K, on_rdma,
+		     on_tcp);
+	for (int i = 0; i < K; i++) {
+		h_pair_free(&tcp[i]);
+		h_pair_free(&rdma[i]);
+	}
+	h_pair_free(&warm);
 }
