@@ -40,10 +40,17 @@ struct sv_watch {
 static struct sv_lock watch_lock = SV_LOCK_INIT(SV_RANK_HELPER);
 static struct sv_watch *watches; /* under watch_lock */
 
+/* The helper is inside a look: the changes it makes itself (a look wakes
+ * the stream's waiters) must not fire its own watch, or it would look
+ * again at once, for ever. */
+static __thread bool in_look __attribute__((tls_model("initial-exec")));
+
 /* Under the hub's lock. */
 static void watch_fn(struct sv_hub_watch *hw)
 {
 	struct sv_watch *w = hw->arg;
+	if (in_look)
+		return;
 	if (!atomic_exchange(&w->cq_armed, false))
 		return; /* the application drives it: its own calls see this */
 	atomic_store(&w->fired, true);
@@ -122,7 +129,9 @@ static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 	/* Set before the service may arm the CQ: its completion may come
 	 * (and be drained by another thread) before the service returns. */
 	atomic_store(&w->cq_armed, true);
+	in_look = true;
 	sv_stream_service(w->s, &sv);
+	in_look = false;
 	if (!sv.armed || sv.done)
 		atomic_store(&w->cq_armed, false);
 	w->idle = sv.driven;

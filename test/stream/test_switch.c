@@ -247,3 +247,35 @@ Test(switch, connections_on_rdma_cost_no_descriptors)
 	}
 	h_pair_free(&warm);
 }
+
+static uint64_t helper_polls(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	uint64_t n = s->st.helper_polls;
+	sv_unlock(&s->lock);
+	return n;
+}
+
+/* An idle connection on RDMA leaves the helper asleep: it arms the CQ and
+ * sleeps on the hub until the connection's next completion (its own
+ * looks, which wake the connection's waiters, must not wake it again). */
+Test(switch, an_idle_connection_leaves_the_helper_asleep)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	uint8_t b = 7;
+	cr_assert_eq(h_write_all(p.c, &b, 1), 1);
+	cr_assert_eq(h_read(p.s, &b, 1, 0), 1);
+	cr_assert_eq(h_write_all(p.s, &b, 1), 1);
+	cr_assert_eq(h_read(p.c, &b, 1, 0), 1);
+	usleep(300 * 1000); /* the helper finds both idle and arms */
+	uint64_t c0 = helper_polls(p.c), s0 = helper_polls(p.s);
+	usleep(500 * 1000);
+	uint64_t c = helper_polls(p.c) - c0, s = helper_polls(p.s) - s0;
+	cr_assert_leq(c + s, 10, "the helper looked %lu times at the client and %lu at the server",
+		      (unsigned long)c, (unsigned long)s);
+	/* And the next message still gets through. */
+	cr_assert_eq(h_write_all(p.c, &b, 1), 1);
+	cr_assert_eq(h_read(p.s, &b, 1, 0), 1);
+	h_pair_free(&p);
+}
