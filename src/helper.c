@@ -150,9 +150,11 @@ static void sleep_once(int timeout, bool on_hub)
 	struct sv_hub_sleeper sl;
 	int n = 0, nhub = 0;
 	if (on_hub) {
-		sv_hub_sleep_begin(&sl, h.wakefd);
+		sv_hub_sleep_begin_helper(&sl, h.wakefd);
 		nhub = sv_hub_sleep_fds(&sl, pfd);
 		n = nhub;
+		if (timeout < 0 || timeout > SV_HUB_HELPER_TICK_MS)
+			timeout = SV_HUB_HELPER_TICK_MS;
 	} else {
 		pfd[n++] = (struct pollfd){.fd = h.wakefd, .events = POLLIN};
 	}
@@ -162,8 +164,10 @@ static void sleep_once(int timeout, bool on_hub)
 		pfd[n++] = (struct pollfd){.fd = h.ch->fd, .events = POLLIN};
 	}
 	int r = SV_REAL(poll)(pfd, (nfds_t)n, timeout);
-	if (on_hub)
+	if (on_hub) {
 		sv_hub_sleep_end(&sl, pfd, nhub);
+		sv_hub_drain_unled(); /* nobody else will: it stands in */
+	}
 	run_jobs();
 	if (r <= 0)
 		return;

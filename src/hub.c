@@ -127,7 +127,7 @@ static void designate(void)
 	if (hub.leader || hub.designee)
 		return;
 	for (struct sv_hub_sleeper *o = hub.sleepers; o; o = o->next) {
-		if (!o->kicked && o->efd >= 0) {
+		if (!o->kicked && o->efd >= 0 && !o->helper) {
 			kick(o);
 			hub.designee = o;
 			return;
@@ -170,19 +170,29 @@ int sv_hub_thread_fd(void)
 
 /* ---- Sleepers --------------------------------------------------------------- */
 
-void sv_hub_sleep_begin(struct sv_hub_sleeper *sl, int efd)
+static void begin(struct sv_hub_sleeper *sl, int efd, bool helper)
 {
-	*sl = (struct sv_hub_sleeper){.efd = efd, .sleeping = true};
+	*sl = (struct sv_hub_sleeper){.efd = efd, .sleeping = true, .helper = helper};
 	sv_lock(&hub.lock);
 	sl->next = hub.sleepers;
 	if (hub.sleepers)
 		hub.sleepers->prev = sl;
 	hub.sleepers = sl;
-	if (!hub.leader && hub.nchans) {
+	if (hub.nchans && !helper && !hub.leader) {
 		hub.leader = sl;
 		sl->leader = true;
 	}
 	sv_unlock(&hub.lock);
+}
+
+void sv_hub_sleep_begin(struct sv_hub_sleeper *sl, int efd)
+{
+	begin(sl, efd, false);
+}
+
+void sv_hub_sleep_begin_helper(struct sv_hub_sleeper *sl, int efd)
+{
+	begin(sl, efd, true);
 }
 
 int sv_hub_sleep_fds(struct sv_hub_sleeper *sl, struct pollfd *pfd)
@@ -192,8 +202,8 @@ int sv_hub_sleep_fds(struct sv_hub_sleeper *sl, struct pollfd *pfd)
 		pfd[n++] = (struct pollfd){.fd = sl->efd, .events = POLLIN};
 	if (!sl->leader)
 		return n;
-	/* Channels are only ever added; a leader polls those there were at
-	 * its begin (a newer one's first event is taken by the next). */
+	/* Channels are only ever added; a leader polls those there are now
+	 * (a newer one's first event is taken by the next). */
 	sv_lock(&hub.lock);
 	for (int i = 0; i < hub.nchans; i++)
 		pfd[n++] = (struct pollfd){.fd = hub.chans[i]->fd, .events = POLLIN};
@@ -211,6 +221,14 @@ void sv_hub_drain(void)
 {
 	sv_lock(&hub.lock);
 	drain_locked();
+	sv_unlock(&hub.lock);
+}
+
+void sv_hub_drain_unled(void)
+{
+	sv_lock(&hub.lock);
+	if (!hub.leader)
+		drain_locked();
 	sv_unlock(&hub.lock);
 }
 

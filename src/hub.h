@@ -54,6 +54,7 @@ struct sv_hub_sleeper {
 	bool sleeping; /* between sv_hub_sleep_begin and _end */
 	bool kicked;   /* efd written since it began */
 	bool leader;   /* it polls the channels */
+	bool helper;   /* the helper thread's sleep */
 	struct sv_hub_sleeper *prev, *next;
 };
 
@@ -90,6 +91,14 @@ int sv_hub_thread_fd(void);
 /* Begin a sleep: from here on a kick writes efd. Begin before attaching
  * the watches and arming the CQs, or a wake-up in between is lost. */
 void sv_hub_sleep_begin(struct sv_hub_sleeper *sl, int efd);
+/* The helper's sleep (while it stands in for idle connections): it never
+ * leads. Woken by the channel, it would run ahead of the application at
+ * every completion and take the streams' locks first (in the test bed,
+ * redis GET with 50 clients ran at 67 requests/s so, 4,825 without). It
+ * looks every SV_HUB_HELPER_TICK_MS instead, and takes the channels'
+ * events then if no application thread leads (sv_hub_drain_unled). */
+void sv_hub_sleep_begin_helper(struct sv_hub_sleeper *sl, int efd);
+#define SV_HUB_HELPER_TICK_MS 20
 /* The fds to poll for it: its efd, then the channels when it leads.
  * Returns how many (at most 1 + SV_HUB_MAX_CHANS). */
 int sv_hub_sleep_fds(struct sv_hub_sleeper *sl, struct pollfd *pfd);
@@ -99,8 +108,10 @@ int sv_hub_sleep_fds(struct sv_hub_sleeper *sl, struct pollfd *pfd);
 bool sv_hub_sleep_end(struct sv_hub_sleeper *sl, const struct pollfd *pfd, int n);
 
 /* Take the channels' events now (a thread about to sleep without
- * polling them, or one that found them readable). */
+ * polling them, or one that found them readable); _unled: only if no
+ * thread leads. */
 void sv_hub_drain(void);
+void sv_hub_drain_unled(void);
 
 /* In a fork's child: the parent's channels and sleepers are not ours. */
 void sv_hub_atfork_child(void);
