@@ -6,11 +6,15 @@
  * src/readiness.h). Everything else (kernel fds, listening sockets, streams
  * that are plain TCP for good) stays in the kernel's set.
  *
- * epoll_wait over a set with a shadow is sv_poll_mixed over the set's own
- * fd (readable when the kernel's part has events) and the shadow's streams;
- * the streams' readiness comes from libsovia's state, the kernel's events
- * from a non-blocking epoll_wait on the real set. Waiting sleeps in the
- * kernel, on the completion channels, the streams' wake fds and the set.
+ * Like the kernel's, a wait costs in proportion to what is ready, not to
+ * the set's size. Each entry keeps a watch on its stream (src/hub.h): the
+ * stream's changes and its armed CQ's completions put the entry on the
+ * set's ready list and kick the set's sleeping waiters. A wait judges the
+ * entries on that list (and the few whose readiness is partly the
+ * kernel's: TCP before the switch), reports them by their rules, puts
+ * back the level-triggered ones that stay ready, and arms the CQ of every
+ * other one before it sleeps. The kernel's part comes from a non-blocking
+ * epoll_wait on the real set, whose fd the sleep also polls.
  *
  * A stream that becomes plain TCP (fallback, or the way back for fork, exec,
  * dup...) moves from the shadow into the kernel's set with its event and
@@ -19,8 +23,10 @@
  * Not covered: an epoll fd with shadowed streams watched by poll/select or
  * by another epoll set sees only the kernel's part; a socket added to a
  * kernel set before its connect() stays plain TCP (fdtable.h, in_epoll). */
-#include "clock.h"
+#include "epoll_int.h"
+
 #include "guard.h"
+#include "hub.h"
 #include "log.h"
 #include "preload.h"
 #include "readiness.h"
@@ -34,26 +40,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <time.h>
-
-struct ep_entry {
-	atomic_int refs;
-	bool dead;       /* out of the set (under the set's lock) */
-	int fd;
-	struct sv_fd *f; /* a reference on the stream's fd entry */
-	epoll_data_t data;
-	struct sv_ep_rule rule;
-	struct ep_entry *next;
-};
-
-struct sv_ep {
-	atomic_int refs;
-	struct sv_lock lock;
-	int epfd;
-	struct ep_entry *head;
-	unsigned n;   /* live entries */
-	unsigned rot; /* where the next wait starts judging (fairness) */
-};
 
 /* The shadows, by epoll fd. */
 static struct sv_ep **eps;
@@ -61,7 +47,7 @@ static int neps_cap;
 static atomic_int neps;
 static struct sv_lock eps_lock = SV_LOCK_INIT(SV_RANK_EPOLL_TABLE);
 
-static void entry_put(struct ep_entry *e)
+void sv_ep_entry_put(struct ep_entry *e)
 {
 	if (atomic_fetch_sub(&e->refs, 1) != 1)
 		return;
@@ -69,23 +55,78 @@ static void entry_put(struct ep_entry *e)
 	free(e);
 }
 
-static void ep_put(struct sv_ep *ep)
+/* The ready list's entries, taken (each with the list's reference). */
+struct ep_entry *sv_ep_ready_take(struct sv_ep *ep)
+{
+	sv_lock(&ep->rlock);
+	struct ep_entry *list = ep->ready;
+	ep->ready = ep->ready_tail = NULL;
+	for (struct ep_entry *e = list; e; e = e->rnext)
+		e->queued = false;
+	sv_unlock(&ep->rlock);
+	return list;
+}
+
+/* Under the ready lock. */
+static void ready_push_locked(struct sv_ep *ep, struct ep_entry *e)
+{
+	if (e->queued || e->dead)
+		return;
+	e->queued = true;
+	atomic_fetch_add(&e->refs, 1);
+	e->rnext = NULL;
+	if (ep->ready_tail)
+		ep->ready_tail->rnext = e;
+	else
+		ep->ready = e;
+	ep->ready_tail = e;
+}
+
+void sv_ep_ready_push(struct sv_ep *ep, struct ep_entry *e)
+{
+	sv_lock(&ep->rlock);
+	ready_push_locked(ep, e);
+	sv_unlock(&ep->rlock);
+}
+
+/* The entry's watch (under the hub's lock): its stream changed. */
+static void entry_fire(struct sv_hub_watch *w)
+{
+	struct ep_entry *e = w->arg;
+	struct sv_ep *ep = e->ep;
+	sv_lock(&ep->rlock);
+	ready_push_locked(ep, e);
+	for (struct ep_sleeper *z = ep->sleepers; z; z = z->next)
+		sv_hub_kick(&z->sl);
+	sv_unlock(&ep->rlock);
+}
+
+void sv_ep_put(struct sv_ep *ep)
 {
 	if (!ep || atomic_fetch_sub(&ep->refs, 1) != 1)
 		return;
 	struct ep_entry *e = ep->head;
 	while (e) {
 		struct ep_entry *next = e->next;
-		entry_put(e);
+		sv_hub_detach(&e->hw);
+		e->dead = true;
+		sv_ep_entry_put(e);
 		e = next;
 	}
+	for (e = sv_ep_ready_take(ep); e;) {
+		struct ep_entry *next = e->rnext;
+		sv_ep_entry_put(e);
+		e = next;
+	}
+	free(ep->byfd);
+	sv_lock_destroy(&ep->rlock);
 	sv_lock_destroy(&ep->lock);
 	free(ep);
 }
 
 /* The shadow of epfd with a reference, or NULL; with `create`, made when
  * missing (NULL only on ENOMEM or an fd beyond the table). */
-static struct sv_ep *ep_get(int epfd, bool create)
+struct sv_ep *sv_ep_get(int epfd, bool create)
 {
 	if (!create && atomic_load(&neps) == 0)
 		return NULL;
@@ -104,6 +145,7 @@ static struct sv_ep *ep_get(int epfd, bool create)
 			if (ep) {
 				atomic_init(&ep->refs, 1); /* the table's */
 				sv_lock_init(&ep->lock, SV_RANK_EPOLL_SET);
+				sv_lock_init(&ep->rlock, SV_RANK_EPOLL_READY);
 				ep->epfd = epfd;
 				eps[epfd] = ep;
 				atomic_fetch_add(&neps, 1);
@@ -118,10 +160,50 @@ static struct sv_ep *ep_get(int epfd, bool create)
 
 static struct ep_entry *ep_find(struct sv_ep *ep, int fd)
 {
-	for (struct ep_entry *e = ep->head; e; e = e->next)
-		if (e->fd == fd)
-			return e;
-	return NULL;
+	return fd >= 0 && fd < ep->byfd_cap ? ep->byfd[fd] : NULL;
+}
+
+/* Room in byfd for fd (under ep->lock). 0 or -ENOMEM. */
+static int byfd_fit(struct sv_ep *ep, int fd)
+{
+	if (fd < ep->byfd_cap)
+		return 0;
+	int cap = ep->byfd_cap ? ep->byfd_cap : 64;
+	while (cap <= fd)
+		cap *= 2;
+	struct ep_entry **b = realloc(ep->byfd, (size_t)cap * sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	memset(b + ep->byfd_cap, 0, (size_t)(cap - ep->byfd_cap) * sizeof(*b));
+	ep->byfd = b;
+	ep->byfd_cap = cap;
+	return 0;
+}
+
+/* On or off the TCP list by its tcp_events (under ep->lock). */
+void sv_ep_tcp_update(struct sv_ep *ep, struct ep_entry *e, short events)
+{
+	bool was = e->tcp_events != 0, is = events != 0 && !e->dead;
+	e->tcp_events = is ? events : 0;
+	if (was == is)
+		return;
+	if (is) {
+		e->tprev = NULL;
+		e->tnext = ep->tcp;
+		if (ep->tcp)
+			ep->tcp->tprev = e;
+		ep->tcp = e;
+		ep->ntcp++;
+		return;
+	}
+	if (e->tprev)
+		e->tprev->tnext = e->tnext;
+	else
+		ep->tcp = e->tnext;
+	if (e->tnext)
+		e->tnext->tprev = e->tprev;
+	e->tprev = e->tnext = NULL;
+	ep->ntcp--;
 }
 
 /* Take e out of the set (under ep->lock). */
@@ -130,51 +212,34 @@ static void ep_unlink(struct sv_ep *ep, struct ep_entry *e)
 	for (struct ep_entry **pp = &ep->head; *pp; pp = &(*pp)->next) {
 		if (*pp == e) {
 			*pp = e->next;
+			sv_hub_detach(&e->hw); /* no watch runs on it from here */
+			sv_ep_tcp_update(ep, e, 0);
 			e->dead = true;
+			ep->byfd[e->fd] = NULL;
 			ep->n--;
-			entry_put(e);
+			sv_ep_entry_put(e);
 			return;
 		}
 	}
 }
 
-static bool kernel_only(const struct ep_entry *e)
+/* Hand e, whose stream is plain TCP for good, to the kernel's set. Under
+ * ep->lock. */
+void sv_ep_migrate(struct sv_ep *ep, struct ep_entry *e)
 {
-	return e->f->ops->wait->kernel_only(e->f);
-}
-
-static void marks_of(const struct ep_entry *e, struct sv_marks *m)
-{
-	e->f->ops->wait->marks(e->f, m);
-}
-
-/* Hand the entries whose streams are plain TCP for good (or, with `fd` >=
- * 0, fd's entry once it is) to the kernel's set. Under ep->lock. */
-static void ep_migrate(struct sv_ep *ep, int fd)
-{
-	struct ep_entry *e = ep->head;
-	while (e) {
-		struct ep_entry *next = e->next;
-		bool go = fd >= 0 ? e->fd == fd : kernel_only(e);
-		if (go) {
-			/* A disabled one-shot entry keeps only its flags, as the
-			 * kernel's own would. */
-			uint32_t ev = e->rule.events;
-			if (e->rule.disabled)
-				ev &= EPOLLET | EPOLLONESHOT | EPOLLWAKEUP;
-			struct epoll_event kev = {.events = ev & ~(uint32_t)EPOLLEXCLUSIVE,
-						  .data = e->data};
-			int r = sv_real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, e->fd, &kev);
-			if (r < 0 && errno != EEXIST)
-				sv_warn("fd %d: the kernel's epoll %d refused it (%s): it is "
-					"no longer watched", e->fd, ep->epfd, strerror(errno));
-			else
-				sv_dbg("fd %d: plain TCP now: epoll %d watches it in the kernel",
-				       e->fd, ep->epfd);
-			ep_unlink(ep, e);
-		}
-		e = next;
-	}
+	/* A disabled one-shot entry keeps only its flags, as the kernel's own
+	 * would. */
+	uint32_t ev = e->rule.events;
+	if (e->rule.disabled)
+		ev &= EPOLLET | EPOLLONESHOT | EPOLLWAKEUP;
+	struct epoll_event kev = {.events = ev & ~(uint32_t)EPOLLEXCLUSIVE, .data = e->data};
+	int r = sv_real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, e->fd, &kev);
+	if (r < 0 && errno != EEXIST)
+		sv_warn("fd %d: the kernel's epoll %d refused it (%s): it is no longer watched",
+			e->fd, ep->epfd, strerror(errno));
+	else
+		sv_dbg("fd %d: plain TCP now: epoll %d watches it in the kernel", e->fd, ep->epfd);
+	ep_unlink(ep, e);
 }
 
 /* Every shadow, one at a time, with a reference. */
@@ -199,9 +264,11 @@ void sv_epoll_fd_plain(int fd)
 	struct sv_ep *ep;
 	for (int i = 0; (ep = ep_next(&i));) {
 		sv_lock(&ep->lock);
-		ep_migrate(ep, fd);
+		struct ep_entry *e = ep_find(ep, fd);
+		if (e)
+			sv_ep_migrate(ep, e);
 		sv_unlock(&ep->lock);
-		ep_put(ep);
+		sv_ep_put(ep);
 	}
 	errno = saved;
 }
@@ -217,7 +284,7 @@ void sv_epoll_on_close(int fd)
 		if (e)
 			ep_unlink(ep, e);
 		sv_unlock(&ep->lock);
-		ep_put(ep);
+		sv_ep_put(ep);
 	}
 	sv_lock(&eps_lock);
 	ep = fd >= 0 && fd < neps_cap ? eps[fd] : NULL;
@@ -226,7 +293,7 @@ void sv_epoll_on_close(int fd)
 		atomic_fetch_sub(&neps, 1);
 	}
 	sv_unlock(&eps_lock);
-	ep_put(ep); /* the table's reference */
+	sv_ep_put(ep); /* the table's reference */
 }
 
 void sv_epoll_atfork_child(void)
@@ -237,14 +304,26 @@ void sv_epoll_atfork_child(void)
 		if (!ep)
 			continue;
 		sv_lock_reinit(&ep->lock);
+		sv_lock_reinit(&ep->rlock);
 		/* Streams still here could not go back to TCP before the fork;
 		 * they are the parent's. The kernel's set is shared with the
-		 * parent, so the child leaves it alone. */
-		while (ep->head) {
+		 * parent, so the child leaves it alone. The entries are left
+		 * as they are (leaked): their streams' nodes, the parent's,
+		 * still list their watches, and the hub is not ours yet. */
+		for (struct ep_entry *e = ep->head; e; e = e->next) {
 			sv_warn("fd %d: accelerated in the parent; this child's epoll %d no "
-				"longer watches it", ep->head->fd, i);
-			ep_unlink(ep, ep->head);
+				"longer watches it", e->fd, i);
+			e->dead = true;
+			e->hw.node = NULL;
 		}
+		ep->head = NULL;
+		ep->n = 0;
+		if (ep->byfd)
+			memset(ep->byfd, 0, (size_t)ep->byfd_cap * sizeof(*ep->byfd));
+		ep->tcp = NULL;
+		ep->ntcp = 0;
+		ep->ready = ep->ready_tail = NULL;
+		ep->sleepers = NULL;
 	}
 }
 
@@ -258,6 +337,8 @@ static int ctl_shadow(struct sv_ep *ep, int op, int fd, struct sv_fd *f,
 	case EPOLL_CTL_ADD:
 		if (e)
 			return -EEXIST;
+		if (byfd_fit(ep, fd) < 0)
+			return -ENOMEM;
 		e = calloc(1, sizeof(*e));
 		if (!e)
 			return -ENOMEM;
@@ -267,9 +348,14 @@ static int ctl_shadow(struct sv_ep *ep, int op, int fd, struct sv_fd *f,
 		atomic_fetch_add(&f->refs, 1);
 		e->data = ev->data;
 		sv_ep_rule_set(&e->rule, ev->events);
+		e->ep = ep;
 		e->next = ep->head;
 		ep->head = e;
+		ep->byfd[fd] = e;
 		ep->n++;
+		e->hw = (struct sv_hub_watch){.fn = entry_fire, .arg = e};
+		sv_hub_attach(f->ops->wait->node(f), &e->hw);
+		sv_ep_ready_push(ep, e); /* the next wait judges it */
 		return 0;
 	case EPOLL_CTL_MOD:
 		if (!e)
@@ -278,6 +364,7 @@ static int ctl_shadow(struct sv_ep *ep, int op, int fd, struct sv_fd *f,
 			return -EINVAL;
 		e->data = ev->data;
 		sv_ep_rule_set(&e->rule, ev->events);
+		sv_ep_ready_push(ep, e);
 		return 0;
 	case EPOLL_CTL_DEL:
 		if (!e)
@@ -294,10 +381,9 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	if (sv_passthrough())
 		return SV_REAL(epoll_ctl)(epfd, op, fd, ev);
 	int saved = errno;
-	struct sv_ep *ep = ep_get(epfd, false);
+	struct sv_ep *ep = sv_ep_get(epfd, false);
 	if (ep) {
 		sv_lock(&ep->lock);
-		ep_migrate(ep, -1);
 		struct ep_entry *e = ep_find(ep, fd);
 		long r = 1;
 		if (e) {
@@ -307,7 +393,7 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 				r = ctl_shadow(ep, op, fd, e->f, ev);
 		}
 		sv_unlock(&ep->lock);
-		ep_put(ep);
+		sv_ep_put(ep);
 		if (r <= 0)
 			return (int)sv_ret(r, saved);
 	}
@@ -337,7 +423,7 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		r = -errno;
 		goto put_f;
 	}
-	ep = ep_get(epfd, true);
+	ep = sv_ep_get(epfd, true);
 	if (!ep) {
 		r = -ENOMEM;
 		goto put_f;
@@ -345,178 +431,10 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	sv_lock(&ep->lock);
 	r = ctl_shadow(ep, op, fd, f, ev);
 	sv_unlock(&ep->lock);
-	ep_put(ep);
+	sv_ep_put(ep);
 	if (r == 0)
 		sv_dbg("fd %d: epoll %d watches it through libsovia", fd, epfd);
 put_f:
 	sv_fd_put(f);
 	return (int)sv_ret(r, saved);
-}
-
-/* ---- epoll_wait ------------------------------------------------------------ */
-
-static int64_t now_ms(void)
-{
-	return (int64_t)(sv_now_us() / 1000);
-}
-
-#define ALWAYS_BITS (EPOLLERR | EPOLLHUP)
-
-/* One wait's view of the shadow: the entries worth watching now, and the
- * poll set (the epoll fd itself first, then one per entry). */
-struct ep_view {
-	struct ep_entry **es;
-	struct pollfd *pfd;
-	unsigned k;
-};
-
-static void view_free(struct ep_view *v)
-{
-	for (unsigned i = 0; i < v->k; i++)
-		entry_put(v->es[i]);
-	free(v->es);
-	free(v->pfd);
-}
-
-/* Gather the entries to watch, each with a reference. Under ep->lock, with
- * n = ep->n > 0 entries. 0 or -ENOMEM. */
-static int view_gather(struct sv_ep *ep, struct ep_view *v)
-{
-	unsigned n = ep->n;
-	v->k = 0;
-	v->es = calloc(n, sizeof(*v->es));
-	v->pfd = calloc(n + 1, sizeof(*v->pfd));
-	if (!v->es || !v->pfd) {
-		view_free(v);
-		return -ENOMEM;
-	}
-	v->pfd[0] = (struct pollfd){.fd = ep->epfd, .events = POLLIN};
-	/* Start the walk at a rotating place so that a busy stream does not
-	 * always fill `max` first. */
-	unsigned skip = ep->rot++ % n;
-	struct ep_entry *e = ep->head;
-	for (unsigned i = 0; i < skip; i++)
-		e = e->next;
-	for (unsigned i = 0; i < n; i++, e = e->next ? e->next : ep->head) {
-		struct sv_marks m;
-		marks_of(e, &m);
-		uint32_t want = sv_ep_rule_watch(&e->rule, &m);
-		if (!want)
-			continue;
-		atomic_fetch_add(&e->refs, 1);
-		v->es[v->k] = e;
-		v->pfd[++v->k] = (struct pollfd){.fd = e->fd, .events = (short)(want & ~ALWAYS_BITS)};
-	}
-	return 0;
-}
-
-/* The events to report after the poll, by the entries' rules. */
-static int view_report(struct sv_ep *ep, struct ep_view *v, struct epoll_event *evs, int max)
-{
-	int count = 0;
-	sv_lock(&ep->lock);
-	for (unsigned i = 0; i < v->k && count < max; i++) {
-		struct ep_entry *e = v->es[i];
-		if (e->dead || !v->pfd[i + 1].revents)
-			continue;
-		struct sv_marks m;
-		marks_of(e, &m);
-		uint32_t bits = sv_ep_rule_report(&e->rule, (uint16_t)v->pfd[i + 1].revents, &m);
-		if (bits)
-			evs[count++] = (struct epoll_event){.events = bits, .data = e->data};
-	}
-	sv_unlock(&ep->lock);
-	return count;
-}
-
-/* The count, 0 on timeout, or -errno; *empty when the shadow has no entry
- * (left) and the kernel's epoll_wait is the call. */
-static int ep_wait(struct sv_ep *ep, struct epoll_event *evs, int max, int timeout_ms,
-		   const sigset_t *mask, bool *empty)
-{
-	int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-	*empty = false;
-	for (;;) {
-		struct ep_view v;
-		sv_lock(&ep->lock);
-		ep_migrate(ep, -1);
-		*empty = ep->n == 0;
-		int r = *empty ? 0 : view_gather(ep, &v);
-		sv_unlock(&ep->lock);
-		if (*empty || r < 0)
-			return r;
-		int t = -1;
-		if (deadline >= 0) {
-			int64_t left = deadline - now_ms();
-			t = left > 0 ? (int)left : 0;
-		}
-		r = sv_poll_mixed(v.pfd, v.k + 1, t, mask, true);
-		int count = r >= 0 ? view_report(ep, &v, evs, max) : 0;
-		short set_ev = v.pfd[0].revents;
-		view_free(&v);
-		if (r < 0)
-			return r;
-		if (set_ev & POLLNVAL)
-			return -EBADF;
-		if ((set_ev & POLLIN) && count < max) {
-			int kr = sv_real.epoll_wait(ep->epfd, evs + count, max - count, 0);
-			if (kr > 0)
-				count += kr;
-		}
-		if (count || (deadline >= 0 && now_ms() >= deadline))
-			return count;
-	}
-}
-
-/* The served wait, or -1 with *served false when the kernel's is right. */
-static int wait_common(int epfd, struct epoll_event *evs, int max, int timeout_ms,
-		       const sigset_t *mask, bool *served)
-{
-	*served = false;
-	if (sv_passthrough())
-		return -1;
-	struct sv_ep *ep = ep_get(epfd, false);
-	if (!ep)
-		return -1;
-	int saved = errno;
-	int r = -EINVAL;
-	bool empty = false;
-	if (max > 0) {
-		sv_enter();
-		r = ep_wait(ep, evs, max, timeout_ms, mask, &empty);
-		sv_leave();
-	}
-	ep_put(ep);
-	if (empty)
-		return -1;
-	*served = true;
-	return (int)sv_ret(r, saved);
-}
-
-SV_EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
-{
-	bool served;
-	int r = wait_common(epfd, evs, max, timeout, NULL, &served);
-	return served ? r : SV_REAL(epoll_wait)(epfd, evs, max, timeout);
-}
-
-SV_EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout,
-			  const sigset_t *mask)
-{
-	bool served;
-	int r = wait_common(epfd, evs, max, timeout, mask, &served);
-	return served ? r : SV_REAL(epoll_pwait)(epfd, evs, max, timeout, mask);
-}
-
-SV_EXPORT int epoll_pwait2(int epfd, struct epoll_event *evs, int max,
-			   const struct timespec *ts, const sigset_t *mask)
-{
-	int timeout = -1;
-	if (ts) {
-		int64_t ms = (int64_t)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000;
-		timeout = ms > INT32_MAX ? INT32_MAX : (int)ms;
-	}
-	bool served;
-	int r = wait_common(epfd, evs, max, timeout, mask, &served);
-	return served ? r : SV_REAL(epoll_pwait2)(epfd, evs, max, ts, mask);
 }
