@@ -61,8 +61,12 @@ struct ep_entry *sv_ep_ready_take(struct sv_ep *ep)
 	sv_lock(&ep->rlock);
 	struct ep_entry *list = ep->ready;
 	ep->ready = ep->ready_tail = NULL;
-	for (struct ep_entry *e = list; e; e = e->rnext)
+	/* Linked apart: once off the list (queued false), a watch may put an
+	 * entry back on it, and rnext then belongs to the new list. */
+	for (struct ep_entry *e = list; e; e = e->rnext) {
 		e->queued = false;
+		e->taken_next = e->rnext;
+	}
 	sv_unlock(&ep->rlock);
 	return list;
 }
@@ -114,7 +118,7 @@ void sv_ep_put(struct sv_ep *ep)
 		e = next;
 	}
 	for (e = sv_ep_ready_take(ep); e;) {
-		struct ep_entry *next = e->rnext;
+		struct ep_entry *next = e->taken_next;
 		sv_ep_entry_put(e);
 		e = next;
 	}

@@ -30,6 +30,9 @@ struct ep_entry {
 	 * reference), and its link there. */
 	bool queued;
 	struct ep_entry *rnext;
+	/* Its link in a list taken from the ready list (sv_ep_ready_take):
+	 * the taker's, under the set's lock. */
+	struct ep_entry *taken_next;
 	/* Under the set's lock: the TCP socket's events that count for it
 	 * (the kernel answers for some of its readiness, or a pending switch
 	 * reads TCP); with any, it is on the TCP list, judged every wait. */

@@ -70,7 +70,7 @@ static int round_gather(struct sv_ep *ep, struct round *r)
 	unsigned round = ++ep->round;
 	int err = 0;
 	for (struct ep_entry *e = sv_ep_ready_take(ep), *next; e; e = next) {
-		next = e->rnext;
+		next = e->taken_next;
 		if (e->dead || e->round == round || err) {
 			sv_ep_entry_put(e); /* the list's reference */
 			continue;
