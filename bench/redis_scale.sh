@@ -9,7 +9,9 @@
 #
 #   test/bed/sovia-bed -- bench/redis_scale.sh BUILD_DIR [REQUESTS]
 #
-# SOVIA_BENCH_VARIANTS picks the variants (default "tcp libsovia").
+# SOVIA_BENCH_VARIANTS picks the variants (default "tcp libsovia"),
+# SOVIA_BENCH_CLIENTS the client counts (default "8 400"; each ratio is
+# against the first).
 set -uo pipefail
 BUILD=${1:?usage: $0 BUILD_DIR [REQUESTS]}
 REQ=${2:-20000}
@@ -26,7 +28,7 @@ for variant in ${SOVIA_BENCH_VARIANTS:-tcp libsovia}; do
 	pre=""
 	[ $variant = libsovia ] && pre=$LIB
 	env LD_PRELOAD="$pre" SOVIA_STATS=1 redis-server --port $PORT --bind "$IP" \
-		--protected-mode no --save '' --appendonly no --dir "$WORK" --maxclients 1000 \
+		--protected-mode no --save '' --appendonly no --dir "$WORK" --maxclients 4000 \
 		--loglevel warning >/dev/null 2>"$WORK/$variant.srv" &
 	srv=$!
 	for _ in $(seq 100); do ss -ltn "sport = :$PORT" | grep -q LISTEN && break; sleep 0.1; done
@@ -34,7 +36,13 @@ for variant in ${SOVIA_BENCH_VARIANTS:-tcp libsovia}; do
 	env LD_PRELOAD="$pre" redis-benchmark -h "$IP" -p $PORT -c 8 -n 2000 -d 1024 -t set \
 		-q >/dev/null 2>&1 # the keys, and a first contact
 	declare -A R
-	for c in 8 400; do
+	# The server's pinned memory (registered buffers), sampled.
+	(while kill -0 $srv 2>/dev/null; do
+		sed -n 's/^VmPin:[[:space:]]*\([0-9]*\) kB/\1/p' /proc/$srv/status 2>/dev/null
+		sleep 0.5
+	done) >"$WORK/$variant.pin" &
+	CL=(${SOVIA_BENCH_CLIENTS:-8 400})
+	for c in "${CL[@]}"; do
 		env LD_PRELOAD="$pre" redis-benchmark -h "$IP" -p $PORT -c $c -n "$REQ" -d 1024 \
 			-t get -q >"$WORK/$variant.$c" 2>"$WORK/$variant.$c.err"
 		R[$c]=$(rps "$WORK/$variant.$c")
@@ -42,12 +50,18 @@ for variant in ${SOVIA_BENCH_VARIANTS:-tcp libsovia}; do
 	done
 	env LD_PRELOAD="" redis-cli -h "$IP" -p $PORT shutdown nosave >/dev/null 2>&1
 	wait $srv 2>/dev/null
-	ratio=$(awk -v a="${R[8]:-0}" -v b="${R[400]:-0}" 'BEGIN {if (a > 0) printf "%.2f", b / a; else print "-"}')
 	extra=""
 	if [ $variant = libsovia ]; then
 		on=$(grep -c "libsovia stats.* server state=rdma" "$WORK/$variant.srv")
 		all=$(grep -c "libsovia stats.* server " "$WORK/$variant.srv")
-		extra="; server connections on RDMA: $on of $all"
+		pin=$(sort -n "$WORK/$variant.pin" | tail -1)
+		extra="; server connections on RDMA: $on of $all; server's most pinned memory ${pin:-?} kB (VmPin)"
 	fi
-	echo "redis_scale $variant: GET/s 8 clients ${R[8]:-none}, 400 clients ${R[400]:-none}: ratio ${ratio}x$extra"
+	first=${CL[0]}
+	for c in "${CL[@]:1}"; do
+		ratio=$(awk -v a="${R[$first]:-0}" -v b="${R[$c]:-0}" \
+			'BEGIN {if (a > 0) printf "%.2f", b / a; else print "-"}')
+		echo "redis_scale $variant: GET/s $first clients ${R[$first]:-none}," \
+			"$c clients ${R[$c]:-none}: ratio ${ratio}x$extra"
+	done
 done
