@@ -217,13 +217,6 @@ static void drain_locked(void)
 		hub.chans[i]->drain(hub.chans[i]);
 }
 
-void sv_hub_drain(void)
-{
-	sv_lock(&hub.lock);
-	drain_locked();
-	sv_unlock(&hub.lock);
-}
-
 void sv_hub_drain_unled(void)
 {
 	sv_lock(&hub.lock);

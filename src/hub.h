@@ -107,10 +107,8 @@ int sv_hub_sleep_fds(struct sv_hub_sleeper *sl, struct pollfd *pfd);
  * Returns true when its efd or a channel was readable. */
 bool sv_hub_sleep_end(struct sv_hub_sleeper *sl, const struct pollfd *pfd, int n);
 
-/* Take the channels' events now (a thread about to sleep without
- * polling them, or one that found them readable); _unled: only if no
- * thread leads. */
-void sv_hub_drain(void);
+/* Take the channels' events now, unless a thread leads (the helper
+ * standing in for an application that stopped calling). */
 void sv_hub_drain_unled(void);
 
 /* In a fork's child: the parent's channels and sleepers are not ours. */

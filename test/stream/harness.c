@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdlib.h>
@@ -221,4 +222,15 @@ void h_writer_start(struct h_writer *w)
 void h_writer_join(struct h_writer *w)
 {
 	pthread_join(w->t, NULL);
+}
+
+int h_open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	cr_assert_not_null(d);
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n - 1; /* the directory's own */
 }

@@ -83,5 +83,7 @@ void h_writer_join(struct h_writer *w);
 
 /* Monotonic milliseconds. */
 uint64_t h_ms(void);
+/* The descriptors this process has open. */
+int h_open_fds(void);
 
 #endif

@@ -7,7 +7,6 @@
 #include "pinned.h"
 
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
@@ -150,17 +149,6 @@ Test(fallback, past_the_locked_memory_budget)
 	h_pair_free(&c);
 }
 
-static int open_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	cr_assert_not_null(d);
-	int n = 0;
-	for (struct dirent *e; (e = readdir(d));)
-		n += e->d_name[0] != '.';
-	closedir(d);
-	return n - 1; /* the directory's own */
-}
-
 struct reader {
 	struct sv_stream *s;
 	uint8_t in[100];
@@ -189,14 +177,14 @@ Test(fallback, a_plain_connection_keeps_no_descriptor_of_ours)
 	h_listen(&p, true);
 	h_connect(&p);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
-	int base = open_fds();
+	int base = h_open_fds();
 	struct reader r = {.s = p.s};
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, read_100, &r), 0);
 	uint64_t until = h_ms() + 10000;
-	while (open_fds() == base && h_state(p.s) != SV_CONN_FALLBACK && h_ms() < until)
+	while (h_open_fds() == base && h_state(p.s) != SV_CONN_FALLBACK && h_ms() < until)
 		usleep(1000);
-	bool slept_with_one = open_fds() == base + 1;
+	bool slept_with_one = h_open_fds() == base + 1;
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.s), SV_FB_TIMEOUT);
 	uint8_t out[100];
@@ -206,6 +194,6 @@ Test(fallback, a_plain_connection_keeps_no_descriptor_of_ours)
 	cr_assert_eq(r.got, sizeof(r.in));
 	cr_assert(h_pattern_ok(r.in, sizeof(r.in), 31, 0));
 	cr_assert(slept_with_one, "the sleeping reader had no eventfd of its own");
-	cr_assert_eq(open_fds(), base, "%d fds of libsovia's stayed", open_fds() - base);
+	cr_assert_eq(h_open_fds(), base, "%d fds of libsovia's stayed", h_open_fds() - base);
 	h_pair_free(&p);
 }

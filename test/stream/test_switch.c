@@ -2,7 +2,6 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <errno.h>
@@ -177,17 +176,6 @@ Test(switch, after_a_non_blocking_connect)
 	h_pair_free(&p);
 }
 
-static int open_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	cr_assert_not_null(d);
-	int n = 0;
-	for (struct dirent *e; (e = readdir(d));)
-		n += e->d_name[0] != '.';
-	closedir(d);
-	return n - 1; /* the directory's own */
-}
-
 struct sleeper {
 	struct sv_stream *s;
 	long got;
@@ -213,14 +201,14 @@ Test(switch, connections_on_rdma_cost_no_descriptors)
 	/* What a process makes once (the helper, rdma_cm's channel, the
 	 * device's channel) is made before counting. */
 	h_pair_rdma(&warm);
-	int base = open_fds();
+	int base = h_open_fds();
 	for (int i = 0; i < K; i++) {
 		h_listen(&tcp[i], false);
 		h_connect(&tcp[i]);
 		cr_assert_eq(h_wait_state(tcp[i].c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	}
-	int on_tcp = open_fds() - base;
-	base = open_fds();
+	int on_tcp = h_open_fds() - base;
+	base = h_open_fds();
 	struct sleeper z[K];
 	pthread_t t[K];
 	for (int i = 0; i < K; i++) {
@@ -234,7 +222,7 @@ Test(switch, connections_on_rdma_cost_no_descriptors)
 		pthread_join(t[i], NULL);
 		cr_assert_eq(z[i].got, 1);
 	}
-	int on_rdma = open_fds() - base;
+	int on_rdma = h_open_fds() - base;
 	for (int i = 0; i < K; i++) {
 		cr_assert_eq(h_state(rdma[i].s), SV_CONN_RDMA);
 		cr_assert_eq(h_counts(rdma[i].s).rdma_rx, 1, "the byte came over the QP");
