@@ -2,9 +2,12 @@
  * policy of docs/design.md ("The helper thread"). A stream whose
  * application calls in (or sleeps inside libsovia) is left to it and only
  * looked at now and then, the interval doubling while it stays active; an
- * idle one is armed and slept on; everything else is looked at on every
- * wake-up and by its own deadline. The mechanism of each look is the
- * stream's (stream_service.c). */
+ * idle one is armed and slept on; one that only its clock moves (the
+ * upgrade's steps, whose rdma_cm events kick it, a switch, a lingering
+ * close) is looked at by its deadline or when kicked, so a burst of
+ * hundreds of new connections costs each wake-up nothing per connection;
+ * everything else is looked at on every wake-up and by its own deadline.
+ * The mechanism of each look is the stream's (stream_service.c). */
 #include "helper_int.h"
 
 #include "hub.h"
@@ -26,7 +29,8 @@ struct sv_watch {
 	struct sv_stream *s;
 	struct sv_watch *next;
 	uint64_t due;        /* idle watches: the next look (0 = none) */
-	bool idle;           /* looked at only when due, fired or kicked */
+	bool idle;           /* looked at only when due, fired or kicked: driven by
+			      * its application, or moved only by its clock */
 	atomic_bool kick;    /* sv_helper_watch asked for a look now */
 	uint32_t look_us;    /* the interval while the application stays active;
 			      * 0 after it was found idle */
@@ -134,7 +138,7 @@ static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 	in_look = false;
 	if (!sv.armed || sv.done)
 		atomic_store(&w->cq_armed, false);
-	w->idle = sv.driven;
+	w->idle = sv.driven || sv.timed;
 	uint64_t next = sv.next;
 	if (sv.driven && sv.active) {
 		next = active_look(w, now, sv.flush_deadline);

@@ -129,6 +129,9 @@ struct sv_service {
 	bool active;   /* ... and it called in since the last look (or holds
 			* the lock now) */
 	bool armed;    /* idle: the CQ is armed, the helper sleeps on the hub */
+	bool timed;    /* only its clock moves it (the upgrade's steps, a switch,
+			* a lingering close): look at `next` or when kicked,
+			* not at every wake-up of the helper */
 	uint64_t next; /* the stream's own next deadline (0 = none) */
 	uint64_t flush_deadline; /* coalesced bytes wait for this (0 = none) */
 };

@@ -192,6 +192,7 @@ struct sv_stream_stats {
 	 * completions itself. They tell why a connection runs slow. */
 	uint64_t waits_spun, waits_slept, slept_us, slept_max_us;
 	uint64_t woken_chan, woken_kick, woken_timeout, helper_polls;
+	uint64_t helper_looks; /* the helper's looks of any kind */
 	/* When the connection was made (connect or accept), and how long
 	 * after that its first application byte went on, or came off, the QP
 	 * (0: none yet). */

@@ -34,6 +34,7 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 	if (SV_REAL(getsockopt)(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
 	    ti.tcpi_state == TCP_SYN_SENT) {
 		sv->next = sv->now + 5000; /* connects take round trips: look every 5 ms */
+		sv->timed = true;
 		return;
 	}
 	s->sw.connect_pending = false;
@@ -58,6 +59,7 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 	if (!s->sw.hold_until)
 		s->sw.upgrade_at += (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
 	sv->next = s->sw.upgrade_at;
+	sv->timed = true;
 }
 
 /* A client connection that waits out SOVIA_UPGRADE_DELAY_MS, or to ask
@@ -69,6 +71,7 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 	bool go = s->state == SV_CONN_TCP && !s->cl.app_closed && !s->error;
 	if (go && sv->now < s->sw.upgrade_at) {
 		sv->next = s->sw.upgrade_at;
+		sv->timed = true;
 		return false;
 	}
 	s->sw.upgrade_at = 0;
@@ -148,6 +151,7 @@ static void service_on_qp(struct sv_stream *s, struct sv_service *sv, struct sv_
 	}
 	if (s->cl.app_closed) {
 		sv->next = sv_stream_linger(s, sv->now, &sv->done);
+		sv->timed = true;
 		return;
 	}
 	if (app_drives(s)) {
@@ -165,8 +169,11 @@ static void service_on_qp(struct sv_stream *s, struct sv_service *sv, struct sv_
 	/* A switch takes a few round trips whose completions do not wake the
 	 * helper: look again every millisecond until it is over (bounded by
 	 * the upgrade's deadline). */
-	if (s->state == SV_CONN_SWITCHING && (!sv->next || sv->next > sv->now + 1000))
-		sv->next = sv->now + 1000;
+	if (s->state == SV_CONN_SWITCHING) {
+		if (!sv->next || sv->next > sv->now + 1000)
+			sv->next = sv->now + 1000;
+		sv->timed = true;
+	}
 }
 
 static void service_detaching(struct sv_stream *s, struct sv_service *sv, struct sv_clock *clk)
@@ -187,7 +194,7 @@ static void service_detaching(struct sv_stream *s, struct sv_service *sv, struct
 
 void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 {
-	sv->done = sv->driven = sv->active = sv->armed = false;
+	sv->done = sv->driven = sv->active = sv->armed = sv->timed = false;
 	sv->next = sv->flush_deadline = 0;
 	if (sv->try_only) {
 		/* It held the lock: it is inside libsovia (its waits let go of
@@ -200,6 +207,7 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 	} else {
 		sv_lock(&s->lock);
 	}
+	s->st.helper_looks++;
 	struct sv_clock clk = {.us = sv->now, .read = sv_now_us};
 	/* A known peer's first writes: end the hold when its time is up. */
 	sv_stream_hold_due(s, &clk);
@@ -219,6 +227,7 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 				sv->done = true;
 			}
 			sv->next = s->sw.deadline_us;
+			sv->timed = true; /* rdma_cm's events move it on */
 			break;
 		case SV_CONN_SWITCHING:
 		case SV_CONN_RDMA:
@@ -230,6 +239,7 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 				sv->next = sv_stream_linger(s, sv->now, &sv->done);
 			else
 				sv->done = true;
+			sv->timed = true;
 			break;
 		case SV_CONN_DETACHING:
 		case SV_CONN_DETACHED:

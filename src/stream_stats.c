@@ -69,7 +69,8 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"switches=to_rdma:%llu,to_tcp:%llu gave_back_bytes=%llu got_back_bytes=%llu "
 		"regcache=hits:%llu,misses:%llu,stale:%llu,uncached:%llu "
 		"waits=spun:%llu,slept:%llu,slept_us:%llu,slept_max_us:%llu "
-		"woken=chan:%llu,kick:%llu,timeout:%llu helper_polls=%llu spin_avg_us=%u "
+		"woken=chan:%llu,kick:%llu,timeout:%llu helper_polls=%llu helper_looks=%llu "
+		"spin_avg_us=%u "
 		"time_to_rdma_us=%llu grown=rx:%u,tx:%u grow_refused=%llu pinned_start_bytes=%zu\n",
 		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
 		sv_fallback_name(s->fallback), U(p->tx_bytes), U(p->rx_bytes),
@@ -84,7 +85,7 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		U(p->got_back), U(rc.hits), U(rc.misses), U(rc.stale), U(rc.uncached),
 		U(s->st.waits_spun), U(s->st.waits_slept), U(s->st.slept_us), U(s->st.slept_max_us),
 		U(s->st.woken_chan), U(s->st.woken_kick), U(s->st.woken_timeout),
-		U(s->st.helper_polls),
+		U(s->st.helper_polls), U(s->st.helper_looks),
 		(unsigned)atomic_load_explicit(&s->wt.wait_avg_us, memory_order_relaxed),
 		U(s->st.to_rdma_us), s->proto ? (unsigned)p->rx_grown : 0u,
 		s->proto ? (unsigned)p->tx_grown : 0u, U(p->grow_refused), s->pinned);

@@ -1,6 +1,8 @@
 /* The switch to RDMA, in both directions, idle and under traffic. */
 #include "harness.h"
 
+#include "helper_int.h"
+
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -242,6 +244,62 @@ static uint64_t helper_polls(struct sv_stream *s)
 	uint64_t n = s->st.helper_polls;
 	sv_unlock(&s->lock);
 	return n;
+}
+
+static uint64_t helper_looks(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	uint64_t n = s->st.helper_looks;
+	sv_unlock(&s->lock);
+	return n;
+}
+
+/* A connection whose upgrade waits (here, accepted streams whose clients
+ * never ask) is looked at by its deadline or when its rdma_cm events kick
+ * it, not at every wake-up of the helper: a burst of hundreds of new
+ * connections must not cost each wake-up a look at each of them. */
+Test(switch, a_waiting_upgrade_is_not_looked_at_every_wakeup)
+{
+	enum { K = 8, WAKES = 200 };
+	struct pair p;
+	h_listen(&p, true);
+	int cfd[K], sfd[K];
+	struct sv_stream *srv[K];
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
+	for (int i = 0; i < K; i++) {
+		cfd[i] = socket(AF_INET, SOCK_STREAM, 0); /* a client without libsovia */
+		cr_assert_eq(connect(cfd[i], (struct sockaddr *)&a, sizeof(a)), 0);
+		sfd[i] = accept(p.lfd, NULL, NULL);
+		cr_assert_geq(sfd[i], 0);
+		srv[i] = sv_stream_new(sfd[i], false);
+		cr_assert_not_null(srv[i]);
+		sv_stream_start_server(srv[i], p.l);
+	}
+	usleep(100 * 1000); /* the helper takes them up */
+	uint64_t before[K];
+	for (int i = 0; i < K; i++) {
+		cr_assert_eq(h_state(srv[i]), SV_CONN_TCP, "waiting for its request");
+		before[i] = helper_looks(srv[i]);
+	}
+	for (int i = 0; i < WAKES; i++) {
+		sv_helper_wake();
+		usleep(500);
+	}
+	for (int i = 0; i < K; i++) {
+		uint64_t n = helper_looks(srv[i]) - before[i];
+		cr_assert_leq(n, 5, "stream %d was looked at %lu times in %d wake-ups", i,
+			      (unsigned long)n, WAKES);
+		cr_assert_eq(h_state(srv[i]), SV_CONN_TCP);
+	}
+	for (int i = 0; i < K; i++) {
+		cr_assert_eq(sv_stream_close(srv[i], sfd[i]), 0);
+		sv_stream_put(srv[i]);
+		close(cfd[i]);
+	}
+	sv_upgrade_unlisten(p.l);
+	close(p.lfd);
 }
 
 /* An idle connection on RDMA leaves the helper asleep: it arms the CQ and
