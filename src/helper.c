@@ -10,6 +10,7 @@
 #include "lock.h"
 #include "log.h"
 #include "ownfd.h"
+#include "pinned.h"
 #include "real.h"
 #include "upgrade.h"
 
@@ -215,6 +216,7 @@ static void start_once(void)
 		h.err = -errno;
 		goto out;
 	}
+	sv_pinned_on_room(sv_helper_wake); /* connections waiting for room ask again */
 	sv_lock(&h.lock);
 	h.started = true;
 	sv_unlock(&h.lock);

@@ -4,19 +4,31 @@
  * against RLIMIT_MEMLOCK unless it has CAP_IPC_LOCK. Debian's default (and
  * many containers') is 8 MiB, and each RDMA connection pins its receive and
  * send buffers: past the limit, registration fails. So a connection takes
- * its buffers' share of the budget before it makes its QP; one that does
- * not fit stays on TCP (fallback "memlock"), and the first such connection
- * says so on stderr, with the fix. A quarter of the limit is left for the
- * zero-copy sends' registrations. */
+ * its buffers' share of the budget before it makes its QP. One that does
+ * not fit waits for room (on TCP meanwhile: the connections closed a
+ * moment ago still hold theirs until their QPs are gone) until its upgrade
+ * times out; then, or at once if it could never fit, it stays on TCP
+ * (fallback "memlock"), and the first such connection says so on stderr,
+ * with the fix. A quarter of the limit is left for the zero-copy sends'
+ * registrations. */
 #ifndef SV_PINNED_H
 #define SV_PINNED_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Take `bytes` of the budget: 0, or -ENOBUFS when they do not fit (said
- * once per process on stderr). */
+/* Take `bytes` of the budget for a new connection: 0, or -ENOBUFS when
+ * they do not fit now. The next give-back after a refusal calls the room
+ * hook (sv_pinned_on_room), so the connection may ask again then. */
 int sv_pinned_take(size_t bytes);
+/* Could `bytes` ever fit (the whole budget free)? */
+bool sv_pinned_fits_ever(size_t bytes);
+/* A connection stays on TCP for want of `bytes`: said once per process on
+ * stderr, with the fix. */
+void sv_pinned_tell(size_t bytes);
+/* Called after a give-back that followed a refused sv_pinned_take (any
+ * thread, any lock held: it must only wake someone). */
+void sv_pinned_on_room(void (*fn)(void));
 /* Take `bytes` for buffers that grow (verbs.c): only while a quarter of
  * the budget stays free for new connections; -ENOBUFS, silently, if not. */
 int sv_pinned_take_growth(size_t bytes);

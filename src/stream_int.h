@@ -123,6 +123,12 @@ struct sv_switch {
 			       * (SOVIA_UPGRADE_DELAY_MS, or a retry after "no
 			       * listener"); 0: not waiting */
 	uint8_t connect_retries; /* client: requests asked again after "no listener" */
+	/* Its buffers (these bytes) did not fit the locked-memory budget
+	 * (pinned.h): it asks again when some is given back, until
+	 * deadline_us; then it stays on TCP with fallback "memlock". The
+	 * client waits with its route resolved, the server with the request
+	 * unanswered. 0: not waiting. */
+	size_t room_wait;
 	/* Client: its non-blocking connect() was in progress when the stream
 	 * was made. The connection is plain TCP meanwhile (bytes may move);
 	 * the helper schedules the upgrade once the connect is done. */
@@ -382,6 +388,9 @@ void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool
 /* Client: try to move it to RDMA now (sv_stream_start_client waits
  * SOVIA_UPGRADE_DELAY_MS first). Without the lock. */
 void sv_upgrade_connect_now(struct sv_stream *s);
+/* Client: a stream waiting for room in the locked-memory budget
+ * (sw.room_wait) asks again. Without the lock. */
+void sv_upgrade_retry_room(struct sv_stream *s);
 /* Server: the application accepted this connection; a request may match
  * it. Without the lock. */
 void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l);

@@ -8,6 +8,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "pinned.h"
 #include "real.h"
 
 #include <errno.h>
@@ -80,6 +81,24 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 		return false;
 	sv_unlock(&s->lock);
 	sv_upgrade_connect_now(s);
+	return true;
+}
+
+/* A client whose buffers wait for room in the locked-memory budget (its
+ * route resolved): it asks again at every look, and is looked at at every
+ * wake-up (a give-back wakes the helper: pinned.h), until its deadline.
+ * True when it let go of the lock. */
+static bool service_room(struct sv_stream *s, struct sv_service *sv)
+{
+	sv->next = s->sw.deadline_us;
+	if (s->cl.app_closed || s->error || s->fd < 0) {
+		s->sw.room_wait = 0;
+		sv_stream_fall_back(s, SV_FB_MEMLOCK);
+		sv->done = true;
+		return false;
+	}
+	sv_unlock(&s->lock);
+	sv_upgrade_retry_room(s);
 	return true;
 }
 
@@ -223,11 +242,21 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 		case SV_CONN_RESOLVING:
 		case SV_CONN_REQUESTED:
 			if (s->sw.deadline_us && sv->now >= s->sw.deadline_us) {
-				sv_stream_fall_back(s, SV_FB_TIMEOUT);
+				if (s->sw.room_wait)
+					sv_pinned_tell(s->sw.room_wait);
+				sv_stream_fall_back(s, s->sw.room_wait ? SV_FB_MEMLOCK
+								      : SV_FB_TIMEOUT);
+				s->sw.room_wait = 0;
 				sv->done = true;
+			} else if (s->sw.room_wait && s->state == SV_CONN_RESOLVING) {
+				if (service_room(s, sv))
+					return;
+				break;
 			}
 			sv->next = s->sw.deadline_us;
-			sv->timed = true; /* rdma_cm's events move it on */
+			/* rdma_cm's events move it on; a server's wait for room
+			 * is the upgrade's (its requests are retried). */
+			sv->timed = true;
 			break;
 		case SV_CONN_SWITCHING:
 		case SV_CONN_RDMA:

@@ -54,8 +54,18 @@ int sv_up_attach_qp(struct sv_stream *s)
 	size_t pin = sv_pinned_pages((size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) *
 				     sv_proto_start_size(&prm));
 	int r = sv_pinned_take(pin);
-	if (r < 0)
+	if (r < 0 && sv_pinned_fits_ever(pin)) {
+		if (!s->sw.room_wait)
+			sv_info("fd %d: its buffers wait for room in the locked-memory budget",
+				s->fd);
+		s->sw.room_wait = pin;
+		return -EAGAIN;
+	}
+	s->sw.room_wait = 0;
+	if (r < 0) {
+		sv_pinned_tell(pin);
 		return r;
+	}
 	s->pinned = pin;
 	r = sv_cm->create_qp(&s->qp, s->id, &prm);
 	if (r < 0) {
@@ -226,6 +236,10 @@ static void client_route_resolved(struct sv_stream *s)
 		sv_stream_set_state(s, SV_CONN_REQUESTED);
 	}
 	sv_unlock(&s->lock);
+	if (r == -EAGAIN) {
+		sv_helper_watch(s); /* it asks again when room is given back */
+		return;
+	}
 	if (r < 0) {
 		sv_up_drop_qp(s, r == -ECANCELED ? SV_FB_TIMEOUT
 				 : r == -ENOBUFS ? SV_FB_MEMLOCK
@@ -249,6 +263,13 @@ static void client_route_resolved(struct sv_stream *s)
 		sv_dbg("fd %d: rdma_connect: %s", s->fd, strerror(errno));
 		sv_up_drop_qp(s, SV_FB_UNREACHABLE);
 	}
+}
+
+void sv_upgrade_retry_room(struct sv_stream *s)
+{
+	sv_lock(&sv_up_lock);
+	client_route_resolved(s);
+	sv_unlock(&sv_up_lock);
 }
 
 /* The server had no RDMA listener (yet), or its accept() waits for our

@@ -21,7 +21,10 @@ extern struct sv_lock sv_up_lock;
 #define SV_LISTENER_TAG ((uintptr_t)1)
 
 /* Create the QP, its buffers and the core on s->id (receives are posted
- * before the connection is established) and a challenge. With s->lock. */
+ * before the connection is established) and a challenge. With s->lock.
+ * -EAGAIN: the buffers do not fit the locked-memory budget now, but may
+ * later (s->sw.room_wait set: ask again); -ENOBUFS: they never could (said
+ * on stderr). */
 int sv_up_attach_qp(struct sv_stream *s);
 /* The stream stays on TCP: its QP and core go. With up_lock, without
  * s->lock. */

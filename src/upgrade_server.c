@@ -198,9 +198,15 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 	sv_helper_watch(s); /* wakes the helper to match it, and times it out */
 }
 
-/* Attach the QP of request `id` to stream s and accept. False when the
- * stream cannot take it (the caller rejects). */
-static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const struct sv_cm_req *req)
+enum accept_result {
+	ACCEPTED,    /* or rejected: the id is the stream's now */
+	REFUSED,     /* the stream cannot take it: the caller rejects */
+	ACCEPT_LATER /* its buffers wait for room (sw.room_wait): ask again */
+};
+
+/* Attach the QP of request `id` to stream s and accept. */
+static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id *id,
+					 const struct sv_cm_req *req)
 {
 	sv_lock(&s->lock);
 	if (s->state != SV_CONN_TCP || s->id || s->cl.app_closed) {
@@ -208,11 +214,19 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 		       sv_conn_state_name(s->state), s->id ? ", has an id" : "",
 		       s->cl.app_closed ? ", closed" : "");
 		sv_unlock(&s->lock);
-		return false; /* already upgrading (a duplicate), or gone */
+		return REFUSED; /* already upgrading (a duplicate), or gone */
 	}
 	s->id = id;
 	id->context = s;
 	int r = sv_up_attach_qp(s);
+	if (r == -EAGAIN) {
+		/* The request stays unanswered (pending_timers asks again);
+		 * the stream's own deadline ends the wait. */
+		s->id = NULL;
+		id->context = NULL;
+		sv_unlock(&s->lock);
+		return ACCEPT_LATER;
+	}
 	if (r == 0)
 		r = sv_proto_set_peer(s->proto, req->nrecv, req->buf_size);
 	if (r == 0)
@@ -233,7 +247,7 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 	if (r < 0) {
 		sv_cm->reject(id, NULL, 0);
 		sv_up_drop_qp(s, r == -ENOBUFS ? SV_FB_MEMLOCK : SV_FB_RESOURCES);
-		return true; /* the id belongs to the stream now */
+		return ACCEPTED; /* the id belongs to the stream now */
 	}
 	uint8_t pd[SV_CM_REP_LEN];
 	sv_cm_rep_encode(&rep, pd);
@@ -248,8 +262,15 @@ static bool accept_request(struct sv_stream *s, struct rdma_cm_id *id, const str
 		sv_dbg("fd %d: rdma_accept: %s", s->fd, strerror(errno));
 		sv_up_drop_qp(s, SV_FB_RESOURCES);
 	}
-	return true;
+	return ACCEPTED;
 }
+
+/* A request and the accepted connections. */
+enum match_result {
+	NO_MATCH,   /* not accepted yet */
+	MATCHED,    /* accepted, or rejected: settled */
+	MATCH_LATER /* its connection's buffers wait for room */
+};
 
 /* The accepted stream a request is for. With up_lock. */
 static struct unmatched **find_unmatched(const struct sv_cm_req *req)
@@ -265,21 +286,24 @@ static struct unmatched **find_unmatched(const struct sv_cm_req *req)
 
 /* Try to match a request; true when it is settled (accepted or refused).
  * A refused id is left in *destroy. */
-static bool match_request(struct rdma_cm_id *id, const struct sv_cm_req *req,
-			  struct rdma_cm_id **destroy)
+static enum match_result match_request(struct rdma_cm_id *id, const struct sv_cm_req *req,
+				       struct rdma_cm_id **destroy)
 {
 	struct unmatched **pp = find_unmatched(req);
 	if (!pp)
-		return false;
+		return NO_MATCH;
 	struct unmatched *u = *pp;
-	*pp = u->next;
 	sv_dbg("upgrade request matched fd %d", u->s->fd);
-	if (!accept_request(u->s, id, req)) {
+	enum accept_result r = accept_request(u->s, id, req);
+	if (r == ACCEPT_LATER)
+		return MATCH_LATER; /* both wait: the stream stays unmatched */
+	if (r == REFUSED) {
 		sv_cm->reject(id, NULL, 0);
 		*destroy = id;
 	}
+	*pp = u->next;
 	release_unmatched(u);
-	return true;
+	return MATCHED;
 }
 
 /* Does the application's accept() wait for the client's first bytes
@@ -324,9 +348,10 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	}
 	struct sv_listener *l = (void *)((uintptr_t)id->context & ~SV_LISTENER_TAG);
 	id->context = NULL;
-	if (match_request(id, &req, destroy))
+	enum match_result m = match_request(id, &req, destroy);
+	if (m == MATCHED)
 		return;
-	if (accept_waits_for_data(l)) {
+	if (m == NO_MATCH && accept_waits_for_data(l)) {
 		/* It would wait for ever if the client holds its first
 		 * writes for RDMA: they go on TCP first, then it asks again. */
 		sv_dbg("upgrade request before accept(), which waits for data: the client writes "
@@ -335,7 +360,8 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 		*destroy = id;
 		return;
 	}
-	sv_dbg("upgrade request: no accepted connection yet; waiting for accept()");
+	sv_dbg("upgrade request: %s", m == NO_MATCH ? "no accepted connection yet; waiting for accept()"
+					       : "waiting for room in the locked-memory budget");
 	struct pending_req *p = malloc(sizeof(*p));
 	if (!p) {
 		sv_up_reject(id, false, SV_CM_REJ_NO);
@@ -349,14 +375,16 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	pending = p;
 }
 
-/* Requests that waited for their accept(): matched now, or timed out. */
+/* Requests that waited for their accept(), or for room in the locked-memory
+ * budget: matched now, or timed out. At every wake-up of the helper (a
+ * give-back of locked memory after a refusal wakes it: pinned.h). */
 static uint64_t pending_timers(uint64_t now)
 {
 	uint64_t next = 0;
 	for (struct pending_req **pp = &pending; *pp;) {
 		struct pending_req *p = *pp;
 		struct rdma_cm_id *refused = NULL;
-		bool settled = match_request(p->id, &p->req, &refused);
+		bool settled = match_request(p->id, &p->req, &refused) == MATCHED;
 		if (refused)
 			sv_cm->destroy_id(refused); /* its event was acknowledged long ago */
 		if (!settled && now >= p->deadline) {

@@ -7,6 +7,7 @@
 #include "pinned.h"
 
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <errno.h>
 #include <pthread.h>
 #include <string.h>
@@ -117,19 +118,83 @@ Test(fallback, failed_challenge_keeps_tcp_working)
 	h_pair_free(&p);
 }
 
-/* The locked-memory budget (pinned.h): a connection whose buffers do not
- * fit stays on TCP, "memlock", and keeps its bytes; once a connection on
- * RDMA is gone, its share serves the next one. */
-Test(fallback, past_the_locked_memory_budget)
+/* What a connection's buffers take of the locked-memory budget at first. */
+static size_t start_pin(void)
 {
 	struct sv_proto_params prm;
 	sv_config_proto_params(&sv_cfg, &prm);
-	size_t pin = sv_pinned_pages((size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) *
-				     sv_proto_start_size(&prm));
-	sv_pinned_set_budget(2 * pin); /* one pair: both ends are this process */
-	struct pair a, b, c;
+	return sv_pinned_pages((size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) *
+			       sv_proto_start_size(&prm));
+}
+
+/* Bytes over the pair both ways, checked, and which medium carried them. */
+static void exchange(struct pair *p, uint64_t seed, bool rdma)
+{
+	uint8_t out[3000], in[3000];
+	long end;
+	h_pattern(out, sizeof(out), seed, 0);
+	struct h_counts c0 = h_counts(p->c);
+	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(p->s, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
+	cr_assert_eq(h_write_all(p->s, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(p->c, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
+	struct h_counts c = h_counts(p->c);
+	if (rdma)
+		cr_assert_eq(c.rdma_tx - c0.rdma_tx, sizeof(out), "the client's bytes went on RDMA");
+	else
+		cr_assert_eq(c.tcp_tx - c0.tcp_tx, sizeof(out), "the client's bytes went on TCP");
+}
+
+/* The locked-memory budget (pinned.h): a connection whose buffers do not
+ * fit waits for room, on TCP meanwhile; when a connection on RDMA is gone,
+ * its share serves the waiting one. The budget leaves room for two, three
+ * or none of the second pair's ends: the client waits (with its route
+ * resolved), the server waits (with the request unanswered), or both. */
+ParameterizedTestParameters(fallback, past_the_budget_a_connection_waits_for_room)
+{
+	static unsigned budget_pins[] = {2, 3};
+	return cr_make_param_array(unsigned, budget_pins, 2);
+}
+
+ParameterizedTest(unsigned *pins, fallback, past_the_budget_a_connection_waits_for_room)
+{
+	size_t pin = start_pin();
+	sv_pinned_set_budget(*pins * pin); /* both ends of each pair are this process */
+	struct pair a, b;
 	h_pair_rdma(&a);
 	cr_assert_eq(sv_pinned_taken(), 2 * pin);
+	h_listen(&b, true);
+	h_connect(&b);
+	usleep(300 * 1000); /* its upgrade gets as far as the budget lets it */
+	cr_assert_neq(h_state(b.c), SV_CONN_RDMA);
+	cr_assert_neq(h_state(b.c), SV_CONN_FALLBACK, "it waits, it does not give up");
+	cr_assert_eq(h_state(b.s), SV_CONN_TCP, "the server's end waits");
+	exchange(&b, 31, false);
+	cr_assert_leq(sv_pinned_taken(), *pins * pin);
+	cr_assert_eq(sv_stream_close(a.c, a.cfd), 0);
+	cr_assert_eq(sv_stream_close(a.s, a.sfd), 0);
+	h_pair_free(&a);
+	cr_assert_eq(h_wait_state(b.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
+		     sv_conn_state_name(h_state(b.c)));
+	cr_assert_eq(h_wait_state(b.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s",
+		     sv_conn_state_name(h_state(b.s)));
+	exchange(&b, 32, true);
+	cr_assert_eq(h_fallback(b.c), SV_FB_NONE);
+	cr_assert_eq(sv_pinned_taken(), 2 * pin);
+	h_pair_free(&b);
+}
+
+/* A connection that waited for room until its upgrade's deadline stays on
+ * TCP, "memlock", and keeps its bytes. */
+Test(fallback, past_the_budget_until_the_deadline)
+{
+	size_t pin = start_pin();
+	sv_pinned_set_budget(2 * pin);
+	struct pair a, b;
+	h_pair_rdma(&a);
+	sv_cfg.upgrade_timeout_ms = 400; /* b's */
 	h_listen(&b, true);
 	h_connect(&b);
 	cr_assert_eq(h_wait_state(b.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
@@ -137,16 +202,26 @@ Test(fallback, past_the_locked_memory_budget)
 		     sv_fallback_name(h_fallback(b.c)));
 	exchange_on_tcp(&b);
 	cr_assert_eq(sv_pinned_taken(), 2 * pin);
-	cr_assert_eq(sv_stream_close(a.c, a.cfd), 0);
-	cr_assert_eq(sv_stream_close(a.s, a.sfd), 0);
-	h_pair_free(&a);
-	uint64_t until = h_ms() + 10000;
-	while (sv_pinned_taken() && h_ms() < until)
-		usleep(1000);
-	cr_assert_eq(sv_pinned_taken(), 0, "the closed pair kept %zu bytes", sv_pinned_taken());
-	h_pair_rdma(&c);
 	h_pair_free(&b);
-	h_pair_free(&c);
+	h_pair_free(&a);
+}
+
+/* Buffers larger than the whole budget could never fit: no wait (the
+ * upgrade's deadline is a minute away), TCP at once, "memlock". */
+Test(fallback, buffers_that_never_fit)
+{
+	sv_cfg.upgrade_timeout_ms = 60000;
+	sv_pinned_set_budget(start_pin() / 2);
+	struct pair b;
+	h_listen(&b, true);
+	h_connect(&b);
+	cr_assert_eq(h_wait_state(b.c, SV_CONN_FALLBACK, 30000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(b.c)));
+	cr_assert_eq(h_fallback(b.c), SV_FB_MEMLOCK, "fallback=%s",
+		     sv_fallback_name(h_fallback(b.c)));
+	exchange_on_tcp(&b);
+	cr_assert_eq(sv_pinned_taken(), 0);
+	h_pair_free(&b);
 }
 
 struct reader {
