@@ -10,6 +10,7 @@
  * The mechanism of each look is the stream's (stream_service.c). */
 #include "helper_int.h"
 
+#include "clock.h"
 #include "hub.h"
 #include "lock.h"
 #include "log.h"
@@ -43,6 +44,15 @@ struct sv_watch {
 
 static struct sv_lock watch_lock = SV_LOCK_INIT(SV_RANK_HELPER);
 static struct sv_watch *watches; /* under watch_lock */
+
+/* Watches let go of, whose streams' last references (their QPs' and
+ * buffers' destruction: milliseconds each under emulation) wait for the
+ * helper's next passes, SV_HELPER_BURY_US of them at a time: when
+ * hundreds of connections close at once and as many open, the new ones'
+ * rdma_cm events are handled between them rather than after them all.
+ * The helper thread's own. */
+static struct sv_watch *dying;
+#define SV_HELPER_BURY_US 2000u
 
 /* The helper is inside a look: the changes it makes itself (a look wakes
  * the stream's waiters) must not fire its own watch, or it would look
@@ -96,9 +106,25 @@ static bool watch_free(struct sv_watch *w)
 	if (again)
 		return false;
 	sv_hub_detach(&w->hw);
-	sv_stream_put(w->s);
-	free(w);
+	w->next = dying;
+	dying = w;
 	return true;
+}
+
+/* Drop the dying watches' references, for about SV_HELPER_BURY_US (at
+ * least one). True when some are left for the next pass. */
+static bool bury(void)
+{
+	uint64_t until = sv_now_us() + SV_HELPER_BURY_US;
+	while (dying) {
+		struct sv_watch *w = dying;
+		dying = w->next;
+		sv_stream_put(w->s);
+		free(w);
+		if (sv_now_us() >= until)
+			break;
+	}
+	return dying != NULL;
 }
 
 /* The next look at a stream whose active application drives it. Coalesced
@@ -153,7 +179,7 @@ static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 
 uint64_t sv_watch_service_all(uint64_t now, bool *on_hub)
 {
-	uint64_t next = 0;
+	uint64_t next = bury() ? now : 0;
 	sv_lock(&watch_lock);
 	struct sv_watch *list = watches;
 	watches = NULL;
@@ -193,6 +219,8 @@ uint64_t sv_watch_service_all(uint64_t now, bool *on_hub)
 		watches = w;
 	}
 	sv_unlock(&watch_lock);
+	if (dying)
+		next = now; /* bury them after the events that came meanwhile */
 	return next;
 }
 
@@ -202,4 +230,5 @@ void sv_watch_atfork_child(void)
 	 * streams are the parent's, and so is the hub's state). */
 	sv_lock_reinit(&watch_lock);
 	watches = NULL;
+	dying = NULL;
 }
