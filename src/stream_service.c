@@ -91,6 +91,8 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 static bool service_room(struct sv_stream *s, struct sv_service *sv)
 {
 	sv->next = s->sw.deadline_us;
+	if (sv_stream_holding_first(s) && s->sw.hold_until < sv->next)
+		sv->next = s->sw.hold_until; /* its end is judged at each look */
 	if (s->cl.app_closed || s->error || s->fd < 0) {
 		s->sw.room_wait = 0;
 		sv_stream_fall_back(s, SV_FB_MEMLOCK);

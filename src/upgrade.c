@@ -220,6 +220,7 @@ static void start_connect(struct sv_stream *s)
 static void client_route_resolved(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
+	bool was_waiting = s->sw.room_wait;
 	int r = s->state == SV_CONN_RESOLVING ? sv_up_attach_qp(s) : -ECANCELED;
 	struct sv_cm_req req = {
 		.version = SV_CM_VERSION,
@@ -237,7 +238,12 @@ static void client_route_resolved(struct sv_stream *s)
 	}
 	sv_unlock(&s->lock);
 	if (r == -EAGAIN) {
-		sv_helper_watch(s); /* it asks again when room is given back */
+		/* From now on the helper looks at it at every wake-up, and a
+		 * give-back wakes it (stream_service.c): one look to start. A
+		 * kick at every refusal would have it look again at once, for
+		 * ever. */
+		if (!was_waiting)
+			sv_helper_watch(s);
 		return;
 	}
 	if (r < 0) {

@@ -118,6 +118,14 @@ Test(fallback, failed_challenge_keeps_tcp_working)
 	h_pair_free(&p);
 }
 
+static uint64_t helper_looks(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	uint64_t n = s->st.helper_looks;
+	sv_unlock(&s->lock);
+	return n;
+}
+
 /* What a connection's buffers take of the locked-memory budget at first. */
 static size_t start_pin(void)
 {
@@ -168,6 +176,12 @@ ParameterizedTest(unsigned *pins, fallback, past_the_budget_a_connection_waits_f
 	h_listen(&b, true);
 	h_connect(&b);
 	usleep(300 * 1000); /* its upgrade gets as far as the budget lets it */
+	uint64_t looks = helper_looks(b.c) + helper_looks(b.s);
+	usleep(300 * 1000);
+	looks = helper_looks(b.c) + helper_looks(b.s) - looks;
+	/* It asks again when room is given back, not in a loop. */
+	cr_assert_leq(looks, 30, "the helper looked at the waiting pair %lu times in 300 ms",
+		      (unsigned long)looks);
 	cr_assert_neq(h_state(b.c), SV_CONN_RDMA);
 	cr_assert_neq(h_state(b.c), SV_CONN_FALLBACK, "it waits, it does not give up");
 	cr_assert_eq(h_state(b.s), SV_CONN_TCP, "the server's end waits");
