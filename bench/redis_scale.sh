@@ -9,6 +9,11 @@
 #
 #   test/bed/sovia-bed -- bench/redis_scale.sh BUILD_DIR [REQUESTS]
 #
+# Beside each rate, counts that do not depend on the emulator's speed, per
+# request: the server's context switches (all its threads), and for
+# libsovia the helper thread's looks at the server's connections (their
+# statistics' helper_looks, printed when the benchmark's clients close).
+#
 # SOVIA_BENCH_VARIANTS picks the variants (default "tcp libsovia"),
 # SOVIA_BENCH_CLIENTS the client counts (default "8 400"; each ratio is
 # against the first).
@@ -23,6 +28,16 @@ PORT=6400
 # Descriptors: SOVIA_BENCH_NOFILE (default 65536) for every process here.
 ulimit -n "${SOVIA_BENCH_NOFILE:-65536}" || exit 1
 rps() { tr '\r' '\n' <"$1" | sed -n 's/^GET: \([0-9.]*\) requests per second.*/\1/p' | tail -1; }
+# The context switches of process $1's threads, so far.
+ctxt() {
+	cat /proc/"$1"/task/*/status 2>/dev/null |
+		awk '/^(voluntary|nonvoluntary)_ctxt_switches:/ {n += $2} END {print n + 0}'
+}
+# The helper_looks of the server connections in stats lines $2.. of file $1.
+looks_from() {
+	tail -n +"$2" "$1" | grep "libsovia stats.* server " |
+		sed -n 's/.* helper_looks=\([0-9]*\).*/\1/p' | awk '{n += $1} END {print n + 0}'
+}
 for variant in ${SOVIA_BENCH_VARIANTS:-tcp libsovia}; do
 	PORT=$((PORT + 1))
 	pre=""
@@ -43,10 +58,20 @@ for variant in ${SOVIA_BENCH_VARIANTS:-tcp libsovia}; do
 	done) >"$WORK/$variant.pin" &
 	CL=(${SOVIA_BENCH_CLIENTS:-8 400})
 	for c in "${CL[@]}"; do
+		cs0=$(ctxt $srv) line0=$(($(wc -l <"$WORK/$variant.srv") + 1))
 		env LD_PRELOAD="$pre" redis-benchmark -h "$IP" -p $PORT -c $c -n "$REQ" -d 1024 \
 			-t get -q >"$WORK/$variant.$c" 2>"$WORK/$variant.$c.err"
+		sleep 1 # the server's last closes and their statistics
+		cs=$(($(ctxt $srv) - cs0))
 		R[$c]=$(rps "$WORK/$variant.$c")
-		echo "redis_scale $variant: $c clients: ${R[$c]:-no result} GET/s ($(date +%T))"
+		per=$(awk -v n="$cs" -v r="$REQ" 'BEGIN {printf "%.2f", n / r}')
+		more=""
+		if [ $variant = libsovia ]; then
+			lk=$(looks_from "$WORK/$variant.srv" "$line0")
+			more=", helper looks per request $(awk -v n="$lk" -v r="$REQ" 'BEGIN {printf "%.2f", n / r}')"
+		fi
+		echo "redis_scale $variant: $c clients: ${R[$c]:-no result} GET/s; per request:" \
+			"server context switches $per$more ($(date +%T))"
 	done
 	env LD_PRELOAD="" redis-cli -h "$IP" -p $PORT shutdown nosave >/dev/null 2>&1
 	wait $srv 2>/dev/null
