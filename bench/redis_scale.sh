@@ -81,6 +81,11 @@ for variant in ${SOVIA_BENCH_VARIANTS:-tcp libsovia}; do
 		all=$(grep -c "libsovia stats.* server " "$WORK/$variant.srv")
 		pin=$(sort -n "$WORK/$variant.pin" | tail -1)
 		extra="; server connections on RDMA: $on of $all; server's most pinned memory ${pin:-?} kB (VmPin)"
+		# Those not on RDMA at their close: their state and fallback reason.
+		why=$(grep "libsovia stats.* server " "$WORK/$variant.srv" | grep -v " state=rdma " |
+			sed -n 's/.* state=\([a-z]*\) fallback=\([a-z_]*\) .*/\1:\2/p' | sort | uniq -c |
+			awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2}')
+		[ -n "$why" ] && extra="$extra; the others: $why"
 	fi
 	first=${CL[0]}
 	for c in "${CL[@]:1}"; do
