@@ -66,9 +66,11 @@ static int take_below(size_t limit, size_t bytes)
 
 int sv_pinned_take(size_t bytes)
 {
-	/* Wanted before the try: a give-back between a failed try and the
-	 * flag would otherwise wake nobody (both are sequentially consistent:
-	 * the giver either sees the flag or the taker sees what it gave). */
+	if (take_below(sv_pinned_budget(), bytes) == 0)
+		return 0;
+	/* Refused: room is wanted. Then once more, for a give-back between
+	 * the refusal and the flag, which woke nobody (both are sequentially
+	 * consistent: the giver sees the flag, or this try sees its room). */
 	atomic_store(&room_wanted, true);
 	return take_below(sv_pinned_budget(), bytes);
 }
