@@ -112,8 +112,8 @@ static bool watch_free(struct sv_watch *w)
 }
 
 /* Drop the dying watches' references, for about SV_HELPER_BURY_US (at
- * least one). True when some are left for the next pass. */
-static bool bury(void)
+ * least one); the rest wait for the next pass. */
+static void bury(void)
 {
 	uint64_t until = sv_now_us() + SV_HELPER_BURY_US;
 	while (dying) {
@@ -124,7 +124,6 @@ static bool bury(void)
 		if (sv_now_us() >= until)
 			break;
 	}
-	return dying != NULL;
 }
 
 /* The next look at a stream whose active application drives it. Coalesced
@@ -179,7 +178,8 @@ static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 
 uint64_t sv_watch_service_all(uint64_t now, bool *on_hub)
 {
-	uint64_t next = bury() ? now : 0;
+	uint64_t next = 0;
+	bury();
 	sv_lock(&watch_lock);
 	struct sv_watch *list = watches;
 	watches = NULL;

@@ -244,10 +244,10 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 		case SV_CONN_RESOLVING:
 		case SV_CONN_REQUESTED:
 			if (s->sw.deadline_us && sv->now >= s->sw.deadline_us) {
-				if (s->sw.room_wait)
+				bool room = s->sw.room_wait;
+				if (room)
 					sv_pinned_tell(s->sw.room_wait);
-				sv_stream_fall_back(s, s->sw.room_wait ? SV_FB_MEMLOCK
-								      : SV_FB_TIMEOUT);
+				sv_stream_fall_back(s, room ? SV_FB_MEMLOCK : SV_FB_TIMEOUT);
 				s->sw.room_wait = 0;
 				sv->done = true;
 			} else if (s->sw.room_wait && s->state == SV_CONN_RESOLVING) {

@@ -284,8 +284,8 @@ static struct unmatched **find_unmatched(const struct sv_cm_req *req)
 	return NULL;
 }
 
-/* Try to match a request; true when it is settled (accepted or refused).
- * A refused id is left in *destroy. */
+/* Try to match a request to an accepted connection. A refused id is left
+ * in *destroy. */
 static enum match_result match_request(struct rdma_cm_id *id, const struct sv_cm_req *req,
 				       struct rdma_cm_id **destroy)
 {

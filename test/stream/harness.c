@@ -234,3 +234,11 @@ int h_open_fds(void)
 	closedir(d);
 	return n - 1; /* the directory's own */
 }
+
+uint64_t h_helper_looks(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	uint64_t n = s->st.helper_looks;
+	sv_unlock(&s->lock);
+	return n;
+}

@@ -85,5 +85,7 @@ void h_writer_join(struct h_writer *w);
 uint64_t h_ms(void);
 /* The descriptors this process has open. */
 int h_open_fds(void);
+/* The helper thread's looks at s so far (its statistics' helper_looks). */
+uint64_t h_helper_looks(struct sv_stream *s);
 
 #endif

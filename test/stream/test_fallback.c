@@ -16,22 +16,29 @@
 
 TestSuite(fallback, .init = h_setup, .fini = h_teardown, .timeout = 60);
 
-/* Both ways on TCP, then check it stayed there. */
-static void exchange_on_tcp(struct pair *p)
+/* Bytes over the pair both ways, checked, and which medium carried them:
+ * on TCP, nothing ever went over RDMA. */
+static void exchange(struct pair *p, uint64_t seed, bool rdma)
 {
 	uint8_t out[5000], in[5000];
 	long end;
-	h_pattern(out, sizeof(out), 30, 0);
+	h_pattern(out, sizeof(out), seed, 0);
+	struct h_counts c0 = h_counts(p->c), s0 = h_counts(p->s);
 	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
 	cr_assert_eq(h_read_all(p->s, in, sizeof(in), &end), sizeof(in));
-	cr_assert(h_pattern_ok(in, sizeof(in), 30, 0));
+	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
 	cr_assert_eq(h_write_all(p->s, out, sizeof(out)), (long)sizeof(out));
 	cr_assert_eq(h_read_all(p->c, in, sizeof(in), &end), sizeof(in));
-	cr_assert(h_pattern_ok(in, sizeof(in), 30, 0));
+	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
 	struct h_counts c = h_counts(p->c), s = h_counts(p->s);
-	cr_assert_eq(c.rdma_tx + s.rdma_tx, 0);
-	cr_assert_eq(c.tcp_tx, sizeof(out));
-	cr_assert_eq(s.tcp_tx, sizeof(out));
+	if (rdma) {
+		cr_assert_eq(c.rdma_tx - c0.rdma_tx, sizeof(out), "the client's bytes went on RDMA");
+		cr_assert_eq(s.rdma_tx - s0.rdma_tx, sizeof(out), "the server's bytes went on RDMA");
+	} else {
+		cr_assert_eq(c.rdma_tx + s.rdma_tx, 0);
+		cr_assert_eq(c.tcp_tx - c0.tcp_tx, sizeof(out), "the client's bytes went on TCP");
+		cr_assert_eq(s.tcp_tx - s0.tcp_tx, sizeof(out), "the server's bytes went on TCP");
+	}
 }
 
 /* A server without libsovia (no RDMA listener): the client asks again a
@@ -44,7 +51,7 @@ Test(fallback, no_listener_at_the_peer)
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
 		     sv_conn_state_name(h_state(p.c)));
 	cr_assert_eq(h_fallback(p.c), SV_FB_REJECTED);
-	exchange_on_tcp(&p);
+	exchange(&p, 30, false);
 	cr_assert(sv_stream_kernel_only(p.c));
 	h_pair_free(&p);
 }
@@ -60,7 +67,7 @@ Test(fallback, no_route)
 	h_connect(&p);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.c), SV_FB_NO_ROUTE);
-	exchange_on_tcp(&p);
+	exchange(&p, 30, false);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.s), SV_FB_TIMEOUT);
 	cr_assert_eq(fake_net_qps_created(), 0);
@@ -118,14 +125,6 @@ Test(fallback, failed_challenge_keeps_tcp_working)
 	h_pair_free(&p);
 }
 
-static uint64_t helper_looks(struct sv_stream *s)
-{
-	sv_lock(&s->lock);
-	uint64_t n = s->st.helper_looks;
-	sv_unlock(&s->lock);
-	return n;
-}
-
 /* What a connection's buffers take of the locked-memory budget at first. */
 static size_t start_pin(void)
 {
@@ -133,26 +132,6 @@ static size_t start_pin(void)
 	sv_config_proto_params(&sv_cfg, &prm);
 	return sv_pinned_pages((size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) *
 			       sv_proto_start_size(&prm));
-}
-
-/* Bytes over the pair both ways, checked, and which medium carried them. */
-static void exchange(struct pair *p, uint64_t seed, bool rdma)
-{
-	uint8_t out[3000], in[3000];
-	long end;
-	h_pattern(out, sizeof(out), seed, 0);
-	struct h_counts c0 = h_counts(p->c);
-	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
-	cr_assert_eq(h_read_all(p->s, in, sizeof(in), &end), sizeof(in));
-	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
-	cr_assert_eq(h_write_all(p->s, out, sizeof(out)), (long)sizeof(out));
-	cr_assert_eq(h_read_all(p->c, in, sizeof(in), &end), sizeof(in));
-	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
-	struct h_counts c = h_counts(p->c);
-	if (rdma)
-		cr_assert_eq(c.rdma_tx - c0.rdma_tx, sizeof(out), "the client's bytes went on RDMA");
-	else
-		cr_assert_eq(c.tcp_tx - c0.tcp_tx, sizeof(out), "the client's bytes went on TCP");
 }
 
 /* The locked-memory budget (pinned.h): a connection whose buffers do not
@@ -176,9 +155,9 @@ ParameterizedTest(unsigned *pins, fallback, past_the_budget_a_connection_waits_f
 	h_listen(&b, true);
 	h_connect(&b);
 	usleep(300 * 1000); /* its upgrade gets as far as the budget lets it */
-	uint64_t looks = helper_looks(b.c) + helper_looks(b.s);
+	uint64_t looks = h_helper_looks(b.c) + h_helper_looks(b.s);
 	usleep(300 * 1000);
-	looks = helper_looks(b.c) + helper_looks(b.s) - looks;
+	looks = h_helper_looks(b.c) + h_helper_looks(b.s) - looks;
 	/* It asks again when room is given back, not in a loop. */
 	cr_assert_leq(looks, 30, "the helper looked at the waiting pair %lu times in 300 ms",
 		      (unsigned long)looks);
@@ -214,7 +193,7 @@ Test(fallback, past_the_budget_until_the_deadline)
 	cr_assert_eq(h_wait_state(b.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(b.c), SV_FB_MEMLOCK, "fallback=%s",
 		     sv_fallback_name(h_fallback(b.c)));
-	exchange_on_tcp(&b);
+	exchange(&b, 30, false);
 	cr_assert_eq(sv_pinned_taken(), 2 * pin);
 	h_pair_free(&b);
 	h_pair_free(&a);
@@ -233,7 +212,7 @@ Test(fallback, buffers_that_never_fit)
 		     sv_conn_state_name(h_state(b.c)));
 	cr_assert_eq(h_fallback(b.c), SV_FB_MEMLOCK, "fallback=%s",
 		     sv_fallback_name(h_fallback(b.c)));
-	exchange_on_tcp(&b);
+	exchange(&b, 30, false);
 	cr_assert_eq(sv_pinned_taken(), 0);
 	h_pair_free(&b);
 }

@@ -246,14 +246,6 @@ static uint64_t helper_polls(struct sv_stream *s)
 	return n;
 }
 
-static uint64_t helper_looks(struct sv_stream *s)
-{
-	sv_lock(&s->lock);
-	uint64_t n = s->st.helper_looks;
-	sv_unlock(&s->lock);
-	return n;
-}
-
 /* A connection whose upgrade waits (here, accepted streams whose clients
  * never ask) is looked at by its deadline or when its rdma_cm events kick
  * it, not at every wake-up of the helper: a burst of hundreds of new
@@ -281,14 +273,14 @@ Test(switch, a_waiting_upgrade_is_not_looked_at_every_wakeup)
 	uint64_t before[K];
 	for (int i = 0; i < K; i++) {
 		cr_assert_eq(h_state(srv[i]), SV_CONN_TCP, "waiting for its request");
-		before[i] = helper_looks(srv[i]);
+		before[i] = h_helper_looks(srv[i]);
 	}
 	for (int i = 0; i < WAKES; i++) {
 		sv_helper_wake();
 		usleep(500);
 	}
 	for (int i = 0; i < K; i++) {
-		uint64_t n = helper_looks(srv[i]) - before[i];
+		uint64_t n = h_helper_looks(srv[i]) - before[i];
 		cr_assert_leq(n, 5, "stream %d was looked at %lu times in %d wake-ups", i,
 			      (unsigned long)n, WAKES);
 		cr_assert_eq(h_state(srv[i]), SV_CONN_TCP);
