@@ -9,7 +9,7 @@
 # must cost it no descriptors beyond their sockets (src/hub.h), or its
 # accepts fail with EMFILE long before 200. (Between the SET and the GET
 # runs, the 200 closed connections still linger while 200 new ones
-# arrive: 256 did not leave room for both.)
+# arrive: 256 would leave no room for both.)
 #
 # Asserted: every request served (redis-benchmark's counts), no
 # connection of either end fell back for memlock, no memlock complaint,
