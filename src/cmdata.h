@@ -11,7 +11,7 @@
 
 #define SV_CM_MAGIC 0x41564f53u /* "SOVA" on the wire */
 /* 2: receive buffers grow, the header's flags give their size. */
-#define SV_CM_VERSION 2
+#define SV_CM_VERSION 3
 #define SV_CM_REQ_MAX 56
 
 struct sv_cm_req {

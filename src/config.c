@@ -40,6 +40,9 @@ static const struct setting settings[] = {
 	 "payload bytes per message while a connection is new: its buffers grow to "
 	 "SOVIA_BUF_SIZE when the traffic fills them (if that is a power of two; "
 	 "SOVIA_BUF_SIZE or more: they never grow)"},
+	{"SOVIA_BUF_IDLE_MS", SETTING_U32, U32(buf_idle_ms), 1000, 0, 3600000,
+	 "milliseconds a connection's sending is idle before the peer's grown buffers go back "
+	 "to SOVIA_BUF_START, and its own send buffers with them (0: never)"},
 	{"SOVIA_ACK_DELAY", SETTING_U32, U32(ack_delay), 2, 1, 512,
 	 "consumed descriptors before an ACK"},
 	{"SOVIA_ACK_TIMEOUT_US", SETTING_U32, U32(ack_timeout_us), 1000, 10, 1000000,
@@ -222,6 +225,7 @@ void sv_config_proto_params(const struct sv_config *cfg, struct sv_proto_params 
 		.coalesce_size = cfg->coalesce_size,
 		.coalesce_timeout_us = cfg->coalesce_timeout_us,
 		.zcopy_threshold = cfg->reg_threshold,
+		.idle_us = (uint64_t)cfg->buf_idle_ms * 1000,
 	};
 	/* coalesce_size fits the payload: sv_config_load keeps it at most
 	 * SOVIA_BUF_SIZE, and sv_config_defaults' values do. */

@@ -15,6 +15,7 @@ struct sv_config {
 	uint32_t window;              /* SOVIA_WINDOW: receive descriptors pre-posted = credits */
 	uint32_t buf_size;            /* SOVIA_BUF_SIZE: payload bytes per message */
 	uint32_t buf_start;           /* SOVIA_BUF_START: ... at first */
+	uint32_t buf_idle_ms;         /* SOVIA_BUF_IDLE_MS: idle sending gives grown buffers back */
 	uint32_t ack_delay;           /* SOVIA_ACK_DELAY: consumed descriptors before an ACK */
 	uint32_t ack_timeout_us;      /* SOVIA_ACK_TIMEOUT_US: delayed-ACK timer */
 	bool coalesce;                /* SOVIA_COALESCE: Nagle-style coalescing of small writes */

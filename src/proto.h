@@ -45,6 +45,11 @@ enum sv_msg_type {
 				* BACK from the peer. */
 	SV_MSG_RETURN = 8,     /* payload: bytes of the receiver's own stream at seq,
 				* given back unread: it writes them on TCP first */
+	SV_MSG_DRAIN = 9,      /* no payload: it only spends one of the receiver's
+				* buffers. The sender's direction went idle and it
+				* gives the receiver's grown buffers back: from the
+				* first DRAIN on, the receiver posts its buffers at the
+				* set-up size (docs/protocol.md, 5) */
 };
 
 #define SV_BACK_PAYLOAD 8
@@ -70,7 +75,8 @@ struct sv_hdr {
 	uint8_t flags;    /* the size of the receive buffers `credits` reports:
 			   * 0 = the size the connection set-up gave, k in
 			   * [SV_SIZE_CODE_MIN, SV_SIZE_CODE_MAX] = 2^k payload bytes;
-			   * never smaller than an earlier report's */
+			   * never smaller than an earlier report's, except once
+			   * after the peer's DRAIN */
 	uint16_t credits; /* receive buffers reposted since the last report */
 	uint32_t len;     /* payload bytes after the header */
 	uint64_t seq;     /* stream offset of the first payload byte (or of the event) */
@@ -112,8 +118,9 @@ struct sv_xport_ops {
 	/* Address of receive buffer i / send buffer i. */
 	void *(*recv_buf)(void *xp, uint32_t i);
 	void *(*send_buf)(void *xp, uint32_t i);
-	/* Post receive buffer i to receive one message. */
-	int (*post_recv)(void *xp, uint32_t i);
+	/* Post receive buffer i to receive one message: at buf_size (big,
+	 * only after grow(recv)) or at start_size. */
+	int (*post_recv)(void *xp, uint32_t i, bool big);
 	/* Send one message: the first `len` bytes of send buffer `slot`, then
 	 * (zero copy) the user memory in iov[0..iovcnt) which the transport
 	 * registers itself. iovcnt is 0 for the copy path, at most
@@ -128,9 +135,14 @@ struct sv_xport_ops {
 	 * them), and they stay at start_size. After grow(recv), every
 	 * post_recv posts the buffer at buf_size.
 	 * send_big: send buffer `slot`, free now, is at buf_size from now on
-	 * (the core calls it after grow(send), as it takes each slot). */
+	 * (the core calls it after grow(send), as it takes each slot).
+	 * shrink: no buffer of that direction is at buf_size any more (none
+	 * posted, none holding a message, no send buffer in flight): the
+	 * transport frees them, and every buffer is at start_size again
+	 * until the next grow. Optional when grow is NULL. */
 	int (*grow)(void *xp, bool recv);
 	void (*send_big)(void *xp, uint32_t slot);
+	void (*shrink)(void *xp, bool recv);
 };
 
 struct sv_xport {
@@ -156,6 +168,8 @@ struct sv_proto_params {
 	uint32_t coalesce_size; /* small-write threshold and coalescing buffer limit */
 	uint64_t coalesce_timeout_us;
 	uint32_t zcopy_threshold; /* writes >= this go zero copy */
+	uint64_t idle_us;       /* our sending idle this long gives the peer's grown
+				 * buffers back (DRAIN); 0: never */
 };
 
 /* The size buffers have at first (header included). */
@@ -206,8 +220,11 @@ struct sv_proto_stats {
 					    * while the window was closed */
 	uint64_t flushes[SV_FLUSH_REASONS]; /* coalescing buffers pushed out, by reason */
 	uint64_t gave_back, got_back;      /* bytes returned by the way back, each way */
-	bool rx_grown, tx_grown;           /* our receive (send) buffers grew to buf_size */
+	bool rx_grown, tx_grown;           /* our receive (send) buffers are at buf_size now */
 	uint64_t grow_refused;             /* growths the transport refused (no locked memory) */
+	uint64_t rx_grows, tx_grows;       /* times our receive (send) buffers grew */
+	uint64_t rx_shrinks, tx_shrinks;   /* ... and went back to start_size */
+	uint64_t drains_sent;              /* DRAIN messages: the peer's grown buffers given back */
 };
 
 /* ---- The core ---------------------------------------------------------- */

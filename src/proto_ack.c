@@ -79,12 +79,19 @@ int sv_pr_ack_policy(struct sv_proto *p, struct sv_clock *clk)
 	return 0;
 }
 
+/* The earlier of two deadlines (0: none). */
+static uint64_t earlier(uint64_t a, uint64_t b)
+{
+	return b && (!a || b < a) ? b : a;
+}
+
 uint64_t sv_proto_next_deadline(struct sv_proto *p, struct sv_clock *clk)
 {
 	if (p->ack_lazy_us)
 		ack_clock(p, sv_clock_now(clk));
-	uint64_t d = p->ack_deadline, f = sv_proto_flush_deadline(p);
-	return f && (!d || f < d) ? f : d;
+	if (p->idle_lazy)
+		sv_pr_idle_timer(p, sv_clock_now(clk)); /* only starts it */
+	return earlier(earlier(p->ack_deadline, sv_proto_flush_deadline(p)), p->idle_deadline);
 }
 
 uint64_t sv_proto_flush_deadline(const struct sv_proto *p)
@@ -96,10 +103,13 @@ uint64_t sv_proto_timers(struct sv_proto *p, struct sv_clock *clk)
 {
 	if (p->error || sv_pr_rx_release(p) < 0)
 		return 0;
-	if (!sv_proto_ack_armed(p) && p->pending_slot < 0 && !sv_clock_known(clk))
+	if (!sv_proto_ack_armed(p) && p->pending_slot < 0 && !p->idle_deadline && !p->idle_lazy &&
+	    !sv_clock_known(clk))
 		return 0; /* no timer armed: no clock needed */
 	uint64_t now = sv_clock_now(clk);
 	ack_clock(p, now);
+	if (sv_pr_idle_timer(p, now) < 0)
+		return 0;
 	if (p->ack_deadline && now >= p->ack_deadline) {
 		p->ack_deadline = 0;
 		if (p->unreported_data > 0 && send_update(p) < 0)

@@ -47,7 +47,20 @@ struct sv_proto {
 	} runs[SV_RUNS];
 	uint32_t run_head, run_count; /* a ring; run_count >= 1 */
 	uint32_t peer_start_cap; /* the size of the peer's buffers at set-up (size code 0) */
-	bool tx_grow_tried;      /* grow(send) was asked for (once) */
+	bool tx_grow_tried;      /* grow(send) was asked for (once per growth of the peer's) */
+	/* Giving the peer's grown buffers back (DRAIN, docs/protocol.md 5). */
+	enum sv_drain {
+		SV_DRAIN_NONE,   /* not draining */
+		SV_DRAIN_ASKED,  /* DRAINs sent; every large credit is the peer's
+				  * old buffer, until its first smaller report */
+		SV_DRAIN_OLD,    /* the peer posts small ones now: drain_left
+				  * old credits remain at the head */
+	} drain;
+	uint32_t drain_left;     /* SV_DRAIN_OLD: old credits still to spend */
+	bool tx_shrink_wanted;   /* our send buffers go back to start size once all are free */
+	uint64_t idle_deadline;  /* when our sending is looked at for idleness (0: not armed) */
+	bool idle_lazy;          /* armed without a clock: the next reading sets it */
+	uint64_t idle_mark;      /* st.tx_data_msgs at the last look */
 	uint8_t *slot_big;       /* per send buffer: at buf_size */
 	uint32_t pending_cap;    /* payload the coalescing buffer may take */
 	bool to_rdma_inflight;   /* our TO_RDMA is posted but not yet completed */
@@ -91,8 +104,10 @@ struct sv_proto {
 	uint32_t stashed_msgs;   /* ... and their number */
 	uint32_t peer_credits;   /* our view of the peer's credits towards us */
 	uint8_t *rx_big;         /* per receive buffer: posted at buf_size */
+	uint32_t rx_big_count;   /* ... how many are (posted, or holding a message) */
 	uint32_t rx_full_run;    /* DATA messages in a row that filled their buffer */
 	bool rx_grow_wanted;     /* they said: grow once nothing is unreported */
+	bool rx_shrink_wanted;   /* a DRAIN came: post small ones once nothing is unreported */
 	uint8_t rx_code;         /* the header's size code of what we post now (flags) */
 	uint32_t unreported;     /* reposted buffers not yet reported */
 	int32_t rx_held;         /* the buffer the last receive call emptied, not
@@ -151,7 +166,8 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 	       const struct iovec *zc, int zccnt);
 /* What the oldest buffer of the peer's we may send into holds: the next
  * message's limit. With no credit, the newest size the peer reported:
- * the credits that come are at least that large. Over time it only grows. */
+ * the credits that come are at least that large, unless we give its large
+ * buffers back (proto_drain.c). */
 static inline uint32_t sv_pr_peer_cap(const struct sv_proto *p)
 {
 	uint32_t i = p->credits ? p->run_head : (p->run_head + p->run_count - 1) % SV_RUNS;
@@ -169,11 +185,18 @@ static inline uint32_t sv_pr_msg_cap(const struct sv_proto *p, uint32_t slot)
 	uint32_t a = sv_pr_slot_cap(p, slot), b = sv_pr_peer_cap(p);
 	return a < b ? a : b;
 }
-/* ... from a send buffer not taken yet. */
+/* What a message that may wait (a coalescing buffer) can hold: while we
+ * give the peer's large buffers back, the credit it goes into in the end
+ * may be of the set-up's size (proto_drain.c). */
+static inline uint32_t sv_pr_wait_cap(const struct sv_proto *p, uint32_t cap)
+{
+	return p->drain != SV_DRAIN_NONE && cap > p->peer_start_cap ? p->peer_start_cap : cap;
+}
+/* ... from a send buffer not taken yet, for a write that may wait. */
 static inline uint32_t sv_pr_tx_cap(const struct sv_proto *p)
 {
 	uint32_t a = p->st.tx_grown ? p->payload_max : p->start_max, b = sv_pr_peer_cap(p);
-	return a < b ? a : b;
+	return sv_pr_wait_cap(p, a < b ? a : b);
 }
 /* A free send buffer, or -EAGAIN. After our send buffers grew, each is at
  * the new size from the next time it is taken. */
@@ -237,9 +260,25 @@ static inline uint32_t sv_pr_rx_cap(const struct sv_proto *p, uint32_t buf)
 }
 /* Post receive buffer `buf` (at the size the receive side has now). */
 int sv_pr_post_recv(struct sv_proto *p, uint32_t buf);
-/* Our receive buffers grow, if they were asked to and nothing posted
- * before is unreported (a header reports buffers of one size). */
+/* Our receive buffers grow (or go back to the start size after the peer's
+ * DRAIN), if they were asked to and nothing posted before is unreported (a
+ * header reports buffers of one size). */
 void sv_pr_rx_grow_if_due(struct sv_proto *p);
+/* proto_drain.c: giving grown buffers back (docs/protocol.md, 5). */
+/* The peer's DRAIN arrived in buffer buf. */
+int sv_pr_on_drain(struct sv_proto *p, uint32_t buf);
+/* The peer reported credits of a smaller size than before: legal only
+ * while we drain. */
+int sv_pr_peer_shrank(struct sv_proto *p);
+/* Send the DRAINs that are due and can go. */
+int sv_pr_drain(struct sv_proto *p);
+/* Our send buffers go back to the start size if that is wanted and all
+ * are free. */
+void sv_pr_tx_shrink_if_due(struct sv_proto *p);
+/* The idleness timer: start it (when the peer's buffers are large), and
+ * look at it. */
+void sv_pr_idle_arm(struct sv_proto *p);
+int sv_pr_idle_timer(struct sv_proto *p, uint64_t now);
 /* Repost a receive buffer whose contents are done with. */
 int sv_pr_repost_control(struct sv_proto *p, uint32_t buf);
 /* Repost the buffer the last receive call emptied (p->rx_held), if any. */

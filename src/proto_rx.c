@@ -13,10 +13,24 @@
 
 int sv_pr_post_recv(struct sv_proto *p, uint32_t buf)
 {
-	int r = p->xp.ops->post_recv(p->xp.ctx, buf);
-	if (r == 0)
-		p->rx_big[buf] = p->st.rx_grown;
-	return r;
+	/* Buffers that never grow are at buf_size in the start pool. */
+	bool growable = p->start_max < p->payload_max;
+	bool big = p->st.rx_grown && growable;
+	int r = p->xp.ops->post_recv(p->xp.ctx, buf, big);
+	if (r < 0 || !growable)
+		return r;
+	if (p->rx_big[buf] != big) {
+		p->rx_big[buf] = big;
+		if (big)
+			p->rx_big_count++;
+		else if (--p->rx_big_count == 0) {
+			/* The last large buffer came back after the peer's
+			 * DRAIN: none is posted or holds a message. */
+			p->xp.ops->shrink(p->xp.ctx, true);
+			p->st.rx_shrinks++;
+		}
+	}
+	return 0;
 }
 
 /* A control message's buffer is free again at once. */
@@ -38,12 +52,24 @@ int sv_pr_repost_control(struct sv_proto *p, uint32_t buf)
 
 void sv_pr_rx_grow_if_due(struct sv_proto *p)
 {
-	if (!p->rx_grow_wanted || p->unreported || p->st.rx_grown || p->error)
+	if (p->unreported || p->error)
+		return;
+	if (p->rx_shrink_wanted) {
+		/* After the peer's DRAIN: the set-up's size from now on. The
+		 * large buffers still posted go as messages consume them
+		 * (sv_pr_post_recv). */
+		p->rx_shrink_wanted = false;
+		p->st.rx_grown = false;
+		p->rx_code = 0;
+		return;
+	}
+	if (!p->rx_grow_wanted || p->st.rx_grown)
 		return;
 	p->rx_grow_wanted = false;
 	int r = p->xp.ops->grow ? p->xp.ops->grow(p->xp.ctx, true) : -EOPNOTSUPP;
 	if (r == 0) {
 		p->st.rx_grown = true; /* every buffer posted from now on */
+		p->st.rx_grows++;
 		p->rx_code = sv_size_code(p->payload_max);
 	}
 	else
@@ -54,7 +80,9 @@ void sv_pr_rx_grow_if_due(struct sv_proto *p)
  * larger buffers. */
 static void rx_size_hint(struct sv_proto *p, uint32_t buf, uint32_t len)
 {
-	if (p->st.rx_grown || !p->xp.ops->grow)
+	/* Not while large buffers from before a DRAIN are still posted: the
+	 * transport has one pool of them. */
+	if (p->st.rx_grown || p->rx_big_count || p->rx_shrink_wanted || !p->xp.ops->grow)
 		return;
 	if (len < sv_pr_rx_cap(p, buf)) {
 		p->rx_full_run = 0;
@@ -69,7 +97,8 @@ static void rx_size_hint(struct sv_proto *p, uint32_t buf, uint32_t len)
 
 /* The peer reported `n` more of its buffers, of the size `code` says
  * (struct sv_hdr): they queue behind the ones we hold credits for. A size
- * smaller than the last one reported, or no size at all, is malformed. */
+ * smaller than the last one reported (unless our DRAIN asked for it), or
+ * no size at all, is malformed. */
 static int add_credits(struct sv_proto *p, uint32_t n, uint8_t code)
 {
 	uint32_t cap = p->peer_start_cap;
@@ -81,26 +110,33 @@ static int add_credits(struct sv_proto *p, uint32_t n, uint8_t code)
 	if (!n)
 		return 0;
 	struct sv_credit_run *tail = &p->runs[(p->run_head + p->run_count - 1) % SV_RUNS];
-	if (cap < tail->cap)
-		return sv_pr_malformed(p);
+	if (cap < tail->cap && sv_pr_peer_shrank(p) < 0)
+		return p->error;
 	p->credits += n;
 	if (cap == tail->cap) {
 		tail->n += n;
 	} else if (p->run_count == 1 && tail->n == 0) {
 		*tail = (struct sv_credit_run){.cap = cap, .n = n};
+	} else if (p->run_count == SV_RUNS) {
+		/* Sizes grow from one run to the next, but once after each
+		 * DRAIN: far fewer runs than SV_RUNS are ever held. */
+		return sv_pr_malformed(p);
 	} else {
-		/* Sizes strictly grow from one run to the next: SV_RUNS is
-		 * enough for every size the header can name. */
 		p->runs[(p->run_head + p->run_count) % SV_RUNS] = (struct sv_credit_run){cap, n};
 		p->run_count++;
 	}
+	if (cap <= p->peer_start_cap)
+		return 0;
+	sv_pr_idle_arm(p); /* large buffers: given back when we go idle */
 	/* The peer's buffers grew beyond ours: ours may follow. */
 	if (cap > p->start_max && !p->st.tx_grown && !p->tx_grow_tried && p->xp.ops->grow) {
 		p->tx_grow_tried = true;
-		if (p->xp.ops->grow(p->xp.ctx, false) == 0)
+		if (p->xp.ops->grow(p->xp.ctx, false) == 0) {
 			p->st.tx_grown = true;
-		else
+			p->st.tx_grows++;
+		} else {
 			p->st.grow_refused++;
+		}
 	}
 	return 0;
 }
@@ -264,6 +300,10 @@ static int on_message(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 		return sv_pr_on_return(p, h, buf);
 	case SV_MSG_RESET:
 		return sv_proto_abort(p, -ECONNRESET);
+	case SV_MSG_DRAIN:
+		if (h->len != 0)
+			return sv_pr_malformed(p);
+		return sv_pr_on_drain(p, buf);
 	}
 	return sv_pr_malformed(p);
 }
@@ -306,8 +346,10 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, struct
 		r = on_message(p, &h, buf);
 	if (r < 0)
 		return r;
-	/* New credits may release data that waited for them. */
+	/* New credits may release data that waited for them, then DRAINs. */
 	r = sv_pr_tx_release(p, clk);
+	if (r == 0 && p->drain != SV_DRAIN_NONE)
+		r = sv_pr_drain(p);
 	if (r < 0)
 		return r;
 	return sv_pr_ack_policy(p, clk);

@@ -49,7 +49,9 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 		p->run_head = (p->run_head + 1) % SV_RUNS;
 		p->run_count--;
 	}
-	if (p->rx_grow_wanted)
+	if (p->drain == SV_DRAIN_OLD && p->drain_left)
+		p->drain_left--;
+	if (p->rx_grow_wanted || p->rx_shrink_wanted)
 		sv_pr_rx_grow_if_due(p);
 	p->inflight += type == SV_MSG_DATA;
 	p->slot_kind[slot] = (uint8_t)(zccnt ? SV_SLOT_ZCOPY
@@ -279,8 +281,9 @@ static long coalesce(struct sv_proto *p, const struct iovec *iov, int iovcnt, si
 		p->pending_slot = (int32_t)slot;
 		p->pending_len = 0;
 		/* What it may take is fixed now: the peer's next buffers are
-		 * never smaller (sv_pr_peer_cap only grows). */
-		p->pending_cap = sv_pr_msg_cap(p, slot);
+		 * never smaller, but while we give its large ones back
+		 * (proto_drain.c), when they may be the set-up's size. */
+		p->pending_cap = sv_pr_wait_cap(p, sv_pr_msg_cap(p, slot));
 		p->pending_deadline = 0; /* armed below if the buffer stays */
 	} else if (p->prm.coalesce) {
 		p->st.coalesced_writes++;
@@ -375,8 +378,11 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, struct sv_clock *cl
 	int fr = sv_pr_flush_if_idle(p);
 	if (fr == 0)
 		fr = sv_pr_fin_if_wanted(p, clk); /* a free send buffer */
+	if (fr == 0 && p->drain != SV_DRAIN_NONE)
+		fr = sv_pr_drain(p);
 	if (fr < 0)
 		return fr;
+	sv_pr_tx_shrink_if_due(p);
 	/* A report that found no free send buffer may go now. */
 	return sv_pr_ack_policy(p, clk);
 }

@@ -71,7 +71,8 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"waits=spun:%llu,slept:%llu,slept_us:%llu,slept_max_us:%llu "
 		"woken=chan:%llu,kick:%llu,timeout:%llu helper_polls=%llu helper_looks=%llu "
 		"spin_avg_us=%u "
-		"time_to_rdma_us=%llu grown=rx:%u,tx:%u grow_refused=%llu pinned_start_bytes=%zu\n",
+		"time_to_rdma_us=%llu grown=rx:%llu,tx:%llu shrunk=rx:%llu,tx:%llu drains=%llu "
+		"grow_refused=%llu pinned_start_bytes=%zu\n",
 		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
 		sv_fallback_name(s->fallback), U(p->tx_bytes), U(p->rx_bytes),
 		U(s->st.tcp_tx_bytes), U(s->st.tcp_rx_bytes), U(p->tx_msgs), U(p->rx_msgs),
@@ -87,8 +88,8 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		U(s->st.woken_chan), U(s->st.woken_kick), U(s->st.woken_timeout),
 		U(s->st.helper_polls), U(s->st.helper_looks),
 		(unsigned)atomic_load_explicit(&s->wt.wait_avg_us, memory_order_relaxed),
-		U(s->st.to_rdma_us), s->proto ? (unsigned)p->rx_grown : 0u,
-		s->proto ? (unsigned)p->tx_grown : 0u, U(p->grow_refused), s->pinned);
+		U(s->st.to_rdma_us), U(p->rx_grows), U(p->tx_grows), U(p->rx_shrinks),
+		U(p->tx_shrinks), U(p->drains_sent), U(p->grow_refused), s->pinned);
 	if (n > 0) {
 		ssize_t w = SV_REAL(write)(2, line,
 					   (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);

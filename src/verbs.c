@@ -71,7 +71,6 @@ struct sv_verbs {
 	 * direction is in its pool of buf_size buffers from its next use. */
 	struct pool small, rbig, sbig;
 	uint8_t *rbig_on, *sbig_on; /* per buffer: it is in rbig (sbig) now */
-	bool rgrown;                /* receives are posted from rbig */
 	size_t grown_pin;           /* taken from the budget for rbig and sbig */
 	uint32_t nrecv, nsend, buf_size, start_size;
 	uint32_t max_inline; /* what the QP got, 0 if none */
@@ -188,16 +187,16 @@ static void *xp_send_buf(void *ctx, uint32_t i)
 	return v->small.mem + (size_t)(v->nrecv + i) * v->start_size;
 }
 
-static int xp_post_recv(void *ctx, uint32_t i)
+static int xp_post_recv(void *ctx, uint32_t i, bool big)
 {
 	struct sv_verbs *v = ctx;
-	if (i >= v->nrecv)
+	if (i >= v->nrecv || (big && !v->rbig.mr))
 		return -EINVAL;
-	v->rbig_on[i] = v->rgrown;
+	v->rbig_on[i] = big;
 	struct ibv_sge sge = {
 		.addr = (uintptr_t)xp_recv_buf(v, i),
-		.length = v->rgrown ? v->buf_size : v->start_size,
-		.lkey = v->rgrown ? v->rbig.mr->lkey : v->small.mr->lkey,
+		.length = big ? v->buf_size : v->start_size,
+		.lkey = big ? v->rbig.mr->lkey : v->small.mr->lkey,
 	};
 	struct ibv_recv_wr wr = {
 		.wr_id = SV_WR_ID(SV_WR_RECV, i),
@@ -303,8 +302,6 @@ static int xp_grow(void *ctx, bool recv)
 		return r;
 	}
 	v->grown_pin += bytes;
-	if (recv)
-		v->rgrown = true;
 	sv_dbg("verbs: QP %u: %s buffers grow to %u bytes", v->qp ? v->qp->qp_num : 0,
 	       recv ? "receive" : "send", v->buf_size);
 	return 0;
@@ -317,6 +314,25 @@ static void xp_send_big(void *ctx, uint32_t slot)
 		v->sbig_on[slot] = 1;
 }
 
+static void free_pool(struct pool *pl, const char *what);
+
+/* One direction's buf_size buffers are out of use (proto.h): unregistered,
+ * unmapped, and their locked memory back in the budget. */
+static void xp_shrink(void *ctx, bool recv)
+{
+	struct sv_verbs *v = ctx;
+	struct pool *pl = recv ? &v->rbig : &v->sbig;
+	if (!pl->mr)
+		return;
+	size_t bytes = pl->bytes;
+	memset(recv ? v->rbig_on : v->sbig_on, 0, recv ? v->nrecv : v->nsend);
+	free_pool(pl, recv ? "grown receive buffers" : "grown send buffers");
+	v->grown_pin -= bytes;
+	sv_pinned_give(bytes);
+	sv_dbg("verbs: QP %u: %s buffers back to %u bytes", v->qp ? v->qp->qp_num : 0,
+	       recv ? "receive" : "send", v->start_size);
+}
+
 static const struct sv_xport_ops verbs_ops = {
 	.recv_buf = xp_recv_buf,
 	.send_buf = xp_send_buf,
@@ -324,6 +340,7 @@ static const struct sv_xport_ops verbs_ops = {
 	.post_send = xp_post_send,
 	.grow = xp_grow,
 	.send_big = xp_send_big,
+	.shrink = xp_shrink,
 };
 
 void sv_verbs_regcache_stats(struct sv_verbs *v, struct sv_regcache_stats *st)

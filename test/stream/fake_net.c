@@ -231,7 +231,7 @@ static void deliver(struct fqp *f, uint32_t slot, const uint8_t *bytes, uint32_t
 		break_pair(f);
 }
 
-static int q_post_recv(void *ctx, uint32_t i)
+static int q_post_recv(void *ctx, uint32_t i, bool big)
 {
 	struct fqp *f = ctx;
 	sv_lock(&net_lock);
@@ -241,8 +241,11 @@ static int q_post_recv(void *ctx, uint32_t i)
 		r = -EINVAL;
 	} else if (f->state == QP_ERR) {
 		push_cqe(f, false, true, i, 0);
+	} else if (big && !f->rgrown) {
+		violation("QP %u: post_recv(%u) at buf_size before grow(recv)", f->num, i);
+		r = -EINVAL;
 	} else {
-		f->rsize[i] = f->rgrown ? f->buf_size : f->start_size;
+		f->rsize[i] = big ? f->buf_size : f->start_size;
 		f->posted[(f->phead + f->pcount) % f->nrecv] = i;
 		f->pcount++;
 	}
@@ -333,6 +336,35 @@ static void q_send_big(void *ctx, uint32_t slot)
 		f->sbig[slot] = 1;
 }
 
+static unsigned shrinks_done;
+
+static void q_shrink(void *ctx, bool recv)
+{
+	struct fqp *f = ctx;
+	sv_lock(&net_lock);
+	if (!(recv ? f->rgrown : f->sgrown))
+		violation("QP %u: shrink(%d) before grow", f->num, recv);
+	if (recv) {
+		for (uint32_t i = 0; i < f->nrecv; i++)
+			if (f->rsize[i] == f->buf_size)
+				violation("QP %u: shrink(recv) with buffer %u at buf_size", f->num, i);
+		f->rgrown = false;
+	} else {
+		memset(f->sbig, 0, f->nsend);
+		f->sgrown = false;
+	}
+	shrinks_done++;
+	sv_unlock(&net_lock);
+}
+
+unsigned fake_net_shrinks(void)
+{
+	sv_lock(&net_lock);
+	unsigned n = shrinks_done;
+	sv_unlock(&net_lock);
+	return n;
+}
+
 unsigned fake_net_grows(void)
 {
 	sv_lock(&net_lock);
@@ -348,6 +380,7 @@ static const struct sv_xport_ops xport_ops = {
 	.post_send = q_post_send,
 	.grow = q_grow,
 	.send_big = q_send_big,
+	.shrink = q_shrink,
 };
 
 static struct sv_xport q_xport(struct sv_qp *q)

@@ -62,5 +62,7 @@ unsigned fake_net_qps_created(void);
 
 /* Buffer growths (grow calls) the fake QPs have taken since the start. */
 unsigned fake_net_grows(void);
+/* shrink calls (buffers back to their start size), since the start. */
+unsigned fake_net_shrinks(void);
 
 #endif

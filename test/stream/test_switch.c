@@ -1,12 +1,14 @@
 /* The switch to RDMA, in both directions, idle and under traffic. */
 #include "harness.h"
 
+#include "config.h"
 #include "helper_int.h"
 
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -315,5 +317,63 @@ Test(switch, an_idle_connection_leaves_the_helper_asleep)
 	/* And the next message still gets through. */
 	cr_assert_eq(h_write_all(p.c, &b, 1), 1);
 	cr_assert_eq(h_read(p.s, &b, 1, 0), 1);
+	h_pair_free(&p);
+}
+
+/* One of a stream's protocol statistics, under its lock. */
+static uint64_t proto_stat(struct sv_stream *s, size_t offset)
+{
+	sv_lock(&s->lock);
+	uint64_t v = *(const uint64_t *)((const char *)sv_proto_stats(s->proto) + offset);
+	sv_unlock(&s->lock);
+	return v;
+}
+#define PSTAT(s, field) proto_stat((s), offsetof(struct sv_proto_stats, field))
+
+/* The client writes `rounds` times 4 KiB, the server reading each. */
+static void bulk_rounds(struct pair *p, int rounds, uint64_t *off)
+{
+	enum { CHUNK = 4096 };
+	uint8_t out[CHUNK], in[CHUNK];
+	for (int i = 0; i < rounds; i++, *off += CHUNK) {
+		h_pattern(out, CHUNK, 5, *off);
+		cr_assert_eq(h_write_all(p->c, out, CHUNK), CHUNK);
+		long end;
+		cr_assert_eq(h_read_all(p->s, in, CHUNK, &end), CHUNK);
+		cr_assert(h_pattern_ok(in, CHUNK, 5, *off), "bytes at %llu arrived changed",
+			  (unsigned long long)*off);
+	}
+}
+
+/* A connection whose bulk grew its buffers gives them back once its
+ * sending was idle for SOVIA_BUF_IDLE_MS, with neither application calling
+ * in: the helper looks at it by its deadline and sends the DRAINs. Then it
+ * carries bytes over the QP as before, and grows again. */
+Test(switch, an_idle_connection_gives_its_grown_buffers_back)
+{
+	sv_cfg.buf_idle_ms = 50;
+	struct pair p;
+	h_pair_rdma(&p);
+	uint64_t off = 0;
+	bulk_rounds(&p, 32, &off);
+	cr_assert_eq(PSTAT(p.s, rx_grows), 1, "the bulk did not grow the server's buffers");
+	cr_assert_eq(PSTAT(p.c, tx_grows), 1);
+	cr_assert_eq(fake_net_shrinks(), 0);
+
+	uint64_t until = h_ms() + 10000;
+	while (fake_net_shrinks() < 2 && h_ms() < until)
+		usleep(10000);
+	cr_assert_eq(fake_net_shrinks(), 2, "%u of the 2 pools were given back",
+		     fake_net_shrinks());
+	cr_assert_eq(PSTAT(p.s, rx_shrinks), 1);
+	cr_assert_eq(PSTAT(p.c, tx_shrinks), 1);
+	cr_assert_gt(PSTAT(p.c, drains_sent), 0);
+
+	unsigned grows = fake_net_grows();
+	bulk_rounds(&p, 32, &off);
+	cr_assert_gt(fake_net_grows(), grows, "the second bulk did not grow them again");
+	struct h_counts c = h_counts(p.c);
+	cr_assert_eq(c.rdma_tx, off, "%llu of %llu bytes over the QP",
+		     (unsigned long long)c.rdma_tx, (unsigned long long)off);
 	h_pair_free(&p);
 }

@@ -76,9 +76,13 @@ static void *op_send_buf(void *xp, uint32_t i)
 	return ep->sbuf[i];
 }
 
-static int op_post_recv(void *xp, uint32_t i)
+static int op_post_recv(void *xp, uint32_t i, bool big)
 {
 	struct fake_ep *ep = xp;
+	if (big && !ep->rgrown) {
+		violation(ep, "post_recv(%u): at buf_size before grow(recv)", i);
+		return -EINVAL;
+	}
 	if (i >= ep->nrecv) {
 		violation(ep, "post_recv(%u): only %u receive buffers", i, ep->nrecv);
 		return -EINVAL;
@@ -92,7 +96,7 @@ static int op_post_recv(void *xp, uint32_t i)
 		return -EINVAL;
 	}
 	ep->rstate[i] = FAKE_RB_POSTED;
-	ep->rsize[i] = ep->start_size && !ep->rgrown ? ep->start_size : ep->buf_size;
+	ep->rsize[i] = ep->start_size && !big ? ep->start_size : ep->buf_size;
 	ep->rfifo[(ep->rhead + ep->rcount) % ep->nrecv] = i;
 	ep->rcount++;
 	ep->recv_posts++;
@@ -237,6 +241,29 @@ static void op_send_big(void *xp, uint32_t slot)
 		ep->sbig[slot] = 1;
 }
 
+static void op_shrink(void *xp, bool recv)
+{
+	struct fake_ep *ep = xp;
+	if (!ep->start_size || !(recv ? ep->rgrown : ep->sgrown)) {
+		violation(ep, "shrink(%s): not grown", recv ? "recv" : "send");
+		return;
+	}
+	if (recv) {
+		for (uint32_t i = 0; i < ep->nrecv; i++)
+			if (ep->rsize[i] == ep->buf_size)
+				violation(ep, "shrink(recv): buffer %u is at buf_size (%s)", i,
+					  ep->rstate[i] == FAKE_RB_POSTED ? "posted" : "in use");
+		ep->rgrown = false;
+	} else {
+		for (uint32_t i = 0; i < ep->nsend; i++)
+			if (ep->sbusy[i])
+				violation(ep, "shrink(send): send buffer %u in flight", i);
+		memset(ep->sbig, 0, ep->nsend);
+		ep->sgrown = false;
+	}
+	ep->shrinks++;
+}
+
 static const struct sv_xport_ops fake_ops = {
 	.recv_buf = op_recv_buf,
 	.send_buf = op_send_buf,
@@ -244,6 +271,7 @@ static const struct sv_xport_ops fake_ops = {
 	.post_send = op_post_send,
 	.grow = op_grow,
 	.send_big = op_send_big,
+	.shrink = op_shrink,
 };
 
 void fake_ep_grows(struct fake_ep *ep, uint32_t start_size)

@@ -90,6 +90,7 @@ struct fake_ep {
 	uint8_t *sbig;         /* per send buffer: at buf_size */
 	bool refuse_grow;      /* test hook: grow fails with -ENOBUFS */
 	unsigned grows;        /* successful grow calls */
+	unsigned shrinks;      /* shrink calls */
 };
 
 struct fake_pair {

@@ -2350,7 +2350,7 @@ Test(proto, large_write_takes_what_the_credits_allow)
 
 enum bad_kind {
 	BAD_TYPE_0,
-	BAD_TYPE_9,
+	BAD_TYPE_10,
 	BAD_TYPE_255,
 	BAD_FLAGS,
 	BAD_LEN_OVER_MAX,
@@ -2361,6 +2361,7 @@ enum bad_kind {
 	BAD_DATA_RX_TCP,
 	BAD_DATA_AFTER_TO_TCP,
 	BAD_UPDATE_PAYLOAD,
+	BAD_DRAIN_PAYLOAD,
 	BAD_CREDITS_OVER_NRECV,
 	BAD_CREDITS_HUGE,
 	BAD_SHORT,
@@ -2380,10 +2381,10 @@ enum bad_kind {
 };
 
 static const char *const bad_names[] = {
-	"unknown type 0", "unknown type 9", "unknown type 255", "nonzero flags",
+	"unknown type 0", "unknown type 10", "unknown type 255", "nonzero flags",
 	"len > payload max", "len 0xffffffff", "24 + len wraps to byte_len",
 	"DATA seq ahead", "DATA seq behind", "DATA while rx on TCP, no TO_RDMA",
-	"DATA after TO_TCP", "UPDATE with payload", "credits over nrecv",
+	"DATA after TO_TCP", "UPDATE with payload", "DRAIN with payload", "credits over nrecv",
 	"credits 0xffff", "byte_len < header", "byte_len 0", "byte_len > 24 + len",
 	"byte_len < 24 + len", "ack beyond snd_nxt", "DATA with no payload",
 	"FIN with payload", "TO_TCP with payload", "second FIN", "DATA after FIN",
@@ -2398,10 +2399,11 @@ struct bad_case {
 ParameterizedTestParameters(proto, malformed_resets)
 {
 	static struct bad_case cases[] = {
-		{BAD_TYPE_0},         {BAD_TYPE_9},           {BAD_TYPE_255},
+		{BAD_TYPE_0},         {BAD_TYPE_10},           {BAD_TYPE_255},
 		{BAD_FLAGS},          {BAD_LEN_OVER_MAX},     {BAD_LEN_HUGE},
 		{BAD_LEN_WRAPS},      {BAD_SEQ_AHEAD},        {BAD_SEQ_BEHIND},
 		{BAD_DATA_RX_TCP},    {BAD_DATA_AFTER_TO_TCP}, {BAD_UPDATE_PAYLOAD},
+		{BAD_DRAIN_PAYLOAD},
 		{BAD_CREDITS_OVER_NRECV}, {BAD_CREDITS_HUGE}, {BAD_SHORT},
 		{BAD_EMPTY},          {BAD_BYTE_LEN_LONGER},  {BAD_BYTE_LEN_SHORTER},
 		{BAD_ACK_AHEAD},      {BAD_DATA_EMPTY},       {BAD_FIN_PAYLOAD},
@@ -2457,8 +2459,8 @@ ParameterizedTest(struct bad_case *bc, proto, malformed_resets)
 		h.len = plen = 0;
 		byte_len = SV_HDR_SIZE;
 		break;
-	case BAD_TYPE_9:
-		h.type = 9;
+	case BAD_TYPE_10:
+		h.type = 10;
 		h.len = plen = 0;
 		byte_len = SV_HDR_SIZE;
 		break;
@@ -2497,6 +2499,10 @@ ParameterizedTest(struct bad_case *bc, proto, malformed_resets)
 		break;
 	case BAD_UPDATE_PAYLOAD:
 		h.type = SV_MSG_UPDATE;
+		h.seq = P[SB].snd_nxt;
+		break;
+	case BAD_DRAIN_PAYLOAD:
+		h.type = SV_MSG_DRAIN;
 		h.seq = P[SB].snd_nxt;
 		break;
 	case BAD_CREDITS_OVER_NRECV:
@@ -3581,4 +3587,181 @@ Test(proto, smaller_buffers_after_larger_are_malformed)
 	cr_assert_eq(P[SA].runs[(P[SA].run_head + P[SA].run_count - 1) % SV_RUNS].cap, 8192);
 	inject_update(SA, 0, 1); /* back to the set-up's 1 KiB */
 	cr_assert_eq(P[SA].error, -ECONNRESET);
+}
+
+/* ---- Grown buffers given back (DRAIN) ------------------------------------------ */
+
+#define IDLE_US 100000u
+
+/* The clock moves on by `us` in steps of 1 ms; each step fires both
+ * sides' timers and delivers what they sent. */
+static void idle_for(uint64_t us)
+{
+	for (uint64_t t = 0; t < us; t += 1000) {
+		NOW += 1000;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+	}
+}
+
+/* B's receive buffers at buf_size, posted or holding a message, as the
+ * fake transport sees them. */
+static uint32_t b_large_buffers(void)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < FP.ep[SB].nrecv; i++)
+		n += FP.ep[SB].rsize[i] == FP.ep[SB].buf_size;
+	return n;
+}
+
+static void grown_then_idle(struct sv_proto_params *prm)
+{
+	prm->idle_us = IDLE_US;
+	conn_up_grow(prm, false);
+	a_writes_b_reads(32, 4096);
+	cr_assert(P[SB].st.rx_grown && P[SA].st.tx_grown, "the bulk did not grow the buffers");
+	cr_assert_gt(b_large_buffers(), 0);
+}
+
+/* A direction that goes idle gives the receiver's grown buffers back:
+ * the sender spends them with DRAINs, the receiver posts small ones and
+ * frees the large ones once none is posted, the sender's send buffers
+ * follow. Every message fits the buffer it lands in (the fake checks
+ * each), and the next bulk grows them again. */
+Test(proto, idle_gives_grown_buffers_back)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	idle_for(IDLE_US / 2);
+	cr_assert_eq(P[SA].st.drains_sent, 0, "drained before the direction was idle");
+	idle_for(2 * IDLE_US);
+	cr_assert_gt(P[SA].st.drains_sent, 0);
+	cr_assert_eq(b_large_buffers(), 0, "B still has %u large buffers", b_large_buffers());
+	cr_assert_eq(P[SB].st.rx_shrinks, 1);
+	cr_assert_eq(FP.ep[SB].shrinks, 1, "B's transport was not told to free them");
+	cr_assert_not(P[SB].st.rx_grown);
+	cr_assert_eq(P[SA].st.tx_shrinks, 1, "A's send buffers stayed large");
+	cr_assert_eq(FP.ep[SA].shrinks, 1);
+	cr_assert_eq(P[SA].drain, SV_DRAIN_NONE);
+	cr_assert_leq(P[SA].st.drains_sent, 2 * nrecv_of(SB), "%llu DRAINs",
+		      (unsigned long long)P[SA].st.drains_sent);
+	check_quiescent();
+	/* Quiet from now on: nothing more is sent. */
+	size_t before = fake_count(&FP.ep[SA], 0) + fake_count(&FP.ep[SB], 0);
+	idle_for(3 * IDLE_US);
+	cr_assert_eq(fake_count(&FP.ep[SA], 0) + fake_count(&FP.ep[SB], 0), before);
+
+	/* Bulk again: they grow again, and are given back again. */
+	size_t from = fake_count(&FP.ep[SA], 0);
+	a_writes_b_reads(32, 4096);
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	cr_assert(P[SB].st.rx_grown);
+	cr_assert_eq(P[SB].st.rx_grows, 2);
+	cr_assert_eq(max_data(SA, from, fake_count(&FP.ep[SA], 0)), 8192);
+	idle_for(3 * IDLE_US);
+	cr_assert_eq(P[SB].st.rx_shrinks, 2);
+	cr_assert_eq(P[SA].st.tx_shrinks, 2);
+	check_quiescent();
+}
+
+/* A direction that keeps sending keeps its peer's large buffers. */
+Test(proto, a_busy_direction_keeps_its_buffers)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	for (int i = 0; i < 20; i++) {
+		put_all(SA, 8192, 0);
+		pump();
+		drain(SB);
+		idle_for(IDLE_US / 4);
+	}
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	cr_assert_eq(P[SA].st.drains_sent, 0);
+	cr_assert(P[SB].st.rx_grown);
+	check_clean();
+}
+
+/* Writes while the drain is under way, small (coalesced) and large: each
+ * message fits whichever of the peer's buffers it lands in, and every byte
+ * arrives in order. */
+ParameterizedTestParameters(proto, writes_during_the_drain)
+{
+	static size_t sizes[] = {100, 900, 3000, 20000};
+	return cr_make_param_array(size_t, sizes, sizeof(sizes) / sizeof(sizes[0]));
+}
+
+ParameterizedTest(size_t *len, proto, writes_during_the_drain)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	/* Hold B's reports back so the drain stays half done: the timer
+	 * fires, A spends what credits it has on DRAINs, and then writes. */
+	idle_for(20000); /* B's delayed reports and acknowledgments arrive */
+	for (int i = 0; i < 3 && P[SA].drain == SV_DRAIN_NONE; i++) {
+		NOW += 2 * IDLE_US; /* the first look only starts the timer */
+		sv_proto_timers(&P[SA], NOW);
+	}
+	cr_assert_eq(P[SA].drain, SV_DRAIN_ASKED, "the drain did not start");
+	cr_assert_gt(P[SA].st.drains_sent, 0);
+	/* Held back (MSG_MORE) while the DRAINs spend the large credits, the
+	 * first write's bytes go when the next write comes. */
+	for (int i = 0; i < 8; i++) {
+		long r = put(SA, *len, i == 0 ? MSG_MORE : 0);
+		cr_assert(r > 0 || r == -EAGAIN, "send: %ld", r);
+		pump();
+		drain(SB);
+		pump();
+	}
+	settle(1000, 500);
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	idle_for(3 * IDLE_US);
+	cr_assert_eq(P[SA].drain, SV_DRAIN_NONE);
+	check_quiescent();
+}
+
+/* A corked buffer waits: the direction is not idle while it holds bytes. */
+Test(proto, held_bytes_put_the_drain_off)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	put_all(SA, 100, MSG_MORE);
+	idle_for(3 * IDLE_US);
+	cr_assert_eq(P[SA].st.drains_sent, 0, "drained with bytes held");
+	cr_assert_eq(sv_proto_flush(&P[SA], SV_FLUSH_CLOSE, NOW), 0);
+	pump();
+	drain(SB);
+	idle_for(3 * IDLE_US);
+	cr_assert_gt(P[SA].st.drains_sent, 0);
+	cr_assert_eq(b_large_buffers(), 0);
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	check_quiescent();
+}
+
+/* idle_us 0: never given back. */
+Test(proto, no_idle_time_keeps_grown_buffers)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	P[SA].prm.idle_us = P[SB].prm.idle_us = 0;
+	P[SA].idle_deadline = P[SB].idle_deadline = 0;
+	P[SA].idle_lazy = P[SB].idle_lazy = false;
+	idle_for(3 * IDLE_US);
+	cr_assert_eq(P[SA].st.drains_sent, 0);
+	cr_assert(P[SB].st.rx_grown);
+	check_clean();
+}
+
+/* A DRAIN to buffers that never grew is only a spent buffer. */
+Test(proto, drain_to_small_buffers_changes_nothing)
+{
+	struct sv_proto_params prm = prm_grow();
+	prm.idle_us = IDLE_US;
+	conn_up_grow(&prm, false);
+	struct sv_hdr h = {.type = SV_MSG_DRAIN, .ack = P[SB].snd_una, .seq = P[SB].rcv_nxt};
+	cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h, NULL, 0, SV_HDR_SIZE), 0);
+	fake_poll(&FP.ep[SB], &P[SB], NOW);
+	cr_assert_eq(P[SB].error, 0);
+	cr_assert_not(P[SB].rx_shrink_wanted);
+	cr_assert_eq(P[SB].st.rx_shrinks, 0);
 }
