@@ -142,11 +142,21 @@ static void service_on_qp(struct sv_stream *s, struct sv_service *sv, struct sv_
 {
 	/* Did the application call in since the last look, or does it wait
 	 * inside libsovia now? */
-	bool active = s->wt.waiters || s->wt.app_calls != s->wt.helper_seen;
+	bool calls_since_look = s->wt.app_calls != s->wt.helper_seen;
+	bool active = s->wt.waiters || calls_since_look;
 	s->wt.helper_seen = s->wt.app_calls;
 	if (active && !sv->fired && app_drives(s)) {
 		/* Its calls poll the CQ and run the timers: the completions
-		 * stay the application's. */
+		 * stay the application's. But a thread asleep in poll() runs
+		 * no timer, and the core's may be due meanwhile (giving grown
+		 * buffers back after an idle time, docs/protocol.md 5): they
+		 * run here, and send what they send; completions stay the
+		 * sleeper's. */
+		if (s->wt.waiters && !calls_since_look) {
+			uint64_t due = sv_proto_next_deadline(s->proto, clk);
+			if (due && due <= sv->now)
+				sv_proto_timers(s->proto, clk);
+		}
 		sv->driven = sv->active = true;
 		sv->flush_deadline = sv_proto_flush_deadline(s->proto);
 		return;
