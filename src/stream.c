@@ -205,23 +205,33 @@ void sv_stream_exit_flush_all(void)
 {
 	atomic_store(&sv_stream_exit_begun, true);
 	/* Streams stay alive: the exit path only holds the list lock while it
-	 * takes references, then flushes each without it. */
-	struct sv_stream *batch[256];
-	size_t n = 0;
-	sv_lock(&all_lock);
-	for (struct sv_stream *s = all_streams; s && n < 256; s = s->next_all) {
-		/* A stream whose last reference is being dropped right now
-		 * (it is still listed until its release takes this lock) must
-		 * not be revived. */
-		int refs = atomic_load(&s->refs);
-		while (refs > 0 && !atomic_compare_exchange_weak(&s->refs, &refs, refs + 1))
-			;
-		if (refs > 0)
-			batch[n++] = s;
-	}
-	sv_unlock(&all_lock);
-	for (size_t i = 0; i < n; i++) {
-		sv_stream_exit_flush(batch[i]);
-		sv_stream_put(batch[i]);
+	 * takes references to a batch, then flushes each without it, batch
+	 * after batch until every stream was taken once. No allocation: _exit
+	 * may run in a vfork child. */
+	for (;;) {
+		struct sv_stream *batch[64];
+		size_t n = 0, seen = 0;
+		sv_lock(&all_lock);
+		for (struct sv_stream *s = all_streams; s && n < 64; s = s->next_all) {
+			if (s->exit_listed)
+				continue;
+			s->exit_listed = true;
+			seen++;
+			/* A stream whose last reference is being dropped right
+			 * now (it is still listed until its release takes this
+			 * lock) must not be revived. */
+			int refs = atomic_load(&s->refs);
+			while (refs > 0 && !atomic_compare_exchange_weak(&s->refs, &refs, refs + 1))
+				;
+			if (refs > 0)
+				batch[n++] = s;
+		}
+		sv_unlock(&all_lock);
+		if (!seen)
+			return;
+		for (size_t i = 0; i < n; i++) {
+			sv_stream_exit_flush(batch[i]);
+			sv_stream_put(batch[i]);
+		}
 	}
 }

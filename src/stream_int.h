@@ -239,6 +239,7 @@ struct sv_stream {
 	bool stats_printed;
 	struct sv_stream_stats st;
 	struct sv_stream *next_all; /* every live stream (stream.c) */
+	bool exit_listed;           /* taken by the exit flush (under stream.c's list lock) */
 };
 
 

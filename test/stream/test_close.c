@@ -2,6 +2,8 @@
  * what is still queued before the connection ends. */
 #include "harness.h"
 
+#include "config.h"
+
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -112,4 +114,67 @@ Test(close, without_a_free_descriptor_finishes_in_place)
 	cr_assert_eq(h_read(p.s, buf, 1, 0), 0, "EOF after the last byte");
 	free(buf);
 	h_pair_free(&p);
+}
+
+/* At exit, every connection pushes out what it owes, however many there
+ * are: 300 connections each hold a write back (MSG_MORE), and after the
+ * exit flush each server has its client's bytes. */
+Test(close, the_exit_flush_covers_every_connection)
+{
+	enum { N = 300, LEN = 10 };
+	struct rlimit rl;
+	cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	if (rl.rlim_cur < 2 * N + 64) {
+		rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
+		cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	}
+	/* The coalescing timer must not push them out first (the helper
+	 * would, at its deadline): longer than the test may last. */
+	sv_cfg.coalesce_timeout_us = 600u * 1000000u;
+	struct pair *p = calloc(N, sizeof(*p));
+	h_listen(&p[0], true);
+	for (int i = 0; i < N; i++) {
+		p[i].lfd = p[0].lfd;
+		p[i].l = p[0].l;
+		h_connect(&p[i]);
+	}
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(h_wait_state(p[i].c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+		cr_assert_eq(h_wait_state(p[i].s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	}
+	uint8_t out[LEN], in[LEN];
+	for (int i = 0; i < N; i++) {
+		h_pattern(out, LEN, (uint64_t)i, 0);
+		cr_assert_eq(h_write(p[i].c, out, LEN, MSG_MORE), LEN);
+	}
+	int held = 0;
+	for (int i = 0; i < N; i++) {
+		sv_lock(&p[i].c->lock);
+		held += sv_proto_tx_pending(p[i].c->proto);
+		sv_unlock(&p[i].c->lock);
+	}
+	sv_stream_exit_flush_all();
+	/* What the flush sent is there at once; bounded against a hang. */
+	uint64_t until = h_ms() + 10000;
+	for (int i = 0; i < N; i++) {
+		size_t got = 0;
+		while (got < LEN && h_ms() < until) {
+			long r = h_read(p[i].s, in + got, LEN - got, MSG_DONTWAIT);
+			if (r > 0)
+				got += (size_t)r;
+			else
+				usleep(1000);
+		}
+		cr_assert_eq(got, LEN, "connection %d (of %d, %d held their bytes): %zu bytes", i,
+			     N, held, got);
+		cr_assert(h_pattern_ok(in, LEN, (uint64_t)i, 0));
+	}
+	cr_assert_eq(held, N, "only %d connections held their bytes: not the case tested", held);
+	for (int i = 0; i < N; i++) {
+		sv_stream_put(p[i].c);
+		sv_stream_put(p[i].s);
+	}
+	sv_upgrade_unlisten(p[0].l);
+	close(p[0].lfd);
+	free(p);
 }
