@@ -14,23 +14,64 @@
 #include "log.h"
 #include "peers.h"
 #include "pinned.h"
+#include "real.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
 struct sv_lock sv_up_lock = SV_LOCK_INIT(SV_RANK_UPGRADE);
 
-static void random_bytes(uint8_t *b, size_t n)
+/* n bytes from the kernel's /dev/urandom: 0, or -errno. */
+static int urandom_bytes(uint8_t *b, size_t n)
+{
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	int r = 0;
+	while (n) {
+		ssize_t k = SV_REAL(read)(fd, b, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			r = k < 0 ? -errno : -EIO;
+			break;
+		}
+		b += k;
+		n -= (size_t)k;
+	}
+	SV_REAL(close)(fd);
+	return r;
+}
+
+/* The challenge's random bytes: 0, or -errno when the process can have none
+ * (a seccomp filter that refuses getrandom and /dev/urandom): the
+ * connection then stays on TCP rather than wait for them. */
+static int random_bytes(uint8_t *b, size_t n)
 {
 	while (n) {
 		ssize_t r = getrandom(b, n, 0);
-		if (r <= 0)
-			continue; /* EINTR; the pool is ready long before a connection */
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int e = r < 0 ? errno : EIO;
+			int u = urandom_bytes(b, n);
+			if (u < 0) {
+				static atomic_bool told;
+				if (!atomic_exchange(&told, true))
+					sv_warn("no random bytes for the RDMA upgrade's challenge "
+						"(getrandom: %s; /dev/urandom: %s): connections stay on TCP",
+						strerror(e), strerror(-u));
+			}
+			return u;
+		}
 		b += r;
 		n -= (size_t)r;
 	}
+	return 0;
 }
 
 /* Destroy the stream's QP, and give back its buffers' share of the
@@ -47,13 +88,16 @@ static void destroy_qp(struct sv_stream *s)
 
 int sv_up_attach_qp(struct sv_stream *s)
 {
+	int r = random_bytes(s->sw.my_challenge, sizeof(s->sw.my_challenge));
+	if (r < 0)
+		return r;
 	struct sv_proto_params prm;
 	sv_config_proto_params(&sv_cfg, &prm);
 	prm.coalesce = !s->opt.nodelay;
 	/* What the connection starts with; growth takes its own (verbs.c). */
 	size_t pin = sv_pinned_pages((size_t)(sv_proto_nrecv(&prm) + sv_proto_nsend(&prm)) *
 				     sv_proto_start_size(&prm));
-	int r = sv_pinned_take(pin);
+	r = sv_pinned_take(pin);
 	if (r < 0 && sv_pinned_fits_ever(pin)) {
 		if (!s->sw.room_wait)
 			sv_info("fd %d: its buffers wait for room in the locked-memory budget",
@@ -84,7 +128,6 @@ int sv_up_attach_qp(struct sv_stream *s)
 	}
 	struct sv_clock clk = SV_CLOCK_INIT;
 	sv_proto_set_cork(s->proto, s->opt.cork, &clk);
-	random_bytes(s->sw.my_challenge, sizeof(s->sw.my_challenge));
 	return 0;
 }
 

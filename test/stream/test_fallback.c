@@ -9,9 +9,16 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 TestSuite(fallback, .init = h_setup, .fini = h_teardown, .timeout = 60);
@@ -263,5 +270,64 @@ Test(fallback, a_plain_connection_keeps_no_descriptor_of_ours)
 	cr_assert(h_pattern_ok(r.in, sizeof(r.in), 31, 0));
 	cr_assert(slept_with_one, "the sleeping reader had no eventfd of its own");
 	cr_assert_eq(h_open_fds(), base, "%d fds of libsovia's stayed", h_open_fds() - base);
+	h_pair_free(&p);
+}
+
+/* A seccomp filter, as a sandbox may have: getrandom fails with ENOSYS,
+ * and, with no_files, so does opening any file (EPERM). For every thread
+ * of the process, the helper's too. */
+static void refuse_randomness(bool no_files)
+{
+#if defined(__x86_64__)
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_getrandom, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_openat, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K,
+			 no_files ? SECCOMP_RET_ERRNO | EPERM : SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = {.len = sizeof(f) / sizeof(f[0]), .filter = f};
+	cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+	cr_assert_eq(syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
+			     &prog),
+		     0, "seccomp: %s", strerror(errno));
+	uint8_t b;
+	cr_assert_eq(getrandom(&b, 1, 0), -1);
+	cr_assert_eq(errno, ENOSYS);
+#else
+	(void)no_files;
+	cr_skip_test("the seccomp filter is written for x86-64");
+#endif
+}
+
+/* getrandom refused: the challenge comes from /dev/urandom, and the
+ * connection reaches RDMA. */
+Test(fallback, without_getrandom_the_challenge_comes_from_urandom)
+{
+	refuse_randomness(false);
+	struct pair p;
+	h_pair_rdma(&p);
+	exchange(&p, 33, true);
+	h_pair_free(&p);
+}
+
+/* No random bytes at all: the connection stays on TCP, at once, rather
+ * than wait for them (the upgrade used to retry getrandom for ever, with
+ * the stream's lock held). */
+Test(fallback, without_random_bytes_it_stays_on_tcp)
+{
+	refuse_randomness(true);
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(p.c)));
+	cr_assert_eq(h_fallback(p.c), SV_FB_RESOURCES);
+	exchange(&p, 34, false);
 	h_pair_free(&p);
 }
