@@ -318,6 +318,11 @@ void sv_stream_unhold(struct sv_stream *s, const char *why);
 /* The RDMA peer is not the TCP peer (or announced something the TCP stream
  * contradicts): the QP is reset, TCP carries on untouched. */
 void sv_stream_challenge_failed(struct sv_stream *s, const char *why);
+/* The peer announced its switch at offset seq of its TCP stream: can the
+ * TCP peer have sent that much? If not (behind what we read, or further
+ * ahead than socket buffers can hold), the challenge fails here and it is
+ * false. With the lock. */
+bool sv_stream_switch_point_ok(struct sv_stream *s, uint64_t seq);
 /* The peer's echo is complete: is it our challenge? */
 void sv_stream_check_echo(struct sv_stream *s);
 /* Write the echo of the peer's challenge once our TO_RDMA completed. 1 when

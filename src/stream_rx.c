@@ -56,10 +56,8 @@ static long after_unannounced_read(struct sv_stream *s, const struct iovec *use,
 	uint64_t seq;
 	if (!s->proto || !sv_proto_peer_switch(s->proto, &seq))
 		return r;
-	if (seq < s->tcp_rx) {
-		sv_stream_challenge_failed(s, "switch point behind the TCP stream");
+	if (!sv_stream_switch_point_ok(s, seq))
 		return r;
-	}
 	uint64_t left = seq - s->tcp_rx;
 	if ((uint64_t)r <= left)
 		return r;
@@ -86,11 +84,8 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 		return plain_read(s, iov, iovcnt, flags);
 	uint64_t seq = 0;
 	bool announced = s->proto && sv_proto_peer_switch(s->proto, &seq);
-	if (announced && seq < s->tcp_rx) {
-		/* The real peer cannot have sent fewer bytes than we read. */
-		sv_stream_challenge_failed(s, "switch point behind the TCP stream");
+	if (announced && !sv_stream_switch_point_ok(s, seq))
 		return -EAGAIN;
-	}
 	if (announced && s->tcp_rx == seq)
 		return read_echo(s);
 

@@ -9,8 +9,11 @@
 #include "real.h"
 
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 void sv_stream_maybe_rdma(struct sv_stream *s)
 {
@@ -167,6 +170,58 @@ void sv_stream_challenge_failed(struct sv_stream *s, const char *why)
 	sv_stream_wake(s);
 }
 
+/* What the kernel lets one socket buffer at most, read once: a send
+ * buffer (tcp_wmem's maximum, or twice net.core.wmem_max for one set with
+ * SO_SNDBUF). */
+static uint64_t sndbuf_max(void)
+{
+	static _Atomic uint64_t cached;
+	uint64_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+	if (v)
+		return v;
+	unsigned long a = 0, b = 0, c = 0, w = 0;
+	FILE *f = fopen("/proc/sys/net/ipv4/tcp_wmem", "re");
+	if (f) {
+		if (fscanf(f, "%lu %lu %lu", &a, &b, &c) != 3)
+			c = 0;
+		fclose(f);
+	}
+	f = fopen("/proc/sys/net/core/wmem_max", "re");
+	if (f) {
+		if (fscanf(f, "%lu", &w) != 1)
+			w = 0;
+		fclose(f);
+	}
+	v = c > 2 * (uint64_t)w ? c : 2 * (uint64_t)w;
+	if (!v)
+		v = 64u << 20; /* no /proc: a generous guess */
+	atomic_store_explicit(&cached, v, memory_order_relaxed);
+	return v;
+}
+
+bool sv_stream_switch_point_ok(struct sv_stream *s, uint64_t seq)
+{
+	if (seq < s->tcp_rx) {
+		/* The real peer cannot have sent fewer bytes than we read. */
+		sv_stream_challenge_failed(s, "switch point behind the TCP stream");
+		return false;
+	}
+	/* Bytes the real peer wrote on TCP before its TO_RDMA and we have not
+	 * read sit in its send buffer or our receive buffer. Twice what the
+	 * two can hold, and some: a peer whose point lies beyond would have
+	 * us read (and hold, when nobody reads) TCP for ever. */
+	int rcv = 0;
+	socklen_t len = sizeof(rcv);
+	if (SV_REAL(getsockopt)(s->fd, SOL_SOCKET, SO_RCVBUF, &rcv, &len) < 0 || rcv < 0)
+		rcv = 0;
+	uint64_t ahead = 2 * ((uint64_t)rcv + sndbuf_max()) + (16u << 20);
+	if (seq - s->tcp_rx > ahead) {
+		sv_stream_challenge_failed(s, "switch point beyond what TCP can hold");
+		return false;
+	}
+	return true;
+}
+
 void sv_stream_check_echo(struct sv_stream *s)
 {
 	if (memcmp(s->sw.chal_got, s->sw.my_challenge, SV_CHALLENGE_SIZE) != 0) {
@@ -209,7 +264,9 @@ int sv_stream_write_echo(struct sv_stream *s)
 
 void sv_stream_pump_tcp(struct sv_stream *s)
 {
-	if (!s->proto || !sv_proto_peer_switch(s->proto, NULL) || s->error)
+	uint64_t seq;
+	if (!s->proto || !sv_proto_peer_switch(s->proto, &seq) || s->error ||
+	    !sv_stream_switch_point_ok(s, seq))
 		return;
 	/* Only while a switch waits for its point: a buffer of the moment,
 	 * not 64 KiB in every thread of every process. */

@@ -331,3 +331,45 @@ Test(fallback, without_random_bytes_it_stays_on_tcp)
 	exchange(&p, 34, false);
 	h_pair_free(&p);
 }
+
+/* A TO_RDMA whose switch point lies further ahead than TCP can hold (here
+ * near 2^64, the client's count of its TCP bytes forged): the server does
+ * not read TCP waiting for it, the challenge fails at once, and TCP
+ * carries the connection both ways. */
+Test(fallback, a_switch_point_beyond_tcp_fails_the_challenge)
+{
+	fake_net_hold(FAKE_SERVER); /* the server's RESET stays on the fake wire */
+	struct pair p;
+	h_listen(&p, true);
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
+	p.cfd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(p.cfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	p.sfd = accept(p.lfd, NULL, NULL);
+	p.c = sv_stream_new(p.cfd, true);
+	p.s = sv_stream_new(p.sfd, false);
+	sv_lock(&p.c->lock);
+	p.c->tcp_tx = UINT64_MAX - 1000;
+	sv_unlock(&p.c->lock);
+	sv_stream_start_server(p.s, p.l);
+	sv_stream_start_client(p.c);
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "server: %s",
+		     sv_conn_state_name(h_state(p.s)));
+	cr_assert_eq(h_fallback(p.s), SV_FB_CHALLENGE);
+	/* What the TCP peer writes is its data: the echo the client's
+	 * libsovia wrote after its TO_RDMA (the server's challenge), then
+	 * bytes written on the client's socket. */
+	uint8_t chal[SV_CHALLENGE_SIZE];
+	sv_lock(&p.s->lock);
+	memcpy(chal, p.s->sw.my_challenge, sizeof(chal));
+	sv_unlock(&p.s->lock);
+	const char msg[] = "still TCP";
+	cr_assert_eq(send(p.cfd, msg, sizeof(msg), 0), (long)sizeof(msg));
+	uint8_t got[SV_CHALLENGE_SIZE + sizeof(msg)];
+	long end;
+	cr_assert_eq(h_read_all(p.s, got, sizeof(got), &end), sizeof(got));
+	cr_assert_eq(memcmp(got, chal, sizeof(chal)), 0);
+	cr_assert_eq(memcmp(got + sizeof(chal), msg, sizeof(msg)), 0);
+	h_pair_free(&p);
+}
