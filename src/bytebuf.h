@@ -13,6 +13,8 @@
 static inline int sv_bytes_append(uint8_t **buf, size_t *len, size_t *cap, const void *data,
 				  size_t n)
 {
+	if (!n)
+		return 0; /* memcpy wants a buffer even for nothing, and there may be none */
 	if (*len + n > *cap) {
 		size_t c = *cap ? *cap : 65536;
 		while (c < *len + n)
