@@ -10,7 +10,8 @@
 #include <sys/socket.h>
 
 #define SV_CM_MAGIC 0x41564f53u /* "SOVA" on the wire */
-/* 2: receive buffers grow, the header's flags give their size. */
+/* 3: receive buffers grow, the header's flags give their size, DRAIN gives
+ * them back (docs/protocol.md, 5). */
 #define SV_CM_VERSION 3
 #define SV_CM_REQ_MAX 56
 

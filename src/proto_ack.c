@@ -87,6 +87,10 @@ static uint64_t earlier(uint64_t a, uint64_t b)
 
 uint64_t sv_proto_next_deadline(struct sv_proto *p, struct sv_clock *clk)
 {
+	/* A broken core fires no timer (sv_proto_timers): a deadline it
+	 * still had would have its caller wake for nothing, over and over. */
+	if (p->error)
+		return 0;
 	if (p->ack_lazy_us)
 		ack_clock(p, sv_clock_now(clk));
 	if (p->idle_lazy)

@@ -41,7 +41,8 @@ struct sv_proto {
 	enum sv_tx_state tx_state;
 	/* The peer's posted receive buffers we hold credits for, oldest first,
 	 * as runs of one size (payload bytes): a message goes into the oldest.
-	 * Sizes only grow, so there are at most as many runs as size codes. */
+	 * Sizes grow, and fall back to the set-up's once per DRAIN, so only a
+	 * few runs are ever held. */
 	struct sv_credit_run {
 		uint32_t cap, n;
 	} runs[SV_RUNS];
@@ -60,7 +61,7 @@ struct sv_proto {
 	bool tx_shrink_wanted;   /* our send buffers go back to start size once all are free */
 	uint64_t idle_deadline;  /* when our sending is looked at for idleness (0: not armed) */
 	bool idle_lazy;          /* armed without a clock: the next reading sets it */
-	uint64_t idle_mark;      /* st.tx_data_msgs at the last look */
+	uint64_t idle_mark;      /* DATA sent and credit stalls at the last look */
 	uint8_t *slot_big;       /* per send buffer: at buf_size */
 	uint32_t pending_cap;    /* payload the coalescing buffer may take */
 	bool to_rdma_inflight;   /* our TO_RDMA is posted but not yet completed */
@@ -267,9 +268,9 @@ void sv_pr_rx_grow_if_due(struct sv_proto *p);
 /* proto_drain.c: giving grown buffers back (docs/protocol.md, 5). */
 /* The peer's DRAIN arrived in buffer buf. */
 int sv_pr_on_drain(struct sv_proto *p, uint32_t buf);
-/* The peer reported credits of a smaller size than before: legal only
- * while we drain. */
-int sv_pr_peer_shrank(struct sv_proto *p);
+/* The peer reported credits of a smaller size (cap) than before: legal
+ * only while we drain, and only its set-up size. */
+int sv_pr_peer_shrank(struct sv_proto *p, uint32_t cap);
 /* Send the DRAINs that are due and can go. */
 int sv_pr_drain(struct sv_proto *p);
 /* Our send buffers go back to the start size if that is wanted and all

@@ -110,7 +110,7 @@ static int add_credits(struct sv_proto *p, uint32_t n, uint8_t code)
 	if (!n)
 		return 0;
 	struct sv_credit_run *tail = &p->runs[(p->run_head + p->run_count - 1) % SV_RUNS];
-	if (cap < tail->cap && sv_pr_peer_shrank(p) < 0)
+	if (cap < tail->cap && sv_pr_peer_shrank(p, cap) < 0)
 		return p->error;
 	p->credits += n;
 	if (cap == tail->cap) {
@@ -125,10 +125,9 @@ static int add_credits(struct sv_proto *p, uint32_t n, uint8_t code)
 		p->runs[(p->run_head + p->run_count) % SV_RUNS] = (struct sv_credit_run){cap, n};
 		p->run_count++;
 	}
-	if (cap <= p->peer_start_cap)
-		return 0;
-	sv_pr_idle_arm(p); /* large buffers: given back when we go idle */
-	/* The peer's buffers grew beyond ours: ours may follow. */
+	if (cap > p->peer_start_cap)
+		sv_pr_idle_arm(p); /* grown buffers: given back when we go idle */
+	/* The peer's buffers are larger than ours: ours may follow. */
 	if (cap > p->start_max && !p->st.tx_grown && !p->tx_grow_tried && p->xp.ops->grow) {
 		p->tx_grow_tried = true;
 		if (p->xp.ops->grow(p->xp.ctx, false) == 0) {

@@ -377,3 +377,44 @@ Test(switch, an_idle_connection_gives_its_grown_buffers_back)
 		     (unsigned long long)c.rdma_tx, (unsigned long long)off);
 	h_pair_free(&p);
 }
+
+/* after the QP breaks under a grown connection that goes on over
+ * TCP, a blocking read must sleep, not spin on a stale idle deadline. */
+struct bg_reader {
+	struct pair *p;
+	long r;
+	uint8_t b;
+};
+static void *bg_read_main(void *arg)
+{
+	struct bg_reader *rd = arg;
+	rd->r = h_read(rd->p->c, &rd->b, 1, 0);
+	return NULL;
+}
+Test(switch, a_broken_grown_connection_lets_its_reader_sleep)
+{
+	sv_cfg.buf_idle_ms = 200;
+	struct pair p;
+	h_pair_rdma(&p);
+	uint64_t off = 0;
+	bulk_rounds(&p, 32, &off);
+	cr_assert_eq(PSTAT(p.s, rx_grows), 1);
+	fake_net_break_all();
+	struct bg_reader rd = {.p = &p};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, bg_read_main, &rd), 0);
+	usleep(100 * 1000);
+	sv_lock(&p.c->lock);
+	uint64_t w0 = p.c->st.waits_slept;
+	sv_unlock(&p.c->lock);
+	usleep(900 * 1000);
+	sv_lock(&p.c->lock);
+	uint64_t w1 = p.c->st.waits_slept;
+	sv_unlock(&p.c->lock);
+	uint8_t b = 9;
+	cr_assert_eq(h_write_all(p.s, &b, 1), 1);
+	pthread_join(t, NULL);
+	cr_assert_lt(w1 - w0, 100, "the reader woke %llu times in 0.9 s",
+		     (unsigned long long)(w1 - w0));
+	h_pair_free(&p);
+}

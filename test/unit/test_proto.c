@@ -3765,3 +3765,320 @@ Test(proto, drain_to_small_buffers_changes_nothing)
 	cr_assert_not(P[SB].rx_shrink_wanted);
 	cr_assert_eq(P[SB].st.rx_shrinks, 0);
 }
+
+/* ---- Growth and DRAIN at random, and the edges a review found ------------------- */
+
+static void drain_conservation(void)
+{
+	for (int s = 0; s < 2; s++) {
+		int o = 1 - s;
+		uint32_t held = P[o].rx_held >= 0;
+		uint32_t inbuf = P[o].rxq_count - P[o].stashed_msgs;
+		cr_assert_eq(P[s].credits + P[o].unreported + inbuf + held, nrecv_of(o),
+			     "%c credits %u + %c unreported %u + unread %u + held %u != %u", side_name(s),
+			     P[s].credits, side_name(o), P[o].unreported, inbuf, held, nrecv_of(o));
+		cr_assert_eq(P[o].peer_credits, P[s].credits);
+	}
+}
+
+static uint32_t large_buffers(int s)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < FP.ep[s].nrecv; i++)
+		n += FP.ep[s].rsize[i] == FP.ep[s].buf_size;
+	return n;
+}
+
+ParameterizedTestParameters(proto, soak_with_growth_and_drains)
+{
+	static uint32_t seeds[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+	return cr_make_param_array(uint32_t, seeds, sizeof(seeds) / sizeof(seeds[0]));
+}
+
+ParameterizedTest(uint32_t *seed, proto, soak_with_growth_and_drains)
+{
+	struct sv_proto_params prm = prm_grow();
+	prm.idle_us = 3000;
+	prm.ack_timeout_us = 300;
+	prm.coalesce_timeout_us = 200;
+	prm.coalesce = *seed % 3 != 0;
+	prm.window = 2 + *seed % 7;
+	if (*seed % 4 == 1)
+		prm.zcopy_threshold = 5000;
+	conn_up_grow(&prm, false);
+	RNG = 0x243F6A8885A308D3ull ^ ((uint64_t)*seed * 0x9E3779B97F4A7C15ull);
+	uint64_t tmax = 16 * prm.ack_timeout_us;
+	for (uint32_t step = 0; step < 40000; step++) {
+		uint32_t phase = (step / 700) % 4;
+		int s = (int)rnd_below(2);
+		if (phase == 2)
+			s = SA;
+		struct fake_ep *ep = &FP.ep[s];
+		uint32_t op = rnd_below(100);
+		if (op < 30) {
+			if (phase == 0 || (phase == 2 && s == SA))
+				soak_write(s);
+			else if (phase == 3 && rnd_below(20) == 0)
+				soak_write(s);
+		} else if (op < 60) {
+			if (!(phase == 1 && s == SB && rnd_below(3)))
+				soak_read(s);
+		} else if (op < 78) {
+			int r = fake_poll(ep, &P[s], NOW);
+			cr_assert_geq(r, 0, "seed %u step %u: %c: completion failed: %d", *seed, step,
+				      side_name(s), r);
+		} else if (op < 83) {
+			ep->hold_send_done = !ep->hold_send_done;
+			if (!ep->hold_send_done)
+				fake_release_sends(ep, SIZE_MAX);
+		} else if (op < 88) {
+			fake_release_sends(ep, 1 + rnd_below(4));
+		} else if (op < 96) {
+			NOW += rnd_below((uint32_t)(2 * prm.idle_us));
+			sv_proto_timers(&P[SA], NOW);
+			sv_proto_timers(&P[SB], NOW);
+		} else {
+			sv_proto_timers(&P[s], NOW);
+		}
+		for (int k = 0; k < 2; k++)
+			cr_assert_eq(FP.ep[k].violations, 0, "seed %u step %u: %c: %s", *seed, step,
+				     side_name(k), FP.ep[k].why);
+		check_clean();
+		if (!fake_pending_recvs(&FP.ep[SA]) && !fake_pending_recvs(&FP.ep[SB]))
+			drain_conservation();
+	}
+	for (int round = 0; round < 200; round++) {
+		for (int k = 0; k < 2; k++) {
+			FP.ep[k].hold_send_done = false;
+			fake_release_sends(&FP.ep[k], SIZE_MAX);
+		}
+		pump();
+		drain(SA);
+		drain(SB);
+		pump();
+		NOW += round < 100 ? tmax + 1 : prm.idle_us;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+	}
+	cr_assert_eq(RXO[SB], TXO[SA]);
+	cr_assert_eq(RXO[SA], TXO[SB]);
+	pump();
+	drain_conservation();
+	uint64_t drains = P[SA].st.drains_sent + P[SB].st.drains_sent;
+	cr_assert_gt(drains, 0, "seed %u: no DRAIN: the soak never went idle", *seed);
+	for (int s = 0; s < 2; s++) {
+		cr_assert_eq(P[s].drain, SV_DRAIN_NONE,
+			     "seed %u: %c stuck in drain state %d (left %u, credits %u, runs %u); peer unreported %u held %d",
+			     *seed, side_name(s), P[s].drain, P[s].drain_left, P[s].credits, P[s].run_count,
+			     P[1 - s].unreported, P[1 - s].rx_held);
+		cr_assert_eq(large_buffers(s), 0, "seed %u: %c still has %u large receive buffers (rx_big_count %u, grown %d, shrink_wanted %d)",
+			     *seed, side_name(s), large_buffers(s), P[s].rx_big_count, P[s].st.rx_grown, P[s].rx_shrink_wanted);
+		cr_assert_eq(P[s].rx_big_count, 0);
+	}
+}
+
+/* a sender whose buffers never grow (fixed at buf_size) drains a
+ * growable peer: its own send buffers were never grown, so shrink(send)
+ * must not be called. */
+Test(proto, a_fixed_sender_never_shrinks)
+{
+	struct sv_proto_params pa = prm_grow(), pb = prm_grow();
+	pa.start_size = 0; /* fixed */
+	pa.idle_us = pb.idle_us = IDLE_US;
+	PRM = pa;
+	uint32_t nr = sv_proto_nrecv(&pa), ns = sv_proto_nsend(&pa);
+	cr_assert_eq(fake_pair_init(&FP, nr, ns, pa.buf_size), 0);
+	FP_UP = true;
+	fake_ep_grows(&FP.ep[SB], sv_proto_start_size(&pb));
+	const struct sv_proto_params *pp[2] = {&pa, &pb};
+	for (int s = 0; s < 2; s++) {
+		struct sv_xport x = fake_xport(&FP.ep[s]);
+		cr_assert_eq(sv_proto_init(&P[s], pp[s], &x), 0);
+		P_UP[s] = true;
+	}
+	cr_assert_eq(sv_proto_set_peer(&P[SA], nr, sv_proto_start_size(&pb)), 0);
+	cr_assert_eq(sv_proto_set_peer(&P[SB], nr, pa.buf_size), 0);
+	open_both();
+	a_writes_b_reads(32, 4096);
+	cr_assert(P[SB].st.rx_grown);
+	idle_for(3 * IDLE_US);
+	cr_assert_eq(FP.ep[SA].shrinks, 0);
+}
+
+/* the stale idle deadline after an error. */
+Test(proto, no_deadline_after_an_error)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	(void)sv_proto_next_deadline(&P[SA], NOW);
+	cr_assert(P[SA].idle_deadline || P[SA].idle_lazy);
+	sv_proto_abort(&P[SA], -ECONNRESET);
+	NOW += 2 * IDLE_US;
+	sv_proto_timers(&P[SA], NOW);
+	uint64_t d = sv_proto_next_deadline(&P[SA], NOW);
+	cr_assert(d == 0 || d > NOW, "after an error the next deadline is %llu, now is %llu: a waiter spins",
+		  (unsigned long long)d, (unsigned long long)NOW);
+}
+
+/* in ASKED, a smaller non-zero size code (not the set-up's) is a
+ * report the protocol does not allow (docs: "the one smaller size ... flags 0"). */
+Test(proto, only_the_setup_size_after_a_drain)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	idle_for(20000);
+	for (int i = 0; i < 3 && P[SA].drain == SV_DRAIN_NONE; i++) {
+		NOW += 2 * IDLE_US;
+		sv_proto_timers(&P[SA], NOW);
+	}
+	cr_assert_eq(P[SA].drain, SV_DRAIN_ASKED);
+	/* B's buffers are 8 KiB (code 13); report 4 KiB (code 12). */
+	struct sv_hdr h = {.type = SV_MSG_UPDATE, .flags = 12, .credits = 1, .ack = P[SA].snd_nxt, .seq = P[SA].rcv_nxt};
+	cr_assert_eq(fake_inject_msg(&FP.ep[SA], &h, NULL, 0, SV_HDR_SIZE), 0);
+	fake_poll(&FP.ep[SA], &P[SA], NOW);
+	cr_assert_eq(P[SA].error, -ECONNRESET, "a 4 KiB report after 8 KiB ones was taken");
+}
+
+/* after the QP's normal end (peer's FIN, then the flush) our
+ * sending moved to TCP (sv_proto_tx_lost_qp): no DRAIN should be posted on
+ * the ended QP. */
+Test(proto, no_drain_after_the_qp_ended)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	cr_assert_eq(sv_proto_send_fin(&P[SB], NOW), 0);
+	pump();
+	cr_assert(P[SA].rx_fin);
+	cr_assert(sv_proto_peer_ended(&P[SA]));
+	const void *b;
+	size_t l;
+	cr_assert_eq(sv_proto_tx_lost_qp(&P[SA], &b, &l), 0);
+	cr_assert_eq(P[SA].tx_state, SV_TX_TCP);
+	size_t before = fake_count(&FP.ep[SA], SV_MSG_DRAIN);
+	NOW += 3 * IDLE_US;
+	sv_proto_timers(&P[SA], NOW);
+	NOW += 3 * IDLE_US;
+	sv_proto_timers(&P[SA], NOW);
+	size_t after = fake_count(&FP.ep[SA], SV_MSG_DRAIN);
+	cr_assert_eq(after, before);
+}
+
+/* a growable sender facing a peer whose buffers are large from the
+ * set-up (fixed at buf_size): its send buffers should follow the peer's
+ * size, as they did before the change (cap > start_max grows them). */
+Test(proto, a_sender_follows_a_fixed_large_peer)
+{
+	struct sv_proto_params pa = prm_grow(), pb = prm_grow();
+	pb.start_size = 0; /* B fixed at 8 KiB */
+	PRM = pa;
+	uint32_t nr = sv_proto_nrecv(&pa), ns = sv_proto_nsend(&pa);
+	cr_assert_eq(fake_pair_init(&FP, nr, ns, pa.buf_size), 0);
+	FP_UP = true;
+	fake_ep_grows(&FP.ep[SA], sv_proto_start_size(&pa));
+	const struct sv_proto_params *pp[2] = {&pa, &pb};
+	for (int s = 0; s < 2; s++) {
+		struct sv_xport x = fake_xport(&FP.ep[s]);
+		cr_assert_eq(sv_proto_init(&P[s], pp[s], &x), 0);
+		P_UP[s] = true;
+	}
+	cr_assert_eq(sv_proto_set_peer(&P[SA], nr, pb.buf_size), 0);
+	cr_assert_eq(sv_proto_set_peer(&P[SB], nr, sv_proto_start_size(&pa)), 0);
+	open_both();
+	a_writes_b_reads(32, 4096);
+	size_t n = fake_count(&FP.ep[SA], 0);
+	cr_assert(P[SA].st.tx_grown, "A's send buffers stayed at 1 KiB facing 8 KiB receive buffers");
+	cr_assert_eq(max_data(SA, n / 2, n), 8192);
+}
+
+/* BACK in the middle of a drain, either side first; data unread
+ * in B's large buffers goes back. */
+ParameterizedTestParameters(proto, back_during_a_drain)
+{
+	static int firsts[] = {0, 1};
+	return cr_make_param_array(int, firsts, 2);
+}
+ParameterizedTest(int *first, proto, back_during_a_drain)
+{
+	struct sv_proto_params prm = prm_grow();
+	grown_then_idle(&prm);
+	idle_for(20000);
+	put_all(SA, 8192, 0); /* one large message B leaves unread */
+	pump();
+	put_all(SB, 10, 0); /* its ack rides on B's data */
+	pump();
+	drain(SA);
+	pump();
+	for (int i = 0; i < 3 && P[SA].drain == SV_DRAIN_NONE; i++) {
+		NOW += 2 * IDLE_US;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+	}
+	cr_assert_neq(P[SA].drain, SV_DRAIN_NONE, "the drain did not start");
+	/* Part of the DRAINs delivered only. */
+	fake_poll(&FP.ep[SB], &P[SB], NOW);
+	const uint8_t *pre[2] = {NULL, NULL};
+	size_t pl[2] = {0, 0};
+	back_exchange(*first, pre, pl);
+	for (int k = 0; k < 2; k++)
+		cr_assert_eq(FP.ep[k].violations, 0, "%c: %s", side_name(k), FP.ep[k].why);
+}
+
+/* a writer blocked on a closed window (its reader paused longer
+ * than idle_us) is not idle: does the drain start anyway? */
+Test(proto, a_blocked_writer_is_not_idle)
+{
+	struct sv_proto_params prm = prm_grow();
+	prm.coalesce = false;
+	grown_then_idle(&prm);
+	/* A writes until the window closes; B does not read. */
+	for (int i = 0; i < 64; i++) {
+		long r = put(SA, 8192, 0);
+		pump();
+		if (r == -EAGAIN)
+			break;
+	}
+	/* Until the stash is full and the window shut. */
+	for (int quiet = 0, i = 0; quiet < 5 && i < 1000; i++) {
+		NOW += 20000;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+		quiet = put(SA, 8192, 0) == -EAGAIN ? quiet + 1 : 0;
+		pump();
+	}
+	cr_assert_eq(P[SA].st.drains_sent, 0);
+	/* The reader pauses for 3 idle times; A's app keeps trying to write. */
+	for (int i = 0; i < 30; i++) {
+		NOW += IDLE_US / 10;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+		put_all(SB, 10, 0); /* B's application answers something meanwhile */
+		pump();
+		drain(SA);
+		pump();
+		long r = put(SA, 8192, 0);
+		cr_assert_eq(r, -EAGAIN);
+	}
+	size_t from = fake_count(&FP.ep[SA], 0);
+	/* The reader reads again; the writer goes on. */
+	for (int i = 0; i < 40; i++) {
+		drain(SB);
+		pump();
+		NOW += 1000;
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+		pump();
+		(void)put(SA, 8192, 0);
+		pump();
+	}
+	size_t to = fake_count(&FP.ep[SA], 0);
+	unsigned small = 0, big = 0;
+	for (size_t i = from; i < to; i++) {
+		const struct fake_msg *m = msg_of(SA, i);
+		if (m->h.type == SV_MSG_DATA)
+			{ if (m->h.len <= 1024) small++; else big++; }
+	}
+	cr_assert_eq(P[SA].st.drains_sent, 0, "a writer blocked on credits was taken for idle");
+}
