@@ -91,10 +91,15 @@ static void wait_readable(int fd, const int *busy, int mode)
 			break;
 		}
 		case 1: {
+			/* Counted as it is filled, as programs do: the count
+			 * is not a constant, so a fortified build calls
+			 * __poll_chk. */
 			struct pollfd p[1 + NBUSY] = {{.fd = fd, .events = POLLIN}};
+			nfds_t n = 1;
 			for (int b = 0; b < NBUSY; b++)
-				p[1 + b] = (struct pollfd){.fd = busy[b], .events = POLLIN};
-			r = poll(p, 1 + NBUSY, -1);
+				if (busy[b] >= 0)
+					p[n++] = (struct pollfd){.fd = busy[b], .events = POLLIN};
+			r = poll(p, n, -1);
 			CHECK(r > 0 || errno == EINTR, "poll gave %d", r);
 			ready = r > 0 && (p[0].revents & POLLIN);
 			for (int b = 0; b < NBUSY; b++)

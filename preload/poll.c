@@ -290,6 +290,28 @@ SV_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, con
 	return (int)sv_ret(r, saved);
 }
 
+/* Fortified variants (_FORTIFY_SOURCE, Debian's packages): a program built
+ * so calls these, not poll and ppoll. fdslen is the array's size in bytes. */
+extern void __chk_fail(void) __attribute__((noreturn));
+SV_EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen);
+SV_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *ts,
+			  const sigset_t *mask, size_t fdslen);
+
+SV_EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
+{
+	if (fdslen / sizeof(*fds) < n)
+		__chk_fail();
+	return poll(fds, n, timeout);
+}
+
+SV_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *ts,
+			  const sigset_t *mask, size_t fdslen)
+{
+	if (fdslen / sizeof(*fds) < n)
+		__chk_fail();
+	return ppoll(fds, n, ts, mask);
+}
+
 /* select through poll, which knows the streams. */
 static int select_common(int n, fd_set *rd, fd_set *wr, fd_set *ex, int timeout_ms,
 			 const sigset_t *mask, bool *served)

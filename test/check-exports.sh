@@ -12,5 +12,21 @@ if [ "$want" != "$have" ]; then
 	diff <(echo "$want") <(echo "$have") >&2 || true
 	exit 1
 fi
+# A fortified build (_FORTIFY_SOURCE) calls __X_chk instead of X: every
+# such variant this libc has of an interposed X must be interposed too, or
+# the call goes to the kernel alone.
+libc=$(ldd "$lib" | awk '$1 ~ /^libc\.so/ {print $3}')
+[ -r "$libc" ] || { echo "cannot find the libc $lib links with" >&2; exit 1; }
+chk=$(nm -D --defined-only "$libc" | awk '{print $3}' | sed 's/@.*//' | grep '_chk$' | sort -u)
+missing=""
+for s in $want; do
+	if grep -qx "__${s}_chk" <<<"$chk" && ! grep -qx "__${s}_chk" <<<"$want"; then
+		missing="$missing __${s}_chk"
+	fi
+done
+if [ -n "$missing" ]; then
+	echo "fortified variants of interposed calls not interposed:$missing" >&2
+	exit 1
+fi
 n=$(echo "$have" | wc -l)
-echo "exports OK: $n interposed symbols, nothing else"
+echo "exports OK: $n interposed symbols, nothing else, every fortified variant"

@@ -26,6 +26,22 @@ on=$(($(grep -c "on RDMA" "$WORK/client.err" || true) - 4))
 [ "$on" -ge $((N / 2)) ] || fail "only $on of $N client connections reached RDMA"
 echo "ready: OK ($N connections, $on on RDMA, switched while their client waited)"
 
+# The same client built with _FORTIFY_SOURCE, as Debian's packages are: its
+# poll is __poll_chk, which must see what waits on the QP as poll does.
+FPORT=5084
+FN=${SOVIA_IT_READY_FORTIFIED_N:-8}
+nm -D "$BUILD/apps/sovia-ready-fortified" | grep -q "U __poll_chk" ||
+	fail "sovia-ready-fortified does not call __poll_chk"
+LD_PRELOAD=$LIB "$BUILD/apps/sovia-ready" -s $FPORT "$FN" >"$WORK/f-server.out" 2>"$WORK/f-server.err" &
+fsrv=$!
+wait_port $FPORT
+LD_PRELOAD=$LIB run_logged "$WORK/f-client.out" "$WORK/f-client.err" \
+	timeout 600 "$BUILD/apps/sovia-ready-fortified" -c "$IP" $FPORT "$FN"
+wait $fsrv || fail "the fortified client's server failed"
+on=$(($(grep -c "on RDMA" "$WORK/f-client.err" || true) - 4))
+[ "$on" -ge $((FN / 2)) ] || fail "fortified: only $on of $FN client connections reached RDMA"
+echo "ready: fortified OK ($FN connections, $on on RDMA)"
+
 # A server that closes while its connection switches: the client must read
 # the answer and then EOF, not a reset (the close used to leave the client's
 # challenge echo unread, and the kernel answered with RST). The server's
