@@ -11,36 +11,31 @@
 # (the first may not: its server closes before the first upgrade request,
 # which sets up the device, arrives).
 . "$(dirname "$0")/lib.sh"
-PORT=5082
-N=${SOVIA_IT_READY_N:-30}
 export SOVIA_LOG=info
-LD_PRELOAD=$LIB "$BUILD/apps/sovia-ready" -s $PORT "$N" >"$WORK/server.out" 2>"$WORK/server.err" &
-srv=$!
-wait_port $PORT
-LD_PRELOAD=$LIB run_logged "$WORK/client.out" "$WORK/client.err" \
-	timeout 600 "$BUILD/apps/sovia-ready" -c "$IP" $PORT "$N"
-wait $srv || fail "the server failed"
-cat "$WORK/server.out" "$WORK/client.out"
-# The client's four busy connections log "on RDMA" as well.
-on=$(($(grep -c "on RDMA" "$WORK/client.err" || true) - 4))
-[ "$on" -ge $((N / 2)) ] || fail "only $on of $N client connections reached RDMA"
-echo "ready: OK ($N connections, $on on RDMA, switched while their client waited)"
+# One run: the server, then `client` (a build of apps/sovia_ready.c) with N
+# connections; files are named with `tag`. Most must reach RDMA.
+ready_run() { # port n client tag
+	local port=$1 n=$2 client=$3 tag=$4 srv on
+	LD_PRELOAD=$LIB "$BUILD/apps/sovia-ready" -s "$port" "$n" >"$WORK/$tag-server.out" \
+		2>"$WORK/$tag-server.err" &
+	srv=$!
+	wait_port "$port"
+	LD_PRELOAD=$LIB run_logged "$WORK/$tag-client.out" "$WORK/$tag-client.err" \
+		timeout 600 "$BUILD/apps/$client" -c "$IP" "$port" "$n"
+	wait $srv || fail "$tag: the server failed"
+	cat "$WORK/$tag-server.out" "$WORK/$tag-client.out"
+	# The client's four busy connections log "on RDMA" as well.
+	on=$(($(grep -c "on RDMA" "$WORK/$tag-client.err" || true) - 4))
+	[ "$on" -ge $((n / 2)) ] || fail "$tag: only $on of $n client connections reached RDMA"
+	echo "ready: $tag OK ($n connections, $on on RDMA, switched while their client waited)"
+}
+ready_run 5082 "${SOVIA_IT_READY_N:-30}" sovia-ready plain
 
 # The same client built with _FORTIFY_SOURCE, as Debian's packages are: its
 # poll is __poll_chk, which must see what waits on the QP as poll does.
-FPORT=5084
-FN=${SOVIA_IT_READY_FORTIFIED_N:-8}
 nm -D "$BUILD/apps/sovia-ready-fortified" | grep -q "U __poll_chk" ||
 	fail "sovia-ready-fortified does not call __poll_chk"
-LD_PRELOAD=$LIB "$BUILD/apps/sovia-ready" -s $FPORT "$FN" >"$WORK/f-server.out" 2>"$WORK/f-server.err" &
-fsrv=$!
-wait_port $FPORT
-LD_PRELOAD=$LIB run_logged "$WORK/f-client.out" "$WORK/f-client.err" \
-	timeout 600 "$BUILD/apps/sovia-ready-fortified" -c "$IP" $FPORT "$FN"
-wait $fsrv || fail "the fortified client's server failed"
-on=$(($(grep -c "on RDMA" "$WORK/f-client.err" || true) - 4))
-[ "$on" -ge $((FN / 2)) ] || fail "fortified: only $on of $FN client connections reached RDMA"
-echo "ready: fortified OK ($FN connections, $on on RDMA)"
+ready_run 5084 "${SOVIA_IT_READY_FORTIFIED_N:-8}" sovia-ready-fortified fortified
 
 # A server that closes while its connection switches: the client must read
 # the answer and then EOF, not a reset (the close used to leave the client's

@@ -378,7 +378,7 @@ Test(switch, an_idle_connection_gives_its_grown_buffers_back)
 	h_pair_free(&p);
 }
 
-/* after the QP breaks under a grown connection that goes on over
+/* After the QP breaks under a grown connection that goes on over
  * TCP, a blocking read must sleep, not spin on a stale idle deadline. */
 struct bg_reader {
 	struct pair *p;

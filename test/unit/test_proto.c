@@ -3424,24 +3424,34 @@ static struct sv_proto_params prm_grow(void)
 	return p;
 }
 
-/* Like conn_up, with both sides' buffers starting small (the peers learn
- * the start size from the set-up). */
-static void conn_up_grow(const struct sv_proto_params *prm, bool refuse)
+/* Like conn_up, with buffers that start small and grow (the peers learn
+ * the start size from the set-up); each side with its own parameters (the
+ * window and buffer size must agree), so one may have buffers that never
+ * grow. */
+static void conn_up_grow2(const struct sv_proto_params *pa, const struct sv_proto_params *pb,
+			  bool refuse)
 {
-	PRM = *prm;
-	uint32_t nr = sv_proto_nrecv(prm), ns = sv_proto_nsend(prm);
-	cr_assert_eq(fake_pair_init(&FP, nr, ns, prm->buf_size), 0);
+	const struct sv_proto_params *pp[2] = {pa, pb};
+	PRM = *pa;
+	uint32_t nr = sv_proto_nrecv(pa), ns = sv_proto_nsend(pa);
+	cr_assert_eq(fake_pair_init(&FP, nr, ns, pa->buf_size), 0);
 	FP_UP = true;
 	for (int s = 0; s < 2; s++) {
-		fake_ep_grows(&FP.ep[s], sv_proto_start_size(prm));
+		if (sv_proto_start_size(pp[s]) < pp[s]->buf_size)
+			fake_ep_grows(&FP.ep[s], sv_proto_start_size(pp[s]));
 		FP.ep[s].refuse_grow = refuse;
 		struct sv_xport x = fake_xport(&FP.ep[s]);
-		cr_assert_eq(sv_proto_init(&P[s], prm, &x), 0);
+		cr_assert_eq(sv_proto_init(&P[s], pp[s], &x), 0);
 		P_UP[s] = true;
 	}
 	for (int s = 0; s < 2; s++)
-		cr_assert_eq(sv_proto_set_peer(&P[s], nr, sv_proto_start_size(prm)), 0);
+		cr_assert_eq(sv_proto_set_peer(&P[s], nr, sv_proto_start_size(pp[1 - s])), 0);
 	open_both();
+}
+
+static void conn_up_grow(const struct sv_proto_params *prm, bool refuse)
+{
+	conn_up_grow2(prm, prm, refuse);
 }
 
 /* The largest DATA payload side s sent among its messages [from, to). */
@@ -3766,7 +3776,7 @@ Test(proto, drain_to_small_buffers_changes_nothing)
 	cr_assert_eq(P[SB].st.rx_shrinks, 0);
 }
 
-/* ---- Growth and DRAIN at random, and the edges a review found ------------------- */
+/* ---- Growth and DRAIN at random, and their edges ------------------------------------ */
 
 static void drain_conservation(void)
 {
@@ -3878,7 +3888,7 @@ ParameterizedTest(uint32_t *seed, proto, soak_with_growth_and_drains)
 	}
 }
 
-/* a sender whose buffers never grow (fixed at buf_size) drains a
+/* A sender whose buffers never grow (fixed at buf_size) drains a
  * growable peer: its own send buffers were never grown, so shrink(send)
  * must not be called. */
 Test(proto, a_fixed_sender_never_shrinks)
@@ -3886,27 +3896,15 @@ Test(proto, a_fixed_sender_never_shrinks)
 	struct sv_proto_params pa = prm_grow(), pb = prm_grow();
 	pa.start_size = 0; /* fixed */
 	pa.idle_us = pb.idle_us = IDLE_US;
-	PRM = pa;
-	uint32_t nr = sv_proto_nrecv(&pa), ns = sv_proto_nsend(&pa);
-	cr_assert_eq(fake_pair_init(&FP, nr, ns, pa.buf_size), 0);
-	FP_UP = true;
-	fake_ep_grows(&FP.ep[SB], sv_proto_start_size(&pb));
-	const struct sv_proto_params *pp[2] = {&pa, &pb};
-	for (int s = 0; s < 2; s++) {
-		struct sv_xport x = fake_xport(&FP.ep[s]);
-		cr_assert_eq(sv_proto_init(&P[s], pp[s], &x), 0);
-		P_UP[s] = true;
-	}
-	cr_assert_eq(sv_proto_set_peer(&P[SA], nr, sv_proto_start_size(&pb)), 0);
-	cr_assert_eq(sv_proto_set_peer(&P[SB], nr, pa.buf_size), 0);
-	open_both();
+	conn_up_grow2(&pa, &pb, false);
 	a_writes_b_reads(32, 4096);
 	cr_assert(P[SB].st.rx_grown);
 	idle_for(3 * IDLE_US);
 	cr_assert_eq(FP.ep[SA].shrinks, 0);
 }
 
-/* the stale idle deadline after an error. */
+/* A broken core has no next deadline: its idle timer (armed while it
+ * was busy) would have a waiter wake for nothing, over and over. */
 Test(proto, no_deadline_after_an_error)
 {
 	struct sv_proto_params prm = prm_grow();
@@ -3921,7 +3919,7 @@ Test(proto, no_deadline_after_an_error)
 		  (unsigned long long)d, (unsigned long long)NOW);
 }
 
-/* in ASKED, a smaller non-zero size code (not the set-up's) is a
+/* In ASKED, a smaller non-zero size code (not the set-up's) is a
  * report the protocol does not allow (docs: "the one smaller size ... flags 0"). */
 Test(proto, only_the_setup_size_after_a_drain)
 {
@@ -3940,7 +3938,7 @@ Test(proto, only_the_setup_size_after_a_drain)
 	cr_assert_eq(P[SA].error, -ECONNRESET, "a 4 KiB report after 8 KiB ones was taken");
 }
 
-/* after the QP's normal end (peer's FIN, then the flush) our
+/* After the QP's normal end (peer's FIN, then the flush) our
  * sending moved to TCP (sv_proto_tx_lost_qp): no DRAIN should be posted on
  * the ended QP. */
 Test(proto, no_drain_after_the_qp_ended)
@@ -3964,27 +3962,14 @@ Test(proto, no_drain_after_the_qp_ended)
 	cr_assert_eq(after, before);
 }
 
-/* a growable sender facing a peer whose buffers are large from the
+/* A growable sender facing a peer whose buffers are large from the
  * set-up (fixed at buf_size): its send buffers should follow the peer's
- * size, as they did before the change (cap > start_max grows them). */
+ * size (a report larger than our start size grows them). */
 Test(proto, a_sender_follows_a_fixed_large_peer)
 {
 	struct sv_proto_params pa = prm_grow(), pb = prm_grow();
 	pb.start_size = 0; /* B fixed at 8 KiB */
-	PRM = pa;
-	uint32_t nr = sv_proto_nrecv(&pa), ns = sv_proto_nsend(&pa);
-	cr_assert_eq(fake_pair_init(&FP, nr, ns, pa.buf_size), 0);
-	FP_UP = true;
-	fake_ep_grows(&FP.ep[SA], sv_proto_start_size(&pa));
-	const struct sv_proto_params *pp[2] = {&pa, &pb};
-	for (int s = 0; s < 2; s++) {
-		struct sv_xport x = fake_xport(&FP.ep[s]);
-		cr_assert_eq(sv_proto_init(&P[s], pp[s], &x), 0);
-		P_UP[s] = true;
-	}
-	cr_assert_eq(sv_proto_set_peer(&P[SA], nr, pb.buf_size), 0);
-	cr_assert_eq(sv_proto_set_peer(&P[SB], nr, sv_proto_start_size(&pa)), 0);
-	open_both();
+	conn_up_grow2(&pa, &pb, false);
 	a_writes_b_reads(32, 4096);
 	size_t n = fake_count(&FP.ep[SA], 0);
 	cr_assert(P[SA].st.tx_grown, "A's send buffers stayed at 1 KiB facing 8 KiB receive buffers");
@@ -4024,7 +4009,7 @@ ParameterizedTest(int *first, proto, back_during_a_drain)
 		cr_assert_eq(FP.ep[k].violations, 0, "%c: %s", side_name(k), FP.ep[k].why);
 }
 
-/* a writer blocked on a closed window (its reader paused longer
+/* A writer blocked on a closed window (its reader paused longer
  * than idle_us) is not idle: does the drain start anyway? */
 Test(proto, a_blocked_writer_is_not_idle)
 {
