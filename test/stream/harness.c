@@ -59,7 +59,7 @@ void h_listen(struct pair *p, bool rdma)
 	}
 }
 
-void h_connect(struct pair *p)
+void h_connect_sockets(struct pair *p)
 {
 	struct sockaddr_in a;
 	socklen_t al = sizeof(a);
@@ -68,6 +68,11 @@ void h_connect(struct pair *p)
 	cr_assert_eq(connect(p->cfd, (struct sockaddr *)&a, sizeof(a)), 0);
 	p->sfd = accept(p->lfd, NULL, NULL);
 	cr_assert_geq(p->sfd, 0);
+}
+
+void h_connect(struct pair *p)
+{
+	h_connect_sockets(p);
 	p->c = sv_stream_new(p->cfd, true);
 	p->s = sv_stream_new(p->sfd, false);
 	cr_assert(p->c && p->s);

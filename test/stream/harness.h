@@ -33,6 +33,8 @@ void h_listen(struct pair *p, bool rdma);
 /* Connect a client to it and accept; both become streams and start their
  * upgrade (the client's on its own, the server's waiting for a request). */
 void h_connect(struct pair *p);
+/* ... only the TCP connection: p's two sockets, not streams yet. */
+void h_connect_sockets(struct pair *p);
 /* Both, and wait until both streams are on RDMA. */
 void h_pair_rdma(struct pair *p);
 /* Drop the test's references (the streams' fds are closed or not, as the

@@ -48,18 +48,6 @@ static void exchange(struct pair *p, uint64_t seed, bool rdma)
 	}
 }
 
-/* A TCP connection to p's listener, its two sockets not streams yet. */
-static void connect_sockets(struct pair *p)
-{
-	struct sockaddr_in a;
-	socklen_t al = sizeof(a);
-	cr_assert_eq(getsockname(p->lfd, (struct sockaddr *)&a, &al), 0);
-	p->cfd = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert_eq(connect(p->cfd, (struct sockaddr *)&a, sizeof(a)), 0);
-	p->sfd = accept(p->lfd, NULL, NULL);
-	cr_assert_geq(p->sfd, 0);
-}
-
 /* A server without libsovia (no RDMA listener): the client asks again a
  * few times, then stays on TCP, "rejected". */
 Test(fallback, no_listener_at_the_peer)
@@ -107,7 +95,7 @@ Test(fallback, failed_challenge_keeps_tcp_working)
 	fake_net_hold(FAKE_SERVER);
 	struct pair p;
 	h_listen(&p, true);
-	connect_sockets(&p);
+	h_connect_sockets(&p);
 	/* Eight bytes the client's stream does not count: its switch point
 	 * (TO_RDMA at 0) is before them. */
 	const char junk[8] = "notecho!";
@@ -348,7 +336,7 @@ Test(fallback, a_switch_point_beyond_tcp_fails_the_challenge)
 	fake_net_hold(FAKE_SERVER); /* the server's RESET stays on the fake wire */
 	struct pair p;
 	h_listen(&p, true);
-	connect_sockets(&p);
+	h_connect_sockets(&p);
 	p.c = sv_stream_new(p.cfd, true);
 	p.s = sv_stream_new(p.sfd, false);
 	sv_lock(&p.c->lock);
