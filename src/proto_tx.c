@@ -382,7 +382,8 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, struct sv_clock *cl
 		fr = sv_pr_drain(p);
 	if (fr < 0)
 		return fr;
-	sv_pr_tx_shrink_if_due(p);
+	if (p->tx_shrink_wanted)
+		sv_pr_tx_shrink_if_due(p);
 	/* A report that found no free send buffer may go now. */
 	return sv_pr_ack_policy(p, clk);
 }

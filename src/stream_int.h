@@ -118,6 +118,10 @@ struct sv_switch {
 			      * server proved itself */
 	bool qp_lost;        /* the QP died while the peer's switch waited for
 			      * its echo: a real echo ends it on TCP */
+	bool point_near;     /* point_seq, a switch point the peer announced, was
+			      * found within what TCP can hold
+			      * (sv_stream_switch_point_ok) */
+	uint64_t point_seq;
 	uint64_t deadline_us; /* the upgrade gives up at this time */
 	uint64_t upgrade_at;  /* client: when the helper starts the upgrade
 			       * (SOVIA_UPGRADE_DELAY_MS, or a retry after "no

@@ -209,7 +209,11 @@ bool sv_stream_switch_point_ok(struct sv_stream *s, uint64_t seq)
 	/* Bytes the real peer wrote on TCP before its TO_RDMA and we have not
 	 * read sit in its send buffer or our receive buffer. Twice what the
 	 * two can hold, and some: a peer whose point lies beyond would have
-	 * us read (and hold, when nobody reads) TCP for ever. */
+	 * us read (and hold, when nobody reads) TCP for ever. Judged once per
+	 * point: every read during the switch asks, and the distance only
+	 * shrinks as TCP is read. */
+	if (s->sw.point_near && s->sw.point_seq == seq)
+		return true;
 	int rcv = 0;
 	socklen_t len = sizeof(rcv);
 	if (SV_REAL(getsockopt)(s->fd, SOL_SOCKET, SO_RCVBUF, &rcv, &len) < 0 || rcv < 0)
@@ -219,6 +223,8 @@ bool sv_stream_switch_point_ok(struct sv_stream *s, uint64_t seq)
 		sv_stream_challenge_failed(s, "switch point beyond what TCP can hold");
 		return false;
 	}
+	s->sw.point_near = true;
+	s->sw.point_seq = seq;
 	return true;
 }
 
