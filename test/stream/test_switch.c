@@ -345,18 +345,26 @@ static void bulk_rounds(struct pair *p, int rounds, uint64_t *off)
 	}
 }
 
+/* A pair on RDMA whose client's bulk (32 x 4 KiB) grew the server's
+ * receive buffers, grown ones given back after idle_ms. */
+static void grown_pair(struct pair *p, uint32_t idle_ms, uint64_t *off)
+{
+	sv_cfg.buf_idle_ms = idle_ms;
+	h_pair_rdma(p);
+	*off = 0;
+	bulk_rounds(p, 32, off);
+	cr_assert_eq(PSTAT(p->s, rx_grows), 1, "the bulk did not grow the server's buffers");
+}
+
 /* A connection whose bulk grew its buffers gives them back once its
  * sending was idle for SOVIA_BUF_IDLE_MS, with neither application calling
  * in: the helper looks at it by its deadline and sends the DRAINs. Then it
  * carries bytes over the QP as before, and grows again. */
 Test(switch, an_idle_connection_gives_its_grown_buffers_back)
 {
-	sv_cfg.buf_idle_ms = 50;
 	struct pair p;
-	h_pair_rdma(&p);
-	uint64_t off = 0;
-	bulk_rounds(&p, 32, &off);
-	cr_assert_eq(PSTAT(p.s, rx_grows), 1, "the bulk did not grow the server's buffers");
+	uint64_t off;
+	grown_pair(&p, 50, &off);
 	cr_assert_eq(PSTAT(p.c, tx_grows), 1);
 	cr_assert_eq(fake_net_shrinks(), 0);
 
@@ -378,8 +386,9 @@ Test(switch, an_idle_connection_gives_its_grown_buffers_back)
 	h_pair_free(&p);
 }
 
-/* After the QP breaks under a grown connection that goes on over
- * TCP, a blocking read must sleep, not spin on a stale idle deadline. */
+/* After the QP breaks under a grown connection, which goes on over TCP,
+ * a blocking read sleeps (not spinning on a stale idle deadline) and
+ * gets the next byte. */
 struct bg_reader {
 	struct pair *p;
 	long r;
@@ -393,12 +402,9 @@ static void *bg_read_main(void *arg)
 }
 Test(switch, a_broken_grown_connection_lets_its_reader_sleep)
 {
-	sv_cfg.buf_idle_ms = 200;
 	struct pair p;
-	h_pair_rdma(&p);
-	uint64_t off = 0;
-	bulk_rounds(&p, 32, &off);
-	cr_assert_eq(PSTAT(p.s, rx_grows), 1);
+	uint64_t off;
+	grown_pair(&p, 200, &off);
 	fake_net_break_all();
 	struct bg_reader rd = {.p = &p};
 	pthread_t t;
@@ -416,5 +422,7 @@ Test(switch, a_broken_grown_connection_lets_its_reader_sleep)
 	pthread_join(t, NULL);
 	cr_assert_lt(w1 - w0, 100, "the reader woke %llu times in 0.9 s",
 		     (unsigned long long)(w1 - w0));
+	cr_assert_eq(rd.r, 1, "the read gave %ld", rd.r);
+	cr_assert_eq(rd.b, 9);
 	h_pair_free(&p);
 }

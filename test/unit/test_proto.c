@@ -2739,6 +2739,31 @@ static void soak_read(int s)
 		RXO[s] += (uint64_t)r;
 }
 
+/* A soak's step on the transport and the clock, for op in [60, 100): a
+ * completion of side s delivered (18), its sends held back or let go (5)
+ * or some of them let go (5), the clock moved by less than tick_max with
+ * both sides' timers fired (8), or side s's timers fired (4). */
+static void soak_io(int s, uint32_t op, uint64_t tick_max, uint32_t step)
+{
+	struct fake_ep *ep = &FP.ep[s];
+	if (op < 78) {
+		int r = fake_poll(ep, &P[s], NOW);
+		cr_assert_geq(r, 0, "step %u: %c: completion failed: %d", step, side_name(s), r);
+	} else if (op < 83) {
+		ep->hold_send_done = !ep->hold_send_done;
+		if (!ep->hold_send_done)
+			fake_release_sends(ep, SIZE_MAX);
+	} else if (op < 88) {
+		fake_release_sends(ep, 1 + rnd_below(4));
+	} else if (op < 96) {
+		NOW += rnd_below((uint32_t)tick_max);
+		sv_proto_timers(&P[SA], NOW);
+		sv_proto_timers(&P[SB], NOW);
+	} else {
+		sv_proto_timers(&P[s], NOW);
+	}
+}
+
 /* Bytes written and not yet read, or a writer that still has data to
  * write (it stops near the end of its stream). */
 static bool soak_work_left(void)
@@ -2783,28 +2808,13 @@ ParameterizedTest(struct soak_param *sp, proto, soak)
 	int unblocks = 0;
 	for (uint32_t step = 0; step < sp->steps; step++) {
 		int s = (int)rnd_below(2);
-		struct fake_ep *ep = &FP.ep[s];
 		uint32_t op = rnd_below(100);
 		if (op < 30) {
 			soak_write(s);
 		} else if (op < 60) {
 			soak_read(s);
-		} else if (op < 78) {
-			int r = fake_poll(ep, &P[s], NOW);
-			cr_assert_geq(r, 0, "step %u: %c: completion failed: %d", step,
-				      side_name(s), r);
-		} else if (op < 83) {
-			ep->hold_send_done = !ep->hold_send_done;
-			if (!ep->hold_send_done)
-				fake_release_sends(ep, SIZE_MAX);
-		} else if (op < 88) {
-			fake_release_sends(ep, 1 + rnd_below(4));
-		} else if (op < 96) {
-			NOW += rnd_below((uint32_t)(tmax * 3 / 2 + 1));
-			sv_proto_timers(&P[SA], NOW);
-			sv_proto_timers(&P[SB], NOW);
 		} else {
-			sv_proto_timers(&P[s], NOW);
+			soak_io(s, op, tmax * 3 / 2 + 1, step);
 		}
 		check_clean();
 		if (!fake_pending_recvs(&FP.ep[SA]) && !fake_pending_recvs(&FP.ep[SB]))
@@ -3692,6 +3702,22 @@ Test(proto, a_busy_direction_keeps_its_buffers)
 	check_clean();
 }
 
+/* B's delayed reports arrive, then A's idle timer fires (its first look
+ * only starts it) until A drains; with b_too, B's timers fire at each
+ * step as well. What A sent is not delivered. */
+static void a_starts_draining(bool b_too)
+{
+	idle_for(20000);
+	for (int i = 0; i < 3 && P[SA].drain == SV_DRAIN_NONE; i++) {
+		NOW += 2 * IDLE_US;
+		sv_proto_timers(&P[SA], NOW);
+		if (b_too)
+			sv_proto_timers(&P[SB], NOW);
+	}
+	cr_assert_eq(P[SA].drain, SV_DRAIN_ASKED, "the drain did not start");
+	cr_assert_gt(P[SA].st.drains_sent, 0);
+}
+
 /* Writes while the drain is under way, small (coalesced) and large: each
  * message fits whichever of the peer's buffers it lands in, and every byte
  * arrives in order. */
@@ -3705,15 +3731,9 @@ ParameterizedTest(size_t *len, proto, writes_during_the_drain)
 {
 	struct sv_proto_params prm = prm_grow();
 	grown_then_idle(&prm);
-	/* Hold B's reports back so the drain stays half done: the timer
-	 * fires, A spends what credits it has on DRAINs, and then writes. */
-	idle_for(20000); /* B's delayed reports and acknowledgments arrive */
-	for (int i = 0; i < 3 && P[SA].drain == SV_DRAIN_NONE; i++) {
-		NOW += 2 * IDLE_US; /* the first look only starts the timer */
-		sv_proto_timers(&P[SA], NOW);
-	}
-	cr_assert_eq(P[SA].drain, SV_DRAIN_ASKED, "the drain did not start");
-	cr_assert_gt(P[SA].st.drains_sent, 0);
+	/* The drain starts, A spends what credits it has on DRAINs, and
+	 * then writes. */
+	a_starts_draining(false);
 	/* Held back (MSG_MORE) while the DRAINs spend the large credits, the
 	 * first write's bytes go when the next write comes. */
 	for (int i = 0; i < 8; i++) {
@@ -3823,7 +3843,6 @@ ParameterizedTest(uint32_t *seed, proto, soak_with_growth_and_drains)
 		int s = (int)rnd_below(2);
 		if (phase == 2)
 			s = SA;
-		struct fake_ep *ep = &FP.ep[s];
 		uint32_t op = rnd_below(100);
 		if (op < 30) {
 			if (phase == 0 || (phase == 2 && s == SA))
@@ -3833,22 +3852,8 @@ ParameterizedTest(uint32_t *seed, proto, soak_with_growth_and_drains)
 		} else if (op < 60) {
 			if (!(phase == 1 && s == SB && rnd_below(3)))
 				soak_read(s);
-		} else if (op < 78) {
-			int r = fake_poll(ep, &P[s], NOW);
-			cr_assert_geq(r, 0, "seed %u step %u: %c: completion failed: %d", *seed, step,
-				      side_name(s), r);
-		} else if (op < 83) {
-			ep->hold_send_done = !ep->hold_send_done;
-			if (!ep->hold_send_done)
-				fake_release_sends(ep, SIZE_MAX);
-		} else if (op < 88) {
-			fake_release_sends(ep, 1 + rnd_below(4));
-		} else if (op < 96) {
-			NOW += rnd_below((uint32_t)(2 * prm.idle_us));
-			sv_proto_timers(&P[SA], NOW);
-			sv_proto_timers(&P[SB], NOW);
 		} else {
-			sv_proto_timers(&P[s], NOW);
+			soak_io(s, op, 2 * prm.idle_us, step);
 		}
 		for (int k = 0; k < 2; k++)
 			cr_assert_eq(FP.ep[k].violations, 0, "seed %u step %u: %c: %s", *seed, step,
@@ -3925,12 +3930,7 @@ Test(proto, only_the_setup_size_after_a_drain)
 {
 	struct sv_proto_params prm = prm_grow();
 	grown_then_idle(&prm);
-	idle_for(20000);
-	for (int i = 0; i < 3 && P[SA].drain == SV_DRAIN_NONE; i++) {
-		NOW += 2 * IDLE_US;
-		sv_proto_timers(&P[SA], NOW);
-	}
-	cr_assert_eq(P[SA].drain, SV_DRAIN_ASKED);
+	a_starts_draining(false);
 	/* B's buffers are 8 KiB (code 13); report 4 KiB (code 12). */
 	struct sv_hdr h = {.type = SV_MSG_UPDATE, .flags = 12, .credits = 1, .ack = P[SA].snd_nxt, .seq = P[SA].rcv_nxt};
 	cr_assert_eq(fake_inject_msg(&FP.ep[SA], &h, NULL, 0, SV_HDR_SIZE), 0);
@@ -3994,12 +3994,7 @@ ParameterizedTest(int *first, proto, back_during_a_drain)
 	pump();
 	drain(SA);
 	pump();
-	for (int i = 0; i < 3 && P[SA].drain == SV_DRAIN_NONE; i++) {
-		NOW += 2 * IDLE_US;
-		sv_proto_timers(&P[SA], NOW);
-		sv_proto_timers(&P[SB], NOW);
-	}
-	cr_assert_neq(P[SA].drain, SV_DRAIN_NONE, "the drain did not start");
+	a_starts_draining(true);
 	/* Part of the DRAINs delivered only. */
 	fake_poll(&FP.ep[SB], &P[SB], NOW);
 	const uint8_t *pre[2] = {NULL, NULL};
