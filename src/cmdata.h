@@ -11,8 +11,9 @@
 
 #define SV_CM_MAGIC 0x41564f53u /* "SOVA" on the wire */
 /* 3: receive buffers grow, the header's flags give their size, DRAIN gives
- * them back (docs/protocol.md, 5). */
-#define SV_CM_VERSION 3
+ * them back (docs/protocol.md, 5). 4: a lost QP resumes over TCP with the
+ * resume records (docs/protocol.md, 11). */
+#define SV_CM_VERSION 4
 #define SV_CM_REQ_MAX 56
 
 struct sv_cm_req {

@@ -29,15 +29,18 @@ int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 	p->payload_max = prm->buf_size - SV_HDR_SIZE;
 	p->start_max = sv_proto_start_size(prm) - SV_HDR_SIZE;
 	p->pending_slot = -1;
+	p->fin_slot = -1;
 	p->rx_held = -1;
 	uint32_t ns = sv_proto_nsend(prm), nr = sv_proto_nrecv(prm);
 	p->free_slots = calloc(ns, sizeof(*p->free_slots));
 	p->slot_kind = calloc(ns, sizeof(*p->slot_kind));
 	p->slot_big = calloc(ns, sizeof(*p->slot_big));
+	p->slot_data = calloc(ns, sizeof(*p->slot_data));
 	p->rxq = calloc(nr, sizeof(*p->rxq));
 	p->rxq_cap = nr;
 	p->rx_big = calloc(nr, sizeof(*p->rx_big));
-	if (!p->free_slots || !p->slot_kind || !p->slot_big || !p->rxq || !p->rx_big) {
+	if (!p->free_slots || !p->slot_kind || !p->slot_big || !p->slot_data || !p->rxq ||
+	    !p->rx_big) {
 		sv_proto_destroy(p);
 		return -ENOMEM;
 	}
@@ -72,6 +75,8 @@ void sv_proto_destroy(struct sv_proto *p)
 	free(p->free_slots);
 	free(p->slot_kind);
 	free(p->slot_big);
+	free(p->slot_data);
+	free(p->kept);
 	if (p->rxq)
 		for (uint32_t i = 0; i < p->rxq_count; i++)
 			free(sv_pr_rxq_at(p, i)->heap);
@@ -83,6 +88,8 @@ void sv_proto_destroy(struct sv_proto *p)
 	p->free_slots = NULL;
 	p->slot_kind = NULL;
 	p->slot_big = NULL;
+	p->slot_data = NULL;
+	p->kept = NULL;
 	p->rxq = NULL;
 	p->rx_big = NULL;
 	p->ret_buf = NULL;
@@ -170,6 +177,8 @@ int sv_proto_abort(struct sv_proto *p, int err)
 		/* What is in flight now comes back flushed, if at all: its
 		 * completion will not say whether it arrived. */
 		p->tx_lost = p->inflight > 0;
+		p->tx_state_at_break = p->tx_state;
+		sv_pr_keep_unsent(p);
 	}
 	/* A sending direction on TCP (no TO_RDMA yet, or back after a TO_TCP)
 	 * is not the QP's: its bytes go on over TCP whatever became of the
@@ -200,8 +209,11 @@ int sv_pr_malformed(struct sv_proto *p)
  * sent stays readable up to its EOF: this is no reset. */
 static bool nothing_lost(const struct sv_proto *p)
 {
+	/* Our FIN still in flight may be lost: the peer then resumes over
+	 * TCP (proto_resume.c), and so must we. */
 	return p->rx_fin && p->inflight == 0 &&
-	       (p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_TCP || p->tx_state == SV_TX_OPEN);
+	       ((p->tx_state == SV_TX_FIN && p->fin_done) || p->tx_state == SV_TX_TCP ||
+		p->tx_state == SV_TX_OPEN);
 }
 
 bool sv_proto_peer_ended(struct sv_proto *p)
@@ -289,7 +301,9 @@ bool sv_proto_writable(const struct sv_proto *p)
 
 bool sv_proto_zcopy_busy(const struct sv_proto *p)
 {
-	return p->zc_inflight > 0;
+	/* After the break the bytes are kept (sv_pr_keep_unsent): the
+	 * application's memory is no longer needed, flushed or not. */
+	return p->zc_inflight > 0 && !(p->error && p->kept_ok);
 }
 
 bool sv_proto_to_rdma_pending(const struct sv_proto *p)

@@ -225,6 +225,7 @@ struct sv_proto_stats {
 	uint64_t rx_grows, tx_grows;       /* times our receive (send) buffers grew */
 	uint64_t rx_shrinks, tx_shrinks;   /* ... and went back to start_size */
 	uint64_t drains_sent;              /* DRAIN messages: the peer's grown buffers given back */
+	uint64_t resent;                   /* bytes sent over the QP again on TCP after it was lost */
 };
 
 /* ---- The core ---------------------------------------------------------- */
@@ -382,6 +383,31 @@ void sv_proto_rx_lost_qp(struct sv_proto *p);
  * QP failed (they may be lost): the caller fails the connection. -EINVAL
  * when our sending is not the QP's (TCP, BACK). */
 int sv_proto_tx_lost_qp(struct sv_proto *p, const void **buf, size_t *len);
+
+/* ---- Resuming over TCP (docs/protocol.md, section 11) -------------------- */
+
+/* A lost QP: the stream exchanges, on TCP, how much of the other's stream
+ * each end holds, and both directions go on there from exactly those
+ * bytes. The core's part: at the break (sv_proto_abort) it copies the
+ * bytes whose arrival is not known; the stream drains the CQ (receives
+ * that completed still count), fixes the receive side's end with
+ * sv_proto_rx_lost_qp and sends sv_proto_offsets' rcv_nxt.
+ *
+ * Can this connection resume: our sending was on the QP (open or after
+ * FIN), no way back began, and the peer did not reset it. */
+bool sv_proto_resumable(const struct sv_proto *p);
+/* Our bytes kept at the break: [*from, *end). */
+void sv_proto_kept(const struct sv_proto *p, uint64_t *from, uint64_t *end);
+/* The peer holds our stream up to peer_rcv: the kept bytes from there on
+ * become owed (sv_proto_owed: written on TCP before anything new), and our
+ * sending is on TCP (or stays ended after our FIN: *fin, and the stream
+ * ends TCP after the owed bytes). -EPROTO when peer_rcv is outside what
+ * we kept (a gap, or bytes never sent), -EIO when nothing could be kept,
+ * -ENOMEM. */
+int sv_proto_resume_tx(struct sv_proto *p, uint64_t peer_rcv, bool *fin);
+/* The peer is gone (its TCP ended before its record): the kept bytes go,
+ * and our sending is TCP's, which answers as TCP to a closed peer does. */
+void sv_proto_resume_drop(struct sv_proto *p);
 
 /* ---- Detaching: the way back (docs/protocol.md, section 10) ------------- */
 

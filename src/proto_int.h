@@ -76,6 +76,9 @@ struct sv_proto {
 	uint64_t pending_deadline; /* when the coalescing timer fires */
 	bool cork;               /* TCP_CORK: hold small writes */
 	bool pending_hold;       /* the last write into it had MSG_MORE */
+	bool fin_done;           /* our FIN's send completed before any error: it
+				  * is in the peer's completion queue */
+	int32_t fin_slot;        /* the send buffer our FIN is in flight in, or -1 */
 	bool fin_wanted;         /* shut down while writes still wait for a
 				  * credit: the FIN follows them */
 	uint32_t peer_nrecv;     /* the peer's receive buffers: our credits' ceiling */
@@ -142,6 +145,24 @@ struct sv_proto {
 	uint8_t *tail;           /* our bytes after back_seq (collected without a
 				  * credit): on TCP after the returned ones */
 	size_t tail_len, tail_cap;
+
+	/* Resuming over TCP after the QP is lost (proto_resume.c). Each DATA
+	 * message in flight, as it was posted; at the break, their bytes and
+	 * the coalesced ones are copied out (kept), because a flushed
+	 * completion does not say whether the message arrived. */
+	struct sv_slot_data {
+		uint64_t seq;
+		uint32_t len;
+		uint32_t iovcnt; /* zero copy: the application's memory */
+		struct iovec iov[SV_ZCOPY_MAX_IOV];
+	} *slot_data;
+	uint8_t *kept;           /* our bytes [kept_from, kept_from + kept_len) */
+	size_t kept_len;
+	uint64_t kept_from;
+	bool kept_ok;            /* every byte in flight at the break is in kept */
+	enum sv_tx_state tx_state_at_break; /* before the abort made it RESET */
+	bool peer_reset;         /* the peer sent RESET: the connection is aborted,
+				  * not lost */
 
 	int error; /* -errno once the connection is broken, else 0 */
 	struct sv_proto_stats st;
@@ -292,6 +313,13 @@ int sv_pr_owed_tail(struct sv_proto *p);
 /* proto_back.c: the receive side of BACK and RETURN. */
 int sv_pr_on_back(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf);
 int sv_pr_on_return(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf);
+/* proto_resume.c: at the first error, copy the bytes of every DATA in
+ * flight and the coalesced ones (kept), while the memory is still there. */
+void sv_pr_keep_unsent(struct sv_proto *p);
+/* proto_resume.c: a receive that completed after the error: the QP
+ * delivered it, so DATA (and FIN) still count until the stream fixes
+ * where the QP part ends (sv_proto_rx_lost_qp). */
+int sv_pr_on_recv_late(struct sv_proto *p, uint32_t buf, uint32_t byte_len);
 /* A malformed message: the connection resets. Returns -ECONNRESET. */
 int sv_pr_malformed(struct sv_proto *p);
 /* The coalescing buffer's slot, taken out of it: the buffer is empty. */

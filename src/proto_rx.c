@@ -298,6 +298,7 @@ static int on_message(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 	case SV_MSG_RETURN:
 		return sv_pr_on_return(p, h, buf);
 	case SV_MSG_RESET:
+		p->peer_reset = true;
 		return sv_proto_abort(p, -ECONNRESET);
 	case SV_MSG_DRAIN:
 		if (h->len != 0)
@@ -335,7 +336,7 @@ static int take_header(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf,
 int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, struct sv_clock *clk)
 {
 	if (p->error)
-		return p->error;
+		return sv_pr_on_recv_late(p, buf, byte_len);
 	if (buf >= sv_pr_nrecv(p) || byte_len < SV_HDR_SIZE)
 		return sv_pr_malformed(p);
 	struct sv_hdr h;

@@ -57,11 +57,21 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 	p->slot_kind[slot] = (uint8_t)(zccnt ? SV_SLOT_ZCOPY
 					     : type == SV_MSG_DATA ? SV_SLOT_DATA : SV_SLOT_CONTROL);
 	p->zc_inflight += zccnt ? 1 : 0;
+	if (type == SV_MSG_DATA) {
+		struct sv_slot_data *d = &p->slot_data[slot];
+		d->seq = seq;
+		d->len = len;
+		d->iovcnt = (uint32_t)zccnt;
+		for (int i = 0; i < zccnt; i++)
+			d->iov[i] = zc[i];
+	}
 	p->st.tx_msgs++;
 	if (type == SV_MSG_TO_RDMA) {
 		p->to_rdma_inflight = true;
 		p->to_rdma_slot = slot;
 	}
+	if (type == SV_MSG_FIN)
+		p->fin_slot = (int32_t)slot;
 	if (type == SV_MSG_DATA) {
 		p->st.tx_data_msgs++;
 		p->st.tx_bytes += len;
@@ -366,6 +376,10 @@ int sv_proto_on_send_done(struct sv_proto *p, uint32_t slot, struct sv_clock *cl
 	 * stays pending, and its echo is never written. */
 	if (p->to_rdma_inflight && slot == p->to_rdma_slot && !p->error)
 		p->to_rdma_inflight = false;
+	if (p->fin_slot == (int32_t)slot) {
+		p->fin_slot = -1;
+		p->fin_done = !p->error;
+	}
 	if (kind != SV_SLOT_CONTROL) {
 		p->inflight--;
 		if (kind == SV_SLOT_ZCOPY)

@@ -58,15 +58,14 @@ void sv_stream_kernel_shut(struct sv_stream *s)
 		     (s->state == SV_CONN_RDMA || s->state == SV_CONN_SWITCHING ||
 		      s->state == SV_CONN_DETACHING) &&
 		     sv_proto_tx_state(s->proto) != SV_TX_TCP;
-	if (on_qp)
-		return;
+	if (on_qp || s->state == SV_CONN_RESUMING)
+		return; /* resuming: our bytes the peer lacks go first */
 	s->cl.shut_deferred = false;
 	SV_REAL(shutdown)(s->fd, SHUT_WR);
 }
 
-/* What came back goes on TCP first, in order, as it arrives. False when
- * it cannot all go yet (or failed: s->error). */
-static bool write_owed(struct sv_stream *s)
+/* What came back goes on TCP first, in order, as it arrives. */
+bool sv_stream_write_owed(struct sv_stream *s)
 {
 	const void *buf;
 	size_t len;
@@ -77,7 +76,7 @@ static bool write_owed(struct sv_stream *s)
 			if (errno == EAGAIN || errno == EINTR)
 				return false;
 			s->error = -errno;
-			sv_warn("fd %d: writing the bytes given back on TCP: %s", s->fd,
+			sv_warn("fd %d: writing our owed bytes on TCP: %s", s->fd,
 				strerror(errno));
 			sv_stream_wake(s);
 			return false;
@@ -108,7 +107,7 @@ void sv_stream_back_progress(struct sv_stream *s)
 		sv_stream_break(s, r);
 		return;
 	}
-	if (!write_owed(s) || !sv_proto_back_done(p))
+	if (!sv_stream_write_owed(s) || !sv_proto_back_done(p))
 		return;
 	sv_stream_set_state(s, SV_CONN_DETACHED);
 	s->cl.linger_deadline_us = sv_clock_now(&clk) + SV_DETACH_GRACE_US;
@@ -155,6 +154,9 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out)
 	case SV_CONN_DETACHED:
 		*r = 0;
 		return 1;
+	case SV_CONN_RESUMING:
+		*wait_tcp_out = true;
+		return 0; /* then broken: TCP carries both directions */
 	case SV_CONN_FALLBACK:
 	case SV_CONN_BROKEN:
 		/* TCP carries both directions (or the connection is dead and the

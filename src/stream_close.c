@@ -133,6 +133,16 @@ static bool linger_finished(struct sv_stream *s, uint64_t now)
 		sv_stream_progress(s, &clk, 0);
 		return s->state != SV_CONN_DETACHING;
 	}
+	if (s->state == SV_CONN_RESUMING) {
+		sv_stream_progress(s, &clk, 0);
+		if (s->state == SV_CONN_RESUMING)
+			return false;
+	}
+	if (!sv_stream_resume_settled(s))
+		return false;
+	/* Resumed: TCP carries the rest, as the kernel's close does. */
+	if (s->state == SV_CONN_BROKEN && s->fo.cause != SV_FO_NONE)
+		return true;
 	if (!p || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED || s->error)
 		return true;
 	sv_stream_progress(s, &clk, 0);

@@ -41,6 +41,8 @@ enum sv_conn_state {
 	SV_CONN_BROKEN,     /* the QP failed after data moved to it: see error */
 	SV_CONN_DETACHING,  /* BACK/RETURN under way: going back to plain TCP */
 	SV_CONN_DETACHED,   /* plain TCP again, nothing held: the fd is the kernel's */
+	SV_CONN_RESUMING,   /* the QP was lost: the ends agree on TCP where each
+			     * direction goes on (stream_resume.c), then broken */
 	SV_CONN_NSTATES
 };
 
@@ -69,7 +71,17 @@ enum sv_fallback {
 			     * (pinned.h) */
 };
 
+/* Why a connection on RDMA resumed over TCP (its statistics say it). */
+enum sv_failover {
+	SV_FO_NONE,
+	SV_FO_QP_ERROR,   /* a work request failed: the QP is in the error state */
+	SV_FO_DISCONNECT, /* rdma_cm: the connection was disconnected */
+	SV_FO_DEVICE,     /* rdma_cm: the RDMA device was removed */
+	SV_FO_PEER,       /* the peer's resume record came first, on TCP */
+};
+
 const char *sv_conn_state_name(enum sv_conn_state s);
+const char *sv_failover_name(enum sv_failover f);
 const char *sv_fallback_name(enum sv_fallback f);
 
 /* Move to state `to` (a no-op when already there). A transition the table
@@ -187,6 +199,23 @@ struct sv_closing {
 	uint64_t linger_deadline_us;
 };
 
+/* Resuming over TCP after the QP is lost (docs/protocol.md, section 11). */
+#define SV_RESUME_SIZE 24
+struct sv_resume {
+	enum sv_failover cause; /* SV_FO_NONE: never lost */
+	uint8_t out[SV_RESUME_SIZE]; /* our record */
+	uint32_t out_sent;
+	uint8_t in[SV_RESUME_SIZE];  /* the peer's, as read */
+	uint32_t in_got;
+	bool fin;            /* our sending had ended (FIN): TCP ends after the owed bytes */
+	bool tcp_ended;      /* on RDMA: TCP said end or error; it is not watched
+			      * for a record any more */
+	bool started;        /* the exchange began (sv_stream_resume_start) */
+	bool announced;      /* our record went after the QP's normal end */
+	uint64_t deadline_us;
+	int outcome;         /* 0 while resuming or resumed; -errno when it failed */
+};
+
 /* Socket options that shape the protocol or the waits. */
 struct sv_options {
 	bool nodelay, cork;
@@ -237,6 +266,7 @@ struct sv_stream {
 	struct sv_switch sw;
 	struct sv_waiting wt;
 	struct sv_closing cl;
+	struct sv_resume fo;
 	struct sv_options opt;
 	struct sv_watch *watch; /* the helper's, under its lock */
 
@@ -306,8 +336,11 @@ int sv_stream_progress(struct sv_stream *s, struct sv_clock *clk, unsigned flags
 /* The QP is unusable: deliver what it already carried, then TCP carries
  * on (or the connection fails with err when bytes may be lost). */
 void sv_stream_break(struct sv_stream *s, int err);
-/* rdma_cm reported the connection gone (takes the lock). */
+/* rdma_cm reported the connection gone (takes the lock): -ENODEV when its
+ * device was removed. */
 void sv_stream_qp_down(struct sv_stream *s, int err);
+/* The connection fails: the peer's TCP is reset, the application gets err. */
+void sv_stream_fail(struct sv_stream *s, int err);
 /* Wait (bounded) until everything sent over the QP has left this process:
  * nothing coalesced, every send completed. */
 void sv_stream_drain(struct sv_stream *s);
@@ -368,6 +401,41 @@ static inline size_t sv_stream_tcpbuf_held(const struct sv_stream *s)
 	return s->tcpbuf_len - s->tcpbuf_off;
 }
 
+/* ---- Resuming over TCP (stream_resume.c) ----------------------------------------------- */
+
+/* The QP broke (sv_stream_break): if the connection can resume, start it
+ * (state resuming) and return true; false leaves the break to the old
+ * rules. */
+bool sv_stream_resume_start(struct sv_stream *s, int err);
+/* Move the exchange on: our record out, the peer's in, then our bytes the
+ * peer lacks; then the connection is TCP's (state broken, no error). */
+void sv_stream_resume_progress(struct sv_stream *s);
+/* The QP ended normally from our side (the peer's FIN came, nothing of
+ * ours in flight) while our sending is open: our record goes on TCP before
+ * our next bytes, for a peer that resumes. No answer is needed: the peer
+ * holds every byte we sent. */
+void sv_stream_resume_announce(struct sv_stream *s);
+/* The QP was lost and the connection resumes (or resumed) over TCP: a
+ * call that met the core's error looks again instead of failing. */
+static inline bool sv_stream_resuming(const struct sv_stream *s)
+{
+	return s->fo.started && !s->error;
+}
+/* After our record went at the QP's normal end (announced), a peer that
+ * resumes sends its record, which our reader never reads (its stream
+ * ended with its FIN): read before the close, or the kernel would answer
+ * the unread bytes with a reset. True once it is read or TCP ended. */
+bool sv_stream_resume_settled(struct sv_stream *s);
+/* Has the peer's record been read (TCP bytes after it are its stream)? */
+bool sv_stream_resume_heard(const struct sv_stream *s);
+/* The TCP events a wait watches for the exchange: on RDMA, POLLIN (the
+ * peer's record, should its QP go first); while resuming, what the
+ * exchange waits for. */
+short sv_stream_resume_events(const struct sv_stream *s);
+/* On RDMA: the TCP socket was readable; if bytes wait there, the peer lost
+ * its QP and resumes: so do we. */
+void sv_stream_resume_peek(struct sv_stream *s);
+
 /* ---- The way back and closing (stream_back.c, stream_close.c) ------------------------ */
 
 /* Detaching: answer the peer's BACK, give back, write what came back. */
@@ -375,6 +443,9 @@ void sv_stream_back_progress(struct sv_stream *s);
 /* TCP's shutdown(SHUT_WR), held back while TCP may still have to carry
  * bytes of ours (the echo, bytes given back): done once it may go. */
 void sv_stream_kernel_shut(struct sv_stream *s);
+/* Write the core's owed bytes on TCP (never blocking). True when none is
+ * left; false when some wait for room (or it failed: s->error). */
+bool sv_stream_write_owed(struct sv_stream *s);
 /* The helper's part of a detached stream: end the QP after a grace period. */
 uint64_t sv_stream_detached_service(struct sv_stream *s, uint64_t now, bool *done);
 /* The application closed its fd: finish the connection (helper thread).

@@ -17,6 +17,10 @@ static bool rx_ours(const struct sv_stream *s)
 {
 	if (sv_stream_tcpbuf_held(s))
 		return true;
+	if (s->state == SV_CONN_RESUMING)
+		return true; /* the QP's part, then the peer's record */
+	if (s->proto && sv_proto_rx_on_qp(s->proto))
+		return true; /* what the QP delivered, even after it broke */
 	if (!s->proto || !sv_stream_may_switch(s))
 		return false; /* TCP for good, or after the way back */
 	/* During a switch the TCP socket may hold only the echo: our read
@@ -27,8 +31,8 @@ static bool rx_ours(const struct sv_stream *s)
 
 static bool tx_ours(const struct sv_stream *s)
 {
-	if (s->state == SV_CONN_DETACHING)
-		return true; /* writable once the bytes given back are out */
+	if (s->state == SV_CONN_DETACHING || s->state == SV_CONN_RESUMING)
+		return true; /* writable once the bytes given back (or resent) are out */
 	if (sv_stream_holding_first(s) && s->sw.hold_refused)
 		return true; /* writable once the QP or the hold's end says so */
 	return s->proto && sv_stream_may_switch(s) && sv_proto_tx_state(s->proto) != SV_TX_TCP;
@@ -84,7 +88,8 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
 		}
 		if (tx_ours(s)) {
 			mine |= tx;
-			if (s->state != SV_CONN_DETACHING && tx_ready(s))
+			if (s->state != SV_CONN_DETACHING && s->state != SV_CONN_RESUMING &&
+			    tx_ready(s))
 				rev |= tx;
 		}
 	}
@@ -134,7 +139,13 @@ static short arm_locked(struct sv_stream *s, bool *again, uint64_t gen)
 	if (s->proto && !sv_proto_rx_on_qp(s->proto) &&
 	    (sv_proto_peer_switch(s->proto, NULL) || s->sw.chal_len))
 		return POLLIN;
-	return 0;
+	/* Before a sleep: has the peer lost its QP and resumed (its record
+	 * waits on TCP)? From then on TCP is watched for it. */
+	enum sv_conn_state was = s->state;
+	sv_stream_resume_peek(s);
+	if (s->state != was)
+		*again = true;
+	return sv_stream_resume_events(s);
 }
 
 int sv_stream_poll_sources(struct sv_stream *s, struct sv_hub_watch *w, struct pollfd *out,

@@ -18,14 +18,20 @@ static void break_tx(struct sv_stream *s, int err);
  * sending still reads what we write. */
 static void tx_after_end(struct sv_stream *s)
 {
-	if (sv_proto_tx_state(s->proto) == SV_TX_RESET && !sv_proto_error(s->proto) && !s->error)
+	if (sv_proto_tx_state(s->proto) == SV_TX_RESET && !sv_proto_error(s->proto) && !s->error) {
+		/* A peer that only shut its sending down resumes, and reads
+		 * our record before our bytes (stream_resume.c). */
+		sv_stream_resume_announce(s);
 		break_tx(s, -ECONNRESET);
+	}
 }
 
 int sv_stream_poll_cq(struct sv_stream *s, struct sv_clock *clk)
 {
 	int r = sv_qp_poll(s->qp, s->proto, clk);
 	if (r < 0) {
+		if (s->fo.cause == SV_FO_NONE)
+			s->fo.cause = SV_FO_QP_ERROR;
 		sv_stream_break(s, r);
 	} else if (r > 0) {
 		tx_after_end(s);
@@ -63,6 +69,10 @@ int sv_stream_progress(struct sv_stream *s, struct sv_clock *clk, unsigned flags
 	}
 	if (timers)
 		sv_proto_timers(s->proto, clk);
+	if (s->state == SV_CONN_RESUMING) {
+		sv_stream_resume_progress(s);
+		return s->error;
+	}
 	if (s->state == SV_CONN_DETACHING || sv_proto_back_wanted(s->proto)) {
 		sv_stream_back_progress(s);
 		if (s->error)
@@ -104,7 +114,7 @@ static void break_unverified(struct sv_stream *s)
  * never a clean end of a stream with a gap: its TCP connection is reset
  * now (connect() to AF_UNSPEC dissolves it with a reset), and the
  * application gets the error on its next call. */
-static void fail(struct sv_stream *s, int err)
+void sv_stream_fail(struct sv_stream *s, int err)
 {
 	if (!s->error)
 		s->error = err < 0 ? err : -ECONNRESET;
@@ -127,7 +137,7 @@ static void break_tx(struct sv_stream *s, int err)
 	sv_proto_offsets(s->proto, &snd, &rcv, &read);
 	if (s->sw.tx_held || sv_proto_tx_lost_qp(s->proto, &buf, &len) < 0) {
 		sv_dbg("fd %d: bytes we sent may be lost with the QP: the connection fails", s->fd);
-		fail(s, err);
+		sv_stream_fail(s, err);
 		return;
 	}
 	sv_dbg("fd %d: our sending goes on over TCP from byte %llu (%zu coalesced first)", s->fd,
@@ -140,18 +150,18 @@ static void break_tx(struct sv_stream *s, int err)
 		off += (size_t)n;
 	}
 	if (off < len)
-		fail(s, -ECONNRESET);
+		sv_stream_fail(s, -ECONNRESET);
 }
 
 void sv_stream_break(struct sv_stream *s, int err)
 {
 	if (s->state == SV_CONN_BROKEN || s->state == SV_CONN_FALLBACK || s->sw.qp_lost ||
-	    s->state == SV_CONN_DETACHED)
+	    s->state == SV_CONN_DETACHED || s->state == SV_CONN_RESUMING)
 		return;
 	if (s->state == SV_CONN_DETACHING) {
 		sv_warn("fd %d: the QP broke while going back to TCP", s->fd);
 		sv_stream_set_state(s, SV_CONN_BROKEN);
-		fail(s, err); /* bytes on their way back may be lost */
+		sv_stream_fail(s, err); /* bytes on their way back may be lost */
 		sv_stream_wake(s);
 		return;
 	}
@@ -175,6 +185,10 @@ void sv_stream_break(struct sv_stream *s, int err)
 		break_unverified(s);
 		return;
 	}
+	/* Both directions settled on the QP: the ends agree on TCP where
+	 * each goes on, and nothing is lost (stream_resume.c). */
+	if (sv_stream_resume_start(s, err))
+		return;
 	sv_stream_set_state(s, SV_CONN_BROKEN);
 	/* Receiving: what the QP delivered is read first, then TCP carries
 	 * on from there. A peer that exited or was killed closed its TCP
@@ -189,7 +203,7 @@ void sv_stream_break(struct sv_stream *s, int err)
 	 * did takes what follows for a wrong echo and gives it back.) */
 	s->sw.echo_owed = false;
 	if (sv_proto_peer_switch(p, NULL))
-		fail(s, -ECONNRESET); /* broke inside a switch */
+		sv_stream_fail(s, -ECONNRESET); /* broke inside a switch */
 	enum sv_tx_state tx = sv_proto_tx_state(p);
 	if (tx == SV_TX_OPEN || tx == SV_TX_RESET || tx == SV_TX_FIN)
 		break_tx(s, err);
@@ -210,20 +224,20 @@ void sv_stream_qp_down(struct sv_stream *s, int err)
 	if (s->qp && !s->error)
 		sv_qp_poll(s->qp, s->proto, &clk); /* keep what arrived; the break judges */
 	struct sv_proto *p = s->proto;
-	bool tx_done = !p || sv_proto_tx_state(p) != SV_TX_OPEN || s->cl.tx_shut;
-	/* Both directions finished, or the peer went first: its FIN came and
-	 * none of our DATA is in flight. The second is the judgement the
-	 * flushed work requests get (sv_proto_peer_ended), made here too:
-	 * the disconnect can come before they are in the CQ, and the poll
-	 * above then finds none. */
-	if (p && !sv_proto_peer_switch(p, NULL) &&
-	    ((sv_proto_rx_fin(p) && tx_done) || sv_proto_peer_ended(p))) {
+	/* Both directions finished (our FIN completed), or the peer went
+	 * first: its FIN came and none of our DATA is in flight. It is the
+	 * judgement the flushed work requests get (sv_proto_peer_ended),
+	 * made here too: the disconnect can come before they are in the CQ,
+	 * and the poll above then finds none. */
+	if (p && !sv_proto_peer_switch(p, NULL) && sv_proto_peer_ended(p)) {
 		tx_after_end(s);
 		sv_stream_wake(s); /* an ordinary end, nothing is lost */
 		sv_unlock(&s->lock);
 		return;
 	}
-	sv_stream_break(s, err);
+	if (s->fo.cause == SV_FO_NONE)
+		s->fo.cause = err == -ENODEV ? SV_FO_DEVICE : SV_FO_DISCONNECT;
+	sv_stream_break(s, err == -ENODEV ? -ECONNRESET : err);
 	sv_unlock(&s->lock);
 }
 
@@ -234,6 +248,12 @@ void sv_stream_drain(struct sv_stream *s)
 	uint64_t end = sv_clock_now(&clk) + 5000000u;
 	while (!s->error && clk.us < end) {
 		sv_stream_progress(s, &clk, 0);
+		if (s->state == SV_CONN_BROKEN)
+			return; /* TCP carries our bytes now (or nothing can) */
+		if (s->state == SV_CONN_RESUMING) {
+			sv_stream_wait(s, &clk, 0, clk.us + 10000, 0);
+			continue;
+		}
 		if (sv_proto_tx_pending(p))
 			sv_proto_flush(p, SV_FLUSH_CLOSE, &clk);
 		if (!sv_proto_tx_pending(p) && sv_proto_sends_done(p))

@@ -158,6 +158,8 @@ static enum rx_pass rx_pass(struct sv_stream *s, const struct iovec *iov, int io
 		if (*r < 0 && *r != -EAGAIN && sv_proto_error(p)) {
 			if (!s->error)
 				sv_stream_break(s, sv_proto_error(p));
+			if (sv_stream_resuming(s))
+				return RX_AGAIN; /* the QP's part, then TCP */
 			*r = sv_stream_app_error(s, false);
 		}
 		if (*r != -EAGAIN)
@@ -175,6 +177,8 @@ static enum rx_pass rx_pass(struct sv_stream *s, const struct iovec *iov, int io
 		*r = sv_stream_app_error(s, false);
 		return RX_DONE;
 	}
+	if (!sv_stream_resume_heard(s))
+		return RX_WAIT; /* TCP holds the peer's resume record first */
 	*r = sv_stream_tcp_read(s, iov, iovcnt, flags);
 	if (*r != -EAGAIN)
 		return RX_DONE;

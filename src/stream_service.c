@@ -274,6 +274,17 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 		case SV_CONN_RDMA:
 			service_on_qp(s, sv, &clk);
 			break;
+		case SV_CONN_RESUMING:
+			/* Rare and short: the exchange is looked at every
+			 * millisecond until it is over (or its time is up). */
+			sv_stream_progress(s, &clk, 0);
+			sv_stream_wake(s);
+			if (s->state == SV_CONN_RESUMING) {
+				sv->next = sv->now + 1000;
+				sv->timed = true;
+				break;
+			}
+			/* fall through */
 		case SV_CONN_FALLBACK:
 		case SV_CONN_BROKEN:
 			if (s->cl.app_closed)

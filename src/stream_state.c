@@ -27,6 +27,8 @@ const char *sv_conn_state_name(enum sv_conn_state s)
 		return "detaching";
 	case SV_CONN_DETACHED:
 		return "detached";
+	case SV_CONN_RESUMING:
+		return "resuming";
 	case SV_CONN_NSTATES:
 		break;
 	}
@@ -90,11 +92,15 @@ static const unsigned allowed[SV_CONN_NSTATES] = {
 			      TO(SV_CONN_DETACHING),
 	/* FALLBACK: a peer that switched back to TCP and announced a second
 	 * switch that failed its challenge (nothing of ours follows it). */
-	[SV_CONN_RDMA] = TO(SV_CONN_BROKEN) | TO(SV_CONN_DETACHING) | TO(SV_CONN_FALLBACK),
+	/* RESUMING: the QP was lost with both directions on it. */
+	[SV_CONN_RDMA] = TO(SV_CONN_BROKEN) | TO(SV_CONN_DETACHING) | TO(SV_CONN_FALLBACK) |
+			 TO(SV_CONN_RESUMING),
 	[SV_CONN_FALLBACK] = 0,
 	[SV_CONN_BROKEN] = 0,
 	[SV_CONN_DETACHING] = TO(SV_CONN_DETACHED) | TO(SV_CONN_BROKEN),
 	[SV_CONN_DETACHED] = 0,
+	/* BROKEN: resumed (TCP carries both directions, no error), or failed. */
+	[SV_CONN_RESUMING] = TO(SV_CONN_BROKEN),
 };
 
 void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to)
@@ -126,6 +132,7 @@ void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why)
 	case SV_CONN_BROKEN:
 	case SV_CONN_DETACHING:
 	case SV_CONN_DETACHED:
+	case SV_CONN_RESUMING:
 		return; /* past the upgrade: TCP is not a fallback any more */
 	case SV_CONN_TCP:
 	case SV_CONN_RESOLVING:
@@ -157,6 +164,7 @@ bool sv_stream_may_switch(const struct sv_stream *s)
 	case SV_CONN_BROKEN:
 	case SV_CONN_DETACHING:
 	case SV_CONN_DETACHED:
+	case SV_CONN_RESUMING:
 	case SV_CONN_NSTATES:
 		return false;
 	}
@@ -191,8 +199,8 @@ enum sv_medium sv_stream_tx_medium(const struct sv_stream *s)
 {
 	if (sv_stream_tcp_for_good(s))
 		return SV_MEDIUM_KERNEL;
-	if (s->state == SV_CONN_DETACHING)
-		return SV_MEDIUM_HELD; /* the bytes given back go first */
+	if (s->state == SV_CONN_DETACHING || s->state == SV_CONN_RESUMING)
+		return SV_MEDIUM_HELD; /* the bytes given back (or resent) go first */
 	if (sv_stream_holding_first(s))
 		return SV_MEDIUM_HELD; /* a peer that speaks libsovia: for the QP */
 	if (!s->proto || sv_proto_tx_state(s->proto) == SV_TX_TCP)

@@ -72,7 +72,7 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"woken=chan:%llu,kick:%llu,timeout:%llu helper_polls=%llu helper_looks=%llu "
 		"spin_avg_us=%u "
 		"time_to_rdma_us=%llu grown=rx:%llu,tx:%llu shrunk=rx:%llu,tx:%llu drains=%llu "
-		"grow_refused=%llu pinned_start_bytes=%zu\n",
+		"grow_refused=%llu pinned_start_bytes=%zu failover=%s resent_bytes=%llu\n",
 		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
 		sv_fallback_name(s->fallback), U(p->tx_bytes), U(p->rx_bytes),
 		U(s->st.tcp_tx_bytes), U(s->st.tcp_rx_bytes), U(p->tx_msgs), U(p->rx_msgs),
@@ -89,7 +89,8 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		U(s->st.helper_polls), U(s->st.helper_looks),
 		(unsigned)atomic_load_explicit(&s->wt.wait_avg_us, memory_order_relaxed),
 		U(s->st.to_rdma_us), U(p->rx_grows), U(p->tx_grows), U(p->rx_shrinks),
-		U(p->tx_shrinks), U(p->drains_sent), U(p->grow_refused), s->pinned);
+		U(p->tx_shrinks), U(p->drains_sent), U(p->grow_refused), s->pinned,
+		sv_failover_name(s->fo.cause), U(p->resent));
 	if (n > 0) {
 		ssize_t w = SV_REAL(write)(2, line,
 					   (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);

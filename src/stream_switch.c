@@ -74,7 +74,8 @@ void sv_stream_end_hold(struct sv_stream *s, uint64_t now)
 
 void sv_stream_established(struct sv_stream *s)
 {
-	if (s->state == SV_CONN_FALLBACK || s->state == SV_CONN_BROKEN || s->error)
+	if (s->state == SV_CONN_FALLBACK || s->state == SV_CONN_BROKEN ||
+	    s->state == SV_CONN_RESUMING || s->error)
 		return;
 	if (s->cl.tx_shut && s->is_client) {
 		/* The client finished sending on TCP before the QP came up:

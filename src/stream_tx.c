@@ -72,6 +72,10 @@ static bool send_qp(struct sv_stream *s, struct send_call *c, struct iovec *rest
 			 * then EPIPE, as for the stream's own errors. */
 			if (!s->error)
 				sv_stream_break(s, sv_proto_error(p));
+			if (sv_stream_resuming(s)) {
+				c->r = 1; /* the rest goes on TCP once resumed */
+				return true;
+			}
 			c->r = sv_stream_app_error(s, true);
 		}
 		c->own = true;
@@ -242,7 +246,10 @@ int sv_stream_shutdown(struct sv_stream *s, int how)
 		 * instead would deadlock an echo: the peer waits for it to read. */
 		struct sv_clock clk = SV_CLOCK_INIT;
 		sv_stream_progress(s, &clk, 0);
-		r = sv_proto_shutdown_tx(s->proto, &clk);
+		/* The QP may have been lost just now: TCP's FIN follows the
+		 * resumed bytes then (sv_stream_kernel_shut). */
+		if (sv_proto_tx_state(s->proto) == SV_TX_OPEN)
+			r = sv_proto_shutdown_tx(s->proto, &clk);
 	}
 	if (wr)
 		s->cl.tx_shut = true;

@@ -177,8 +177,9 @@ static int arm(struct sv_stream *s, struct sv_clock *clk)
  * a kick or a channel ended it, 0 for the TCP socket or the time, or
  * -errno. */
 static int sleep_in_kernel(struct sv_stream *s, struct sv_hub_sleeper *sl, short tcp_events,
-			   uint64_t deadline, struct sv_clock *clk)
+			   uint64_t deadline, struct sv_clock *clk, short *tcp_revents)
 {
+	*tcp_revents = 0;
 	struct pollfd pfd[2 + SV_HUB_MAX_CHANS];
 	int n = 0;
 	if (tcp_events)
@@ -204,6 +205,8 @@ static int sleep_in_kernel(struct sv_stream *s, struct sv_hub_sleeper *sl, short
 		r = 0; /* as if restarted: the caller judges again and waits */
 	if (r < 0)
 		return -err;
+	if (tcp_events)
+		*tcp_revents = pfd[0].revents;
 	bool chan = false;
 	for (int i = hub_at; i < n; i++)
 		chan = chan || (pfd[i].fd != sl->efd && (pfd[i].revents & POLLIN));
@@ -216,7 +219,10 @@ int sv_stream_wait(struct sv_stream *s, struct sv_clock *clk, short tcp_events,
 {
 	uint64_t start = sv_clock_now(clk);
 	bool drained;
-	if (!tcp_events && spin(s, clk, deadline, &drained)) {
+	/* On RDMA TCP is watched for the peer's resume record; while
+	 * resuming, the exchange's events are what the wait is for. */
+	short resume = sv_stream_resume_events(s);
+	if (!tcp_events && s->state != SV_CONN_RESUMING && spin(s, clk, deadline, &drained)) {
 		sv_stream_waited(s, clk->us - start);
 		s->st.waits_spun++;
 		return drained ? 1 : 0;
@@ -243,10 +249,13 @@ int sv_stream_wait(struct sv_stream *s, struct sv_clock *clk, short tcp_events,
 		r = -EAGAIN; /* made non-blocking since it was last seen */
 		goto end_sleep;
 	}
-	r = sleep_in_kernel(s, &sl, tcp_events, deadline, clk);
+	short tcp_rev;
+	r = sleep_in_kernel(s, &sl, tcp_events | resume, deadline, clk, &tcp_rev);
 	sv_hub_detach(&w);
 	if (r < 0)
 		return r;
+	if (tcp_rev && s->state == SV_CONN_RDMA)
+		sv_stream_resume_peek(s);
 	if (r > 0)
 		sv_stream_waited(s, clk->us - start); /* a completion ended it */
 	if (s->proto && !s->error)

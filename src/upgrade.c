@@ -143,6 +143,7 @@ void sv_up_drop_qp(struct sv_stream *s, enum sv_fallback why)
 {
 	sv_lock(&s->lock);
 	bool past = s->state == SV_CONN_RDMA || s->state == SV_CONN_BROKEN ||
+		    s->state == SV_CONN_RESUMING ||
 		    s->state == SV_CONN_DETACHING || s->state == SV_CONN_DETACHED;
 	if (!past) {
 		sv_stream_fall_back(s, why);
@@ -453,7 +454,8 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 	case RDMA_CM_EVENT_DISCONNECTED:
 	case RDMA_CM_EVENT_DEVICE_REMOVAL:
 		disconnect(s);
-		sv_stream_qp_down(s, -ECONNRESET);
+		sv_stream_qp_down(s, ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL ? -ENODEV
+									: -ECONNRESET);
 		break;
 	default:
 		break;

@@ -730,9 +730,15 @@ static void disconnect_ids(struct fid *f)
 	}
 }
 
+static bool lost_device_of(const struct fid *f);
+
 static int f_disconnect(struct rdma_cm_id *id)
 {
 	sv_lock(&net_lock);
+	if (lost_device_of((struct fid *)id)) {
+		sv_unlock(&net_lock);
+		return 0;
+	}
 	disconnect_ids((struct fid *)id);
 	sv_unlock(&net_lock);
 	return 0;
@@ -877,6 +883,38 @@ void fake_net_break_all(void)
 	sv_unlock(&net_lock);
 }
 
+/* One side's device goes: its QPs are in the error state, only its ids
+ * hear of it, and its later disconnects reach nobody (the peer's QP stays
+ * up, as when the DREQ cannot be sent). */
+static bool device_lost[3];
+
+/* With net_lock. */
+static bool lost_device_of(const struct fid *f)
+{
+	for (struct fqp *q = qps; q; q = q->next)
+		if (q->num == f->qp_num)
+			return device_lost[q->side];
+	return false;
+}
+
+void fake_net_lose_device(enum fake_side side)
+{
+	sv_lock(&net_lock);
+	device_lost[side] = true;
+	for (struct fqp *f = qps; f; f = f->next) {
+		if (f->side != side || f->state == QP_ERR)
+			continue;
+		qp_error(f);
+		for (struct fid *i = ids; i; i = i->next) {
+			if (i->qp_num == f->num && i->connected && !i->disconnected) {
+				i->disconnected = true;
+				queue_event(i, RDMA_CM_EVENT_DEVICE_REMOVAL, 0, NULL, NULL, 0);
+			}
+		}
+	}
+	sv_unlock(&net_lock);
+}
+
 void fake_net_use(void)
 {
 	sv_lock(&net_lock);
@@ -885,6 +923,7 @@ void fake_net_use(void)
 	no_route = false;
 	break_after = -1;
 	hold_side = FAKE_NONE;
+	device_lost[FAKE_CLIENT] = device_lost[FAKE_SERVER] = false;
 	sv_unlock(&net_lock);
 	fake_net_start_now();
 	sv_cm_use(&fake_ops);

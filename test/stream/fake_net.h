@@ -57,6 +57,10 @@ unsigned fake_net_in_flight(void);
 /* Break every connected pair now: both QPs go to the error state (what
  * was in flight is lost), both ends get DISCONNECTED. */
 void fake_net_break_all(void);
+/* One side's RDMA device goes away: its QPs go to the error state (what
+ * they had in flight is lost), only it gets DEVICE_REMOVAL, and its
+ * disconnects reach nobody: the other side's QP stays up, idle. */
+void fake_net_lose_device(enum fake_side side);
 /* Queue pairs created so far. */
 unsigned fake_net_qps_created(void);
 

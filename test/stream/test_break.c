@@ -1,9 +1,8 @@
 /* The QP breaks at a random point of a transfer in both directions, on
  * RDMA: after a random number of delivered messages, or with one side's
- * last few messages in flight (lost). Either every byte arrives (the
- * connection goes on over TCP), or the reader is told: what it read is
- * always the stream's beginning, never changed, and a short stream never
- * ends in a clean EOF. Nothing hangs. */
+ * last few messages in flight (lost). The connection resumes over TCP:
+ * both ends read every byte of the other's stream, unchanged, then its
+ * EOF, and no call of either end fails. Nothing hangs. */
 #include "harness.h"
 
 #include <criterion/criterion.h>
@@ -12,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-TestSuite(qp_break, .init = h_setup, .fini = h_teardown, .timeout = 60);
+TestSuite(qp_break, .init = h_setup, .fini = h_teardown, .timeout = 120);
 
 struct break_case {
 	unsigned seed;
@@ -21,10 +20,12 @@ struct break_case {
 			       * and the break comes with `after` of them */
 };
 
+#define BREAK_CASES 100
+
 ParameterizedTestParameters(qp_break, at_a_random_point)
 {
-	static struct break_case cases[16];
-	for (unsigned i = 0; i < 16; i++) {
+	static struct break_case cases[BREAK_CASES];
+	for (unsigned i = 0; i < BREAK_CASES; i++) {
 		srand(1000 + i);
 		cases[i].seed = 1000 + i;
 		cases[i].held = i % 4 == 3 ? FAKE_CLIENT : i % 4 == 2 ? FAKE_SERVER : FAKE_NONE;
@@ -32,7 +33,7 @@ ParameterizedTestParameters(qp_break, at_a_random_point)
 		 * lets 3 of its messages be in flight at least. */
 		cases[i].after = cases[i].held == FAKE_NONE ? 1 + rand() % 200 : 1 + rand() % 3;
 	}
-	return cr_make_param_array(struct break_case, cases, 16);
+	return cr_make_param_array(struct break_case, cases, BREAK_CASES);
 }
 
 /* One end as an application: a writer thread, and a reader that reads
@@ -85,20 +86,20 @@ static bool told(const struct side *d)
 	return d->end < 0 || d->w.written < (long)d->w.len || d->w.end < 0;
 }
 
-/* What `r` read of the stream `w` wrote is its beginning, unchanged; a
- * short stream means an end was told: never silent. */
+/* What `r` read of the stream `w` wrote is all of it, unchanged, then
+ * its EOF; neither end was told of any error. */
 static void judge(const struct break_case *bc, const struct side *r, const struct side *w,
 		  const char *dir)
 {
 	cr_assert(!r->bad, "seed %u %s: byte %zu of %zu read differs from the one written",
 		  bc->seed, dir, r->bad_at, r->got);
-	if (r->got == r->len) {
-		cr_assert_eq(r->end, 0, "seed %u %s: all bytes, then %ld instead of EOF", bc->seed,
-			     dir, r->end);
-		return;
-	}
-	cr_assert(told(r) || told(w), "seed %u %s: %zu of %zu bytes, then a clean end, and no "
-		  "call of either end failed: bytes lost silently", bc->seed, dir, r->got, r->len);
+	cr_assert_eq(r->got, r->len, "seed %u %s: %zu of %zu bytes read (end %ld; writer wrote %ld, "
+		     "shutdown %d)", bc->seed, dir, r->got, r->len, r->end, w->w.written, w->w.end);
+	cr_assert_eq(r->end, 0, "seed %u %s: all bytes, then %ld instead of EOF", bc->seed, dir,
+		     r->end);
+	cr_assert(!told(r) && !told(w), "seed %u %s: a call failed (reader: read end %ld, wrote "
+		  "%ld of %zu, shutdown %d; writer: read end %ld, wrote %ld, shutdown %d)", bc->seed,
+		  dir, r->end, r->w.written, r->w.len, r->w.end, w->end, w->w.written, w->w.end);
 }
 
 ParameterizedTest(struct break_case *bc, qp_break, at_a_random_point)
@@ -129,6 +130,18 @@ ParameterizedTest(struct break_case *bc, qp_break, at_a_random_point)
 			      "seed %u: the transfer ended before the break", bc->seed);
 	judge(bc, &s, &c, "client to server");
 	judge(bc, &c, &s, "server to client");
+	/* Each resumed over TCP, for a cause the statistics tell; or, when
+	 * the peer's FIN had come with nothing of its own in flight, the QP
+	 * ended normally for it and it only told its record. */
+	cr_assert(p.c->fo.started || p.c->fo.announced, "seed %u: the client did not resume",
+		  bc->seed);
+	cr_assert(p.s->fo.started || p.s->fo.announced, "seed %u: the server did not resume",
+		  bc->seed);
+	cr_assert(p.c->fo.started || p.s->fo.started, "seed %u: neither end resumed", bc->seed);
+	cr_assert(!p.c->fo.started || p.c->fo.cause != SV_FO_NONE);
+	cr_assert(!p.s->fo.started || p.s->fo.cause != SV_FO_NONE);
+	cr_assert_eq(p.c->fo.outcome, 0);
+	cr_assert_eq(p.s->fo.outcome, 0);
 	h_pair_free(&p);
 }
 
@@ -153,5 +166,57 @@ Test(qp_break, after_the_peers_fin_our_sending_goes_on_over_tcp)
 	cr_assert_eq(h_read_all(p.c, got, sizeof(got), &end), sizeof(got));
 	cr_assert(h_pattern_ok(got, sizeof(got), 7, 0));
 	cr_assert_eq(h_read(p.c, got, 1, 0), 0, "EOF after the server's bytes");
+	h_pair_free(&p);
+}
+
+/* One end loses its device while the other waits in a read, idle: no
+ * disconnect reaches the reader, its QP stays up and it sends nothing. The
+ * resume record on TCP wakes it, it resumes too, and the writer's bytes in
+ * flight arrive over TCP. Each direction once. */
+struct idle_reader {
+	struct sv_stream *s;
+	uint8_t buf[3000];
+	size_t got;
+	long end;
+};
+
+static void *idle_read(void *arg)
+{
+	struct idle_reader *ir = arg;
+	ir->got = h_read_all(ir->s, ir->buf, sizeof(ir->buf), &ir->end);
+	return NULL;
+}
+
+ParameterizedTestParameters(qp_break, the_peers_record_wakes_an_idle_reader)
+{
+	static enum fake_side lost[] = {FAKE_CLIENT, FAKE_SERVER};
+	return cr_make_param_array(enum fake_side, lost, 2);
+}
+
+ParameterizedTest(enum fake_side *lost, qp_break, the_peers_record_wakes_an_idle_reader)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	bool client_lost = *lost == FAKE_CLIENT;
+	struct sv_stream *w = client_lost ? p.c : p.s;
+	struct idle_reader ir = {.s = client_lost ? p.s : p.c};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, idle_read, &ir), 0);
+	fake_net_hold(*lost); /* the writer's messages stay in flight ... */
+	uint8_t out[3000];
+	h_pattern(out, sizeof(out), 5, 0);
+	cr_assert_eq(h_write_all(w, out, sizeof(out)), (long)sizeof(out));
+	usleep(20000); /* the reader is usually asleep in its read by now (not needed) */
+	fake_net_lose_device(*lost); /* ... and are lost with the device */
+	pthread_join(t, NULL);
+	cr_assert_eq(ir.got, sizeof(out), "the reader got %zu bytes (end %ld)", ir.got, ir.end);
+	cr_assert(h_pattern_ok(ir.buf, sizeof(out), 5, 0), "the bytes in flight arrived over TCP");
+	struct sv_stream *r = ir.s;
+	cr_assert_eq(h_state(r), SV_CONN_BROKEN);
+	cr_assert_eq(r->fo.cause, SV_FO_PEER, "the reader learnt it from the record, not %s",
+		     sv_failover_name(r->fo.cause));
+	cr_assert_eq(w->fo.cause, SV_FO_DEVICE);
+	cr_assert_eq(r->error, 0);
+	cr_assert_eq(w->error, 0);
 	h_pair_free(&p);
 }

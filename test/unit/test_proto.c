@@ -4062,3 +4062,91 @@ Test(proto, a_blocked_writer_is_not_idle)
 	}
 	cr_assert_eq(P[SA].st.drains_sent, 0, "a writer blocked on credits was taken for idle");
 }
+
+/* ---- Resuming over TCP (proto_resume.c) ----------------------------------- */
+
+/* A's DATA is in flight (posted, delivered or not, not completed) when the
+ * QP is lost: the abort keeps a copy of it, the zero-copy part included,
+ * so the application's memory may be reused at once; the peer's count
+ * picks where TCP goes on, and nothing outside what was kept is taken. */
+Test(proto, a_break_keeps_the_bytes_in_flight)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	prm.zcopy_threshold = 400;
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 100, 0);
+	pump(); /* completed: not kept */
+	uint64_t from = TXO[SA];
+	FP.ep[SA].hold_send_done = true;
+	put_all(SA, 150, 0);  /* copied */
+	uint8_t *zc = STREAM[SA] + TXO[SA];
+	uint8_t saved[700];
+	memcpy(saved, zc, sizeof(saved));
+	put_all(SA, 700, 0);  /* zero copy: three messages */
+	put_all(SA, 20, MSG_MORE); /* coalesced, never sent */
+	cr_assert(sv_proto_zcopy_busy(&P[SA]));
+	sv_proto_abort(&P[SA], -ECONNRESET);
+	cr_assert(P[SA].kept_ok);
+	cr_assert_not(sv_proto_zcopy_busy(&P[SA]), "the memory is copied: the write may return");
+	memset(zc, 0x5a, sizeof(saved)); /* the application reuses its buffer */
+	uint64_t kfrom, kend;
+	sv_proto_kept(&P[SA], &kfrom, &kend);
+	cr_assert_eq(kfrom, from);
+	cr_assert_eq(kend, TXO[SA]);
+	memcpy(zc, saved, sizeof(saved));
+	cr_assert(sv_proto_resumable(&P[SA]));
+	bool fin = true;
+	cr_assert_eq(sv_proto_resume_tx(&P[SA], from - 1, &fin), -EPROTO, "a byte not kept");
+	cr_assert_eq(sv_proto_resume_tx(&P[SA], kend + 1, &fin), -EPROTO, "a byte never sent");
+	/* B received 200 of the kept bytes: TCP carries the rest. */
+	cr_assert_eq(sv_proto_resume_tx(&P[SA], from + 200, &fin), 0);
+	cr_assert_not(fin);
+	const void *buf;
+	size_t len;
+	sv_proto_owed(&P[SA], &buf, &len);
+	cr_assert_eq(len, kend - from - 200);
+	cr_assert_eq(memcmp(buf, STREAM[SA] + from + 200, len), 0, "the owed bytes are the stream's");
+	cr_assert_eq(sv_proto_tx_state(&P[SA]), SV_TX_TCP);
+	cr_assert_not(sv_proto_tx_pending(&P[SA]), "the coalesced bytes are in the owed ones");
+	cr_assert_eq(sv_proto_stats(&P[SA])->resent, len);
+}
+
+/* Receives that completed before the QP went to the error state carry
+ * stream bytes even after the abort: they count until the receive side's
+ * QP part is fixed (sv_proto_rx_lost_qp), and none after. */
+Test(proto, receives_completed_after_the_abort_still_count)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 100, 0);
+	pump();
+	put_all(SA, 150, 0); /* in B's completion queue, not polled */
+	sv_proto_abort(&P[SB], -ECONNRESET);
+	fake_poll(&FP.ep[SB], &P[SB], NOW); /* each returns the error, as after any abort */
+	uint64_t snd, rcv, read;
+	sv_proto_offsets(&P[SB], &snd, &rcv, &read);
+	cr_assert_eq(rcv, 250, "a receive completed before the error counts");
+	sv_proto_rx_lost_qp(&P[SB]);
+	put_all(SA, 50, 0);
+	fake_poll(&FP.ep[SB], &P[SB], NOW);
+	sv_proto_offsets(&P[SB], &snd, &rcv, &read);
+	cr_assert_eq(rcv, 250, "none after the QP part was fixed");
+	cr_assert_eq(get(SB, 1000, 0), 250, "what the QP delivered is read");
+	cr_assert_not(sv_proto_rx_on_qp(&P[SB]), "then TCP");
+}
+
+/* A peer's RESET aborts the connection: it is not a lost QP, and does not
+ * resume. */
+Test(proto, a_reset_does_not_resume)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	cr_assert(sv_proto_resumable(&P[SB]));
+	cr_assert_eq(sv_proto_send_reset(&P[SA]), 0);
+	fake_poll(&FP.ep[SB], &P[SB], NOW);
+	cr_assert_eq(P[SB].error, -ECONNRESET);
+	cr_assert_not(sv_proto_resumable(&P[SB]));
+}
