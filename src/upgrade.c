@@ -305,8 +305,8 @@ static void client_route_resolved(struct sv_stream *s)
 	struct rdma_conn_param cp = {
 		.private_data = pd,
 		.private_data_len = (uint8_t)len,
-		.retry_count = 7,
-		.rnr_retry_count = 7,
+		.retry_count = SV_TRANSPORT_RETRY,
+		.rnr_retry_count = SV_RNR_RETRY,
 		.qp_num = qp_num,
 	};
 	if (sv_cm->connect(s->id, &cp) < 0) {

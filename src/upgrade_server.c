@@ -254,8 +254,8 @@ static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id 
 	struct rdma_conn_param cp = {
 		.private_data = pd,
 		.private_data_len = sizeof(pd),
-		.retry_count = 7,
-		.rnr_retry_count = 7,
+		.retry_count = SV_TRANSPORT_RETRY,
+		.rnr_retry_count = SV_RNR_RETRY,
 		.qp_num = qp_num,
 	};
 	if (sv_cm->accept(id, &cp) < 0) {
