@@ -22,6 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+
+/* Idle streams on RDMA whose TCP sockets the helper's sleep watches for a
+ * peer's resume record; more are looked at when their own calls come. */
+#define SV_HELPER_TCP_WATCH 64
 #include <sys/eventfd.h>
 
 /* Work that needs rdma_cm, queued until the helper has it ready. */
@@ -147,7 +151,7 @@ int sv_helper_when_ready(void (*fn)(void *arg, int rdma_err), void *arg)
  * watches' wake-ups come on the same wake fd). */
 static void sleep_once(int timeout, bool on_hub)
 {
-	struct pollfd pfd[2 + SV_HUB_MAX_CHANS];
+	struct pollfd pfd[2 + SV_HUB_MAX_CHANS + SV_HELPER_TCP_WATCH];
 	struct sv_hub_sleeper sl;
 	int n = 0, nhub = 0;
 	if (on_hub) {
@@ -164,7 +168,12 @@ static void sleep_once(int timeout, bool on_hub)
 		cm = n;
 		pfd[n++] = (struct pollfd){.fd = h.ch->fd, .events = POLLIN};
 	}
+	int tcp_at = n;
+	n += sv_watch_tcp_fds(&pfd[n], SV_HELPER_TCP_WATCH);
 	int r = SV_REAL(poll)(pfd, (nfds_t)n, timeout);
+	for (int i = tcp_at; r > 0 && i < n; i++)
+		if (pfd[i].revents)
+			sv_watch_kick_fd(pfd[i].fd);
 	if (on_hub) {
 		sv_hub_sleep_end(&sl, pfd, nhub);
 		sv_hub_drain_unled(); /* nobody else will: it stands in */
@@ -250,10 +259,10 @@ void sv_helper_atfork_child(void)
 	 * channel's fd is closed (a shared channel would hand our events to
 	 * the parent), and everything starts afresh on first use. */
 	if (h.ch)
-		SV_REAL(close)(h.ch->fd);
+		sv_ownfd_close(h.ch->fd);
 	sv_watch_atfork_child();
 	if (h.started)
-		SV_REAL(close)(h.wakefd);
+		sv_ownfd_close(h.wakefd);
 	h.started = false;
 	sv_lock_reinit(&h.lock);
 	h.once = (pthread_once_t)PTHREAD_ONCE_INIT;

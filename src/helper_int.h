@@ -17,5 +17,10 @@ void sv_helper_wake(void);
 uint64_t sv_watch_service_all(uint64_t now, bool *on_hub);
 /* In a fork's child: the parent's watches are the parent's. */
 void sv_watch_atfork_child(void);
+/* The TCP sockets of idle streams on RDMA, watched for a peer's resume
+ * record (at most max); a readable one gets its stream looked at. */
+struct pollfd;
+int sv_watch_tcp_fds(struct pollfd *out, int max);
+void sv_watch_kick_fd(int fd);
 
 #endif

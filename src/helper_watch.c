@@ -10,6 +10,8 @@
  * The mechanism of each look is the stream's (stream_service.c). */
 #include "helper_int.h"
 
+#include <poll.h>
+
 #include "clock.h"
 #include "hub.h"
 #include "lock.h"
@@ -40,6 +42,7 @@ struct sv_watch {
 	 * wakes the helper (once per arming). */
 	struct sv_hub_watch hw;
 	atomic_bool cq_armed, fired;
+	int tcp_fd; /* idle on RDMA: its TCP socket to watch (-1: none) */
 };
 
 static struct sv_lock watch_lock = SV_LOCK_INIT(SV_RANK_HELPER);
@@ -86,6 +89,7 @@ void sv_helper_watch(struct sv_stream *s)
 		sv_stream_set_watch(s, w);
 		w->s = s;
 		w->hw = (struct sv_hub_watch){.fn = watch_fn, .arg = w};
+		w->tcp_fd = -1;
 		w->next = watches;
 		watches = w;
 	}
@@ -164,6 +168,7 @@ static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 	if (!sv.armed || sv.done)
 		atomic_store(&w->cq_armed, false);
 	w->idle = sv.driven || sv.timed;
+	w->tcp_fd = sv.armed ? sv.tcp_fd : -1;
 	uint64_t next = sv.next;
 	if (sv.driven && sv.active) {
 		next = active_look(w, now, sv.flush_deadline);
@@ -222,6 +227,26 @@ uint64_t sv_watch_service_all(uint64_t now, bool *on_hub)
 	if (dying)
 		next = now; /* bury them after the events that came meanwhile */
 	return next;
+}
+
+int sv_watch_tcp_fds(struct pollfd *out, int max)
+{
+	int n = 0;
+	sv_lock(&watch_lock);
+	for (struct sv_watch *w = watches; w && n < max; w = w->next)
+		if (w->tcp_fd >= 0)
+			out[n++] = (struct pollfd){.fd = w->tcp_fd, .events = POLLIN};
+	sv_unlock(&watch_lock);
+	return n;
+}
+
+void sv_watch_kick_fd(int fd)
+{
+	sv_lock(&watch_lock);
+	for (struct sv_watch *w = watches; w; w = w->next)
+		if (w->tcp_fd == fd)
+			atomic_store(&w->kick, true);
+	sv_unlock(&watch_lock);
 }
 
 void sv_watch_atfork_child(void)

@@ -195,6 +195,7 @@ int sv_proto_error(const struct sv_proto *p)
 
 int sv_pr_malformed(struct sv_proto *p)
 {
+	p->peer_reset = true; /* a peer that breaks the rules gets a reset, not a resume */
 	sv_proto_abort(p, -ECONNRESET);
 	return -ECONNRESET;
 }

@@ -161,8 +161,8 @@ struct sv_proto {
 	uint64_t kept_from;
 	bool kept_ok;            /* every byte in flight at the break is in kept */
 	enum sv_tx_state tx_state_at_break; /* before the abort made it RESET */
-	bool peer_reset;         /* the peer sent RESET: the connection is aborted,
-				  * not lost */
+	bool peer_reset;         /* the peer sent RESET or a malformed message: the
+				  * connection is aborted, not lost */
 
 	int error; /* -errno once the connection is broken, else 0 */
 	struct sv_proto_stats st;

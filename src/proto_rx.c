@@ -221,7 +221,10 @@ static int stash_if_lagging(struct sv_proto *p, struct sv_rx_slot *s)
 
 static int on_data(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 {
-	if (!qp_part(p) || p->rx_fin || h->len == 0 || h->seq != p->rcv_nxt)
+	/* Stream offsets never wrap: bytes past 2^64 (a TO_RDMA may announce
+	 * any offset) are no stream's, and would wrap rcv_nxt below rcv_read. */
+	if (!qp_part(p) || p->rx_fin || h->len == 0 || h->seq != p->rcv_nxt ||
+	    h->len > UINT64_MAX - h->seq)
 		return sv_pr_malformed(p);
 	p->rcv_nxt += h->len;
 	p->st.rx_data_msgs++;
@@ -475,7 +478,7 @@ long sv_proto_recv(struct sv_proto *p, const struct iovec *iov, int iovcnt, int 
 		   struct sv_clock *clk)
 {
 	if (p->error && !rx_held_after_error(p))
-		return p->error;
+		return p->rx_lost && sv_proto_rx_eof(p) ? 0 : p->error; /* a lost QP after a FIN */
 	/* SOVIA: a receive call pushes out what we hold back. */
 	if (p->pending_slot >= 0 && !p->error) {
 		int r = sv_pr_flush_pending(p, SV_FLUSH_RECV);

@@ -30,8 +30,11 @@ int sv_pr_post(struct sv_proto *p, uint32_t slot, uint8_t type, uint64_t seq, ui
 	uint32_t inline_len = SV_HDR_SIZE + (zccnt ? 0 : len);
 	int r = p->xp.ops->post_send(p->xp.ctx, slot, inline_len, zc, zccnt);
 	if (r < 0) {
-		/* The transport is broken; the slot is ours again. */
-		sv_pr_free_slot(p, slot);
+		/* The transport is broken; the slot is ours again. The
+		 * coalescing buffer's stays pending: its bytes were taken from
+		 * the application, and the abort keeps them for TCP. */
+		if ((int32_t)slot != p->pending_slot)
+			sv_pr_free_slot(p, slot);
 		return sv_proto_abort(p, r);
 	}
 	/* The report went out: the peer may use those buffers now. */
@@ -102,10 +105,11 @@ int sv_pr_flush_pending(struct sv_proto *p, enum sv_flush_reason why)
 		return -EAGAIN;
 	}
 	uint32_t len = p->pending_len;
-	uint32_t slot = sv_pr_take_pending(p);
+	uint32_t slot = (uint32_t)p->pending_slot;
 	int r = sv_pr_post(p, slot, SV_MSG_DATA, p->snd_nxt, len, NULL, 0);
 	if (r < 0)
-		return r;
+		return r; /* still pending: kept by the abort */
+	sv_pr_take_pending(p);
 	p->snd_nxt += len;
 	p->st.flushes[why]++;
 	return 0;

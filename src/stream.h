@@ -134,6 +134,8 @@ struct sv_service {
 			* not at every wake-up of the helper */
 	uint64_t next; /* the stream's own next deadline (0 = none) */
 	uint64_t flush_deadline; /* coalesced bytes wait for this (0 = none) */
+	int tcp_fd;    /* idle on RDMA: its TCP socket, to watch for the peer's
+			* resume record (a look when readable); -1: none */
 };
 void sv_stream_service(struct sv_stream *s, struct sv_service *sv);
 /* The helper's record of its watch on s: the stream only keeps it, the

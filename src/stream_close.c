@@ -146,6 +146,8 @@ static bool linger_finished(struct sv_stream *s, uint64_t now)
 	if (!p || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED || s->error)
 		return true;
 	sv_stream_progress(s, &clk, 0);
+	if (s->state == SV_CONN_RESUMING)
+		return false; /* that look found the QP lost */
 	if (sv_proto_tx_state(p) == SV_TX_OPEN && !s->sw.tx_held)
 		sv_proto_send_fin(p, &clk); /* -EAGAIN: try again after credits */
 	bool delivered = sv_proto_sends_done(p) && !sv_proto_tx_pending(p);
@@ -179,7 +181,7 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 			struct linger lg = {.l_onoff = 1, .l_linger = 0};
 			SV_REAL(setsockopt)(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 		}
-		SV_REAL(close)(s->fd);
+		sv_ownfd_close(s->fd);
 		s->fd = -1;
 	}
 	*done = true;
@@ -226,9 +228,12 @@ void sv_stream_exit_flush(struct sv_stream *s)
 	exit_finish_switch(s, &clk);
 	exit_finish_tx(s, &clk);
 	uint64_t end = sv_clock_update(&clk) + 5000000u;
-	while (s->state == SV_CONN_DETACHING && !s->error && sv_clock_update(&clk) < end) {
+	/* The way back, or resuming over TCP after a lost QP: the bytes given
+	 * back, or kept, go out before the process ends. */
+	while ((s->state == SV_CONN_DETACHING || s->state == SV_CONN_RESUMING) && !s->error &&
+	       sv_clock_update(&clk) < end) {
 		sv_stream_progress(s, &clk, 0);
-		if (s->state == SV_CONN_DETACHING)
+		if (s->state == SV_CONN_DETACHING || s->state == SV_CONN_RESUMING)
 			sv_stream_wait(s, &clk, POLLOUT, clk.us + 10000, 0);
 	}
 	if (sv_cfg.stats && !s->stats_printed)

@@ -211,6 +211,9 @@ struct sv_resume {
 	bool tcp_ended;      /* on RDMA: TCP said end or error; it is not watched
 			      * for a record any more */
 	bool started;        /* the exchange began (sv_stream_resume_start) */
+	bool announce_due;   /* the QP's normal end with our sending open: our
+			      * record goes before our next TCP byte, or in
+			      * answer to the peer's */
 	bool announced;      /* our record went after the QP's normal end */
 	uint64_t deadline_us;
 	int outcome;         /* 0 while resuming or resumed; -errno when it failed */
@@ -411,9 +414,13 @@ bool sv_stream_resume_start(struct sv_stream *s, int err);
  * peer lacks; then the connection is TCP's (state broken, no error). */
 void sv_stream_resume_progress(struct sv_stream *s);
 /* The QP ended normally from our side (the peer's FIN came, nothing of
- * ours in flight) while our sending is open: our record goes on TCP before
- * our next bytes, for a peer that resumes. No answer is needed: the peer
- * holds every byte we sent. */
+ * ours in flight) while our sending is open: a peer that is still there
+ * resumes, and needs our record before our next TCP bytes. It goes then
+ * (sv_stream_resume_announce, before any TCP write), or in answer to the
+ * peer's record; never unprompted, or a peer that closed would answer it
+ * with a reset the application would see. No answer is needed from the
+ * peer: it holds every byte we sent. */
+void sv_stream_resume_normal_end(struct sv_stream *s);
 void sv_stream_resume_announce(struct sv_stream *s);
 /* The QP was lost and the connection resumes (or resumed) over TCP: a
  * call that met the core's error looks again instead of failing. */
@@ -421,10 +428,11 @@ static inline bool sv_stream_resuming(const struct sv_stream *s)
 {
 	return s->fo.started && !s->error;
 }
-/* After our record went at the QP's normal end (announced), a peer that
- * resumes sends its record, which our reader never reads (its stream
- * ended with its FIN): read before the close, or the kernel would answer
- * the unread bytes with a reset. True once it is read or TCP ended. */
+/* After the QP's normal end a peer that resumes sends its record, which
+ * our reader never reads (its stream ended with its FIN): before the close
+ * it is answered (ours, if not sent yet) and read, or the kernel would
+ * answer the unread bytes with a reset. True once it is read or TCP
+ * ended (the peer closed: nothing to answer). */
 bool sv_stream_resume_settled(struct sv_stream *s);
 /* Has the peer's record been read (TCP bytes after it are its stream)? */
 bool sv_stream_resume_heard(const struct sv_stream *s);

@@ -43,7 +43,8 @@ static short rx_ready(const struct sv_stream *s, short rx)
 	struct sv_proto *p = s->proto;
 	bool data = sv_stream_tcpbuf_held(s) || (p && sv_proto_readable(p) > 0);
 	bool eof = p && sv_proto_rx_eof(p);
-	bool switched = p && !sv_proto_rx_on_qp(p) && !sv_proto_peer_switch(p, NULL);
+	bool switched = p && !sv_proto_rx_on_qp(p) && !sv_proto_peer_switch(p, NULL) &&
+			sv_stream_resume_heard(s);
 	short rev = 0;
 	if (data || eof || switched)
 		rev |= rx & (POLLIN | POLLRDNORM);

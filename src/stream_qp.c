@@ -21,7 +21,7 @@ static void tx_after_end(struct sv_stream *s)
 	if (sv_proto_tx_state(s->proto) == SV_TX_RESET && !sv_proto_error(s->proto) && !s->error) {
 		/* A peer that only shut its sending down resumes, and reads
 		 * our record before our bytes (stream_resume.c). */
-		sv_stream_resume_announce(s);
+		sv_stream_resume_normal_end(s);
 		break_tx(s, -ECONNRESET);
 	}
 }
@@ -142,6 +142,8 @@ static void break_tx(struct sv_stream *s, int err)
 	}
 	sv_dbg("fd %d: our sending goes on over TCP from byte %llu (%zu coalesced first)", s->fd,
 	       (unsigned long long)snd, len);
+	if (len)
+		sv_stream_resume_announce(s);
 	size_t off = 0;
 	while (off < len) {
 		ssize_t n = SV_REAL(send)(s->fd, (const uint8_t *)buf + off, len - off, MSG_NOSIGNAL);

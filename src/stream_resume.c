@@ -102,13 +102,21 @@ bool sv_stream_resume_start(struct sv_stream *s, int err)
 	return true;
 }
 
-void sv_stream_resume_announce(struct sv_stream *s)
+void sv_stream_resume_normal_end(struct sv_stream *s)
 {
 	if (s->state != SV_CONN_RDMA || s->fd < 0 || s->sw.echo_owed || s->fo.out_sent)
 		return;
 	uint64_t snd, rcv, read;
 	sv_proto_offsets(s->proto, &snd, &rcv, &read);
 	encode(s->fo.out, rcv, snd);
+	s->fo.announce_due = true;
+}
+
+void sv_stream_resume_announce(struct sv_stream *s)
+{
+	if (!s->fo.announce_due || s->fd < 0)
+		return;
+	s->fo.announce_due = false;
 	/* TCP's sending is quiet on RDMA: 24 bytes fit. A peer that closed
 	 * answers with a reset, as TCP does to bytes after a close. */
 	ssize_t n = SV_REAL(send)(s->fd, s->fo.out, SV_RESUME_SIZE, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -255,7 +263,9 @@ void sv_stream_resume_progress(struct sv_stream *s)
 	if (!out || !in || !sv_stream_write_owed(s)) {
 		if (s->error) {
 			resume_failed(s, s->error, "writing on TCP failed");
-		} else if (sv_now_us() >= s->fo.deadline_us) {
+		} else if (!in && sv_now_us() >= s->fo.deadline_us) {
+			/* Only the peer's silence times out: owed bytes waiting
+			 * for TCP's room wait as TCP's own would. */
 			resume_failed(s, -ETIMEDOUT, "the peer did not answer");
 		}
 		return;
@@ -265,6 +275,15 @@ void sv_stream_resume_progress(struct sv_stream *s)
 
 bool sv_stream_resume_settled(struct sv_stream *s)
 {
+	if (s->fo.announce_due && s->fd >= 0 && !s->error) {
+		uint8_t b;
+		ssize_t n = SV_REAL(recv)(s->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return false; /* neither its record nor its end yet */
+		if (n <= 0)
+			return true; /* it closed: nobody resumes */
+		sv_stream_resume_announce(s); /* it resumes: it waits for ours */
+	}
 	if (!s->fo.announced || s->fd < 0 || s->error)
 		return true;
 	while (s->fo.in_got < SV_RESUME_SIZE) {
@@ -290,6 +309,9 @@ static bool watch_tcp(const struct sv_stream *s)
 	if (s->state != SV_CONN_RDMA || s->fo.tcp_ended || s->error || s->fd < 0 ||
 	    s->sw.echo_owed || !s->proto || sv_proto_peer_switch(s->proto, NULL))
 		return false;
+	/* After the QP's normal end: the peer's record, to answer. */
+	if (s->fo.announce_due || (s->fo.announced && s->fo.in_got < SV_RESUME_SIZE))
+		return true;
 	/* After the QP's normal end our sending went to TCP: not resumable. */
 	enum sv_tx_state t = sv_proto_tx_state(s->proto);
 	return t == SV_TX_OPEN || t == SV_TX_FIN;
@@ -325,6 +347,13 @@ void sv_stream_resume_peek(struct sv_stream *s)
 		 * the QP tells what became of the peer; TCP is not watched
 		 * again, or its end would wake every wait. */
 		s->fo.tcp_ended = true;
+		return;
+	}
+	if (s->fo.announce_due || s->fo.announced) {
+		/* The QP ended normally here, and the peer resumes: answer,
+		 * and take its record out of the way. */
+		if (sv_stream_resume_settled(s))
+			s->fo.tcp_ended = true; /* nothing more to watch for */
 		return;
 	}
 	if (s->fo.cause == SV_FO_NONE)

@@ -135,6 +135,15 @@ static void idle_watch(struct sv_stream *s, struct sv_service *sv, struct sv_clo
 	}
 	sv->armed = true;
 	sv->next = sv_proto_next_deadline(s->proto, clk);
+	/* A peer that lost its QP while this one is idle tells it on TCP
+	 * (stream_resume.c): the helper watches the socket for it. */
+	sv_stream_resume_peek(s);
+	if (s->state != SV_CONN_RDMA) {
+		sv->next = sv->now; /* it resumes: look again at once */
+		return;
+	}
+	if (sv_stream_resume_events(s) & POLLIN)
+		sv->tcp_fd = s->fd;
 }
 
 /* Switching or on RDMA. */
@@ -227,6 +236,7 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 {
 	sv->done = sv->driven = sv->active = sv->armed = sv->timed = false;
 	sv->next = sv->flush_deadline = 0;
+	sv->tcp_fd = -1;
 	if (sv->try_only) {
 		/* It held the lock: it is inside libsovia (its waits let go of
 		 * the lock) and runs the timers itself. Come back later rather

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <string.h>
 
 /* One send call's progress. */
 struct send_call {
@@ -28,7 +29,33 @@ struct send_call {
 static bool send_tcp(struct sv_stream *s, struct send_call *c, struct iovec *rest, int restcnt)
 {
 	struct msghdr mm = {.msg_iov = rest, .msg_iovlen = (size_t)restcnt};
-	ssize_t n = SV_REAL(sendmsg)(s->fd, &mm, (c->flags & ~MSG_MORE) | MSG_DONTWAIT);
+	ssize_t n;
+	if (s->fo.announce_due && restcnt < SV_IOV_MAX) {
+		/* After the QP's normal end our record goes first, in the same
+		 * segment: to a peer that closed, the write succeeds and the
+		 * reset comes after, as TCP's first write after a close does. */
+		struct iovec both[SV_IOV_MAX];
+		both[0] = (struct iovec){s->fo.out, SV_RESUME_SIZE};
+		memcpy(both + 1, rest, (size_t)restcnt * sizeof(*rest));
+		mm.msg_iov = both;
+		mm.msg_iovlen = (size_t)restcnt + 1;
+		n = SV_REAL(sendmsg)(s->fd, &mm, (c->flags & ~MSG_MORE) | MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n > 0 && n < SV_RESUME_SIZE) {
+			sv_stream_fail(s, -ECONNRESET); /* cannot happen on a quiet socket */
+			c->r = s->error;
+			return false;
+		}
+		if (n >= SV_RESUME_SIZE) {
+			s->fo.announce_due = false;
+			s->fo.announced = true;
+			s->fo.out_sent = SV_RESUME_SIZE;
+			n -= SV_RESUME_SIZE;
+		}
+	} else {
+		if (s->fo.announce_due)
+			sv_stream_resume_announce(s);
+		n = SV_REAL(sendmsg)(s->fd, &mm, (c->flags & ~MSG_MORE) | MSG_DONTWAIT);
+	}
 	if (n >= 0) {
 		s->tcp_tx += (uint64_t)n;
 		s->st.tcp_tx_bytes += (uint64_t)n;
@@ -232,6 +259,14 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	return c.r;
 }
 
+/* While the QP may still be lost, TCP may still carry the peer's resume
+ * record and bytes (stream_resume.c). */
+static bool may_need_tcp_reads(const struct sv_stream *s)
+{
+	return s->state == SV_CONN_RDMA || s->state == SV_CONN_SWITCHING ||
+	       s->state == SV_CONN_RESUMING;
+}
+
 int sv_stream_shutdown(struct sv_stream *s, int how)
 {
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
@@ -250,6 +285,11 @@ int sv_stream_shutdown(struct sv_stream *s, int how)
 		 * resumed bytes then (sv_stream_kernel_shut). */
 		if (sv_proto_tx_state(s->proto) == SV_TX_OPEN)
 			r = sv_proto_shutdown_tx(s->proto, &clk);
+		if (r < 0 && r != -EAGAIN && sv_proto_error(s->proto) && !s->error) {
+			sv_stream_break(s, r); /* the FIN's post found the QP lost */
+			if (sv_stream_resuming(s))
+				r = 0;
+		}
 	}
 	if (wr)
 		s->cl.tx_shut = true;
@@ -260,8 +300,12 @@ int sv_stream_shutdown(struct sv_stream *s, int how)
 	if (wr && s->state != SV_CONN_DETACHED) {
 		s->cl.shut_deferred = true;
 		sv_stream_kernel_shut(s); /* at once unless held back */
-		if (how == SHUT_RDWR && SV_REAL(shutdown)(s->fd, SHUT_RD) < 0 && r == 0)
+		if (how == SHUT_RDWR && !may_need_tcp_reads(s) &&
+		    SV_REAL(shutdown)(s->fd, SHUT_RD) < 0 && r == 0)
 			r = -errno;
+	} else if (how == SHUT_RD && may_need_tcp_reads(s)) {
+		/* Kept from the kernel: after a lost QP its record comes on
+		 * TCP, and a kernel that shut reading would say EOF. */
 	} else if (SV_REAL(shutdown)(s->fd, how) < 0 && r == 0) {
 		r = -errno;
 	}

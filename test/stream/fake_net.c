@@ -1000,3 +1000,15 @@ unsigned fake_net_qps_created(void)
 {
 	return qps_created;
 }
+
+/* Review: one side's QPs fail as on a link that went down (retries
+ * exhausted): the error state and flushed completions, and no rdma_cm
+ * event at all (the DREQ could not be sent either). */
+void fake_net_qp_error_quiet(enum fake_side side)
+{
+	sv_lock(&net_lock);
+	for (struct fqp *f = qps; f; f = f->next)
+		if (f->side == side && f->state != QP_ERR)
+			qp_error(f);
+	sv_unlock(&net_lock);
+}

@@ -61,6 +61,7 @@ void fake_net_break_all(void);
  * they had in flight is lost), only it gets DEVICE_REMOVAL, and its
  * disconnects reach nobody: the other side's QP stays up, idle. */
 void fake_net_lose_device(enum fake_side side);
+void fake_net_qp_error_quiet(enum fake_side side);
 /* Queue pairs created so far. */
 unsigned fake_net_qps_created(void);
 

@@ -4150,3 +4150,33 @@ Test(proto, a_reset_does_not_resume)
 	cr_assert_eq(P[SB].error, -ECONNRESET);
 	cr_assert_not(sv_proto_resumable(&P[SB]));
 }
+
+/* Coalesced bytes (the write returned their count) whose post fails (the
+ * device was removed: rxe's doorbell write gets EIO): the abort keeps them
+ * for TCP. */
+Test(proto, a_failed_post_keeps_the_coalesced_bytes)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	open_both();
+	put_all(SA, 100, 0);
+	pump();
+	put_all(SA, 20, MSG_MORE); /* coalesced: the application was told it is written */
+	cr_assert(sv_proto_tx_pending(&P[SA]));
+	FP.ep[SA].fail_sends = 1;
+	int r = sv_proto_flush(&P[SA], SV_FLUSH_RECV, NOW);
+	cr_assert_lt(r, 0);
+	cr_assert(P[SA].kept_ok);
+	uint64_t kfrom, kend;
+	sv_proto_kept(&P[SA], &kfrom, &kend);
+	cr_expect_eq(kend, TXO[SA], "kept [%llu, %llu): the application wrote %llu bytes",
+		     (unsigned long long)kfrom, (unsigned long long)kend,
+		     (unsigned long long)TXO[SA]);
+	/* The peer holds 100: resuming from there sends nothing. */
+	bool fin;
+	cr_assert_eq(sv_proto_resume_tx(&P[SA], 100, &fin), 0);
+	const void *buf;
+	size_t len;
+	sv_proto_owed(&P[SA], &buf, &len);
+	cr_expect_eq(len, 20, "owed %zu bytes, 20 were written and never sent", len);
+}
