@@ -5,10 +5,13 @@
 #include "config.h"
 #include "log.h"
 #include "preload.h"
+#include "ownfd.h"
 #include "real.h"
 #include "sovia_ops.h"
 #include "wait.h"
 
+#include <limits.h>
+#include <linux/close_range.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -362,15 +365,94 @@ SV_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int
 
 SV_EXPORT int close(int fd)
 {
-	if (!sv_passthrough())
-		sv_epoll_on_close(fd);
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_remove(fd);
+	if (sv_passthrough()) {
+		sv_ownfd_del(fd); /* a library libsovia called closes its own */
+		return SV_REAL(close)(fd);
+	}
+	if (sv_ownfd_is(fd)) {
+		/* libsovia's, never the application's: a close-all loop
+		 * (daemons) must not take it. As for a number not open. */
+		errno = EBADF;
+		return -1;
+	}
+	sv_epoll_on_close(fd);
+	struct sv_fd *f = sv_fd_remove(fd);
 	if (!f)
 		return SV_REAL(close)(fd);
 	int saved = errno;
 	int r = f->ops->close(f);
 	sv_fd_put(f);
 	return (int)sv_ret(r, saved);
+}
+
+/* close_range and closefrom close every number in a range: the application's
+ * managed fds go through close() (their table entries and connections end
+ * with them), libsovia's own are left out, and the kernel closes the rest
+ * in as few calls as the gaps between those allow. */
+
+SV_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
+{
+	if (sv_passthrough())
+		return SV_REAL(close_range)(first, last, flags);
+	if (first > last) {
+		errno = EINVAL;
+		return -1;
+	}
+	int saved = errno;
+	int own[SV_OWNFD_SLOTS];
+	int nown = sv_ownfd_in(first, last, own, SV_OWNFD_SLOTS), oi = 0;
+	/* Managed fds are below the table's size; ours may be anywhere. fds
+	 * are ints, so fd + 1 never wraps. */
+	unsigned size = (unsigned)sv_fdtable_size();
+	unsigned top = size && last >= size ? size - 1 : last;
+	unsigned lo = first;
+	for (unsigned fd = first; fd <= last; fd++) {
+		if (fd > top || fd > (unsigned)INT_MAX) {
+			if (oi >= nown)
+				break;
+			fd = (unsigned)own[oi]; /* past the table: on to the next of ours */
+		}
+		bool is_own = oi < nown && (unsigned)own[oi] == fd;
+		struct sv_fd *f = is_own ? NULL : sv_fd_get((int)fd);
+		if (!is_own && !f)
+			continue;
+		if (fd > lo && SV_REAL(close_range)(lo, fd - 1, flags) < 0) {
+			if (f)
+				sv_fd_put(f);
+			return -1;
+		}
+		lo = fd + 1;
+		if (is_own) {
+			oi++;
+			continue;
+		}
+		sv_fd_put(f);
+		if (flags & CLOSE_RANGE_CLOEXEC)
+			SV_REAL(close_range)(fd, fd, flags);
+		else
+			close((int)fd);
+	}
+	if (lo <= last && SV_REAL(close_range)(lo, last, flags) < 0)
+		return -1;
+	errno = saved;
+	return 0;
+}
+
+SV_EXPORT void closefrom(int lowfd)
+{
+	if (sv_passthrough()) {
+		SV_REAL(closefrom)(lowfd);
+		return;
+	}
+	int saved = errno;
+	if (close_range(lowfd < 0 ? 0 : (unsigned)lowfd, ~0U, 0) < 0) {
+		/* No close_range in this kernel: one by one, as glibc's own
+		 * fallback does, through close(). */
+		int n = sv_fdtable_size();
+		for (int fd = lowfd < 0 ? 0 : lowfd; fd < n; fd++)
+			close(fd);
+	}
+	errno = saved;
 }
 
 SV_EXPORT int shutdown(int fd, int how)

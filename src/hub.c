@@ -145,7 +145,7 @@ static void efd_close(void *unused)
 {
 	(void)unused;
 	if (tls_efd >= 0)
-		SV_REAL(close)(tls_efd);
+		sv_ownfd_close(tls_efd);
 	tls_efd = -1;
 }
 
@@ -268,6 +268,6 @@ void sv_hub_atfork_child(void)
 	hub.nchans = 0;
 	hub.sleepers = hub.leader = hub.designee = NULL;
 	if (tls_efd >= 0)
-		SV_REAL(close)(tls_efd);
+		sv_ownfd_close(tls_efd);
 	tls_efd = -1;
 }

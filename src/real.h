@@ -36,6 +36,8 @@
 			    socklen_t))                                                     \
 	X(sendmsg, ssize_t, (int, const struct msghdr *, int))                              \
 	X(close, int, (int))                                                                \
+	X(close_range, int, (unsigned int, unsigned int, int))                              \
+	X(closefrom, void, (int))                                                           \
 	X(shutdown, int, (int, int))                                                        \
 	X(setsockopt, int, (int, int, int, const void *, socklen_t))                        \
 	X(getsockopt, int, (int, int, int, void *, socklen_t *))                            \

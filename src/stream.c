@@ -11,6 +11,7 @@
 #include "helper.h"
 #include "log.h"
 #include "pinned.h"
+#include "ownfd.h"
 #include "real.h"
 #include "upgrade.h"
 
@@ -96,7 +97,7 @@ void sv_stream_put(struct sv_stream *s)
 	sv_upgrade_forget(s); /* the QP before the core whose buffers it used */
 	sv_proto_free(s->proto);
 	if (s->fd_private && s->fd >= 0)
-		SV_REAL(close)(s->fd); /* e.g. after the way back, the last copy gone */
+		sv_ownfd_close(s->fd); /* e.g. after the way back, the last copy gone */
 	free(s->tcpbuf);
 	sv_lock_destroy(&s->lock);
 	free(s);
@@ -197,7 +198,7 @@ void sv_stream_atfork_child(void)
 	 * connections open as long as this child lives. */
 	for (struct sv_stream *s = all_streams; s; s = s->next_all)
 		if (s->fd_private && s->fd >= 0)
-			SV_REAL(close)(s->fd);
+			sv_ownfd_close(s->fd);
 	all_streams = NULL; /* never flushed nor freed here */
 }
 

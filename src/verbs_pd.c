@@ -98,6 +98,10 @@ static struct sv_ctx_ent *own_ctx(struct ibv_device *dev, int *err)
 		sv_err("verbs: ibv_open_device %s: %s", ibv_get_device_name(dev), strerror(-*err));
 		goto free_entry;
 	}
+	/* Its command and event files: libibverbs writes doorbells to the
+	 * first. A close-all loop of the application must not take them. */
+	sv_ownfd_add(e->ctx->cmd_fd);
+	sv_ownfd_add(e->ctx->async_fd);
 	*err = open_chan(e);
 	if (*err)
 		goto close_ctx;
@@ -108,6 +112,8 @@ static struct sv_ctx_ent *own_ctx(struct ibv_device *dev, int *err)
 	return e;
 
 close_ctx:
+	sv_ownfd_del(e->ctx->cmd_fd);
+	sv_ownfd_del(e->ctx->async_fd);
 	ibv_close_device(e->ctx);
 free_entry:
 	free(e);
@@ -185,9 +191,12 @@ void sv_verbs_atfork_child(void)
 	/* The parent's contexts and PDs are the parent's (their files are
 	 * useless here): start afresh. Their channels' files are shared with
 	 * the parent: a read here would take the parent's events. */
-	for (struct sv_ctx_ent *e = ctx_list; e; e = e->next)
+	for (struct sv_ctx_ent *e = ctx_list; e; e = e->next) {
 		if (e->chan)
-			SV_REAL(close)(e->chan->fd);
+			sv_ownfd_close(e->chan->fd);
+		sv_ownfd_del(e->ctx->cmd_fd); /* left open: they are useless, not ours to close */
+		sv_ownfd_del(e->ctx->async_fd);
+	}
 	sv_lock_reinit(&pd_lock);
 	ctx_list = NULL;
 	pd_list = NULL;
