@@ -1,0 +1,162 @@
+/* Fuzz target: the rdma_cm private data decoders (src/cmdata.c). Whatever a
+ * connect request, an accept or a rejection carries (the peer's, or a
+ * foreign rdma_cm user's), decoding must stay inside the bytes it is
+ * given, say -EPROTO or -EPROTONOSUPPORT for what it refuses, and for what
+ * it takes give fields that encode back to the same bytes.
+ *
+ * The input is used whole as each kind of private data in turn. */
+#include "fuzz.h"
+
+#include "cmdata.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void fail(int line, const char *cond, const char *fmt, ...)
+	__attribute__((noreturn, format(printf, 3, 4)));
+
+static void fail(int line, const char *cond, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "fuzz_cmdata.c:%d: %s: ", line, cond);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	abort();
+}
+
+#define CHECK(c, ...)                                     \
+	do {                                              \
+		if (!(c))                                 \
+			fail(__LINE__, #c, __VA_ARGS__); \
+	} while (0)
+
+static bool is_ours(const uint8_t *in, size_t len)
+{
+	return in && len >= 5 && in[0] == (SV_CM_MAGIC & 0xff) &&
+	       in[1] == (SV_CM_MAGIC >> 8 & 0xff) && in[2] == (SV_CM_MAGIC >> 16 & 0xff) &&
+	       in[3] == (SV_CM_MAGIC >> 24 & 0xff);
+}
+
+static bool both_v4(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	return a->ss_family == AF_INET && b->ss_family == AF_INET;
+}
+
+/* An IPv6 address that is IPv4-mapped: it encodes as IPv4. */
+static bool mapped(const struct sockaddr_storage *a)
+{
+	const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)a;
+	return a->ss_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr);
+}
+
+static void check_addr_relations(const struct sockaddr_storage *a,
+				 const struct sockaddr_storage *b)
+{
+	CHECK(sv_addr_equal(a, a) && sv_addr_same_host(a, a), "an address differs from itself");
+	CHECK(sv_addr_equal(a, b) == sv_addr_equal(b, a), "equality is not symmetric");
+	CHECK(sv_addr_same_host(a, b) == sv_addr_same_host(b, a), "same host is not symmetric");
+	CHECK(!sv_addr_equal(a, b) || sv_addr_same_host(a, b), "equal, but not the same host");
+}
+
+static void fuzz_req(const uint8_t *in, size_t len)
+{
+	struct sv_cm_req r;
+	memset(&r, 0xEE, sizeof(r));
+	int d = sv_cm_req_decode(in, len, &r);
+	CHECK(d == 0 || d == -EPROTO || d == -EPROTONOSUPPORT, "req_decode returned %d", d);
+	if (d == -EPROTONOSUPPORT) {
+		CHECK(is_ours(in, len) && r.version == in[4] && r.version != SV_CM_VERSION,
+		      "another version (%u) that is not one", r.version);
+		return;
+	}
+	if (d < 0) {
+		/* Ours with the right version but too short or of an unknown
+		 * family; or not ours at all. */
+		CHECK(!is_ours(in, len) || in[4] == SV_CM_VERSION, "a refusal of our version");
+		return;
+	}
+	CHECK(is_ours(in, len) && r.version == SV_CM_VERSION, "took a request that is not ours");
+	CHECK(in[5] == 4 || in[5] == 6, "took family %u", in[5]);
+	CHECK(len >= (in[5] == 4 ? 32u : 56u), "took %zu bytes of family %u", len, in[5]);
+	CHECK(r.client.ss_family == (in[5] == 4 ? AF_INET : AF_INET6) &&
+		      r.server.ss_family == r.client.ss_family,
+	      "family %u gave address families %u, %u", in[5], r.client.ss_family,
+	      r.server.ss_family);
+	check_addr_relations(&r.client, &r.server);
+
+	/* It encodes back to the bytes it came from, but for IPv4-mapped IPv6
+	 * addresses, which go as IPv4. */
+	uint8_t out[SV_CM_REQ_MAX];
+	int n = sv_cm_req_encode(&r, out);
+	CHECK(n == 32 || n == 56, "req_encode returned %d", n);
+	bool shrinks = in[5] == 6 && mapped(&r.client) && mapped(&r.server);
+	if (!shrinks) {
+		CHECK(n == (in[5] == 4 ? 32 : 56), "family %u encoded in %d bytes", in[5], n);
+		CHECK(memcmp(out, in, (size_t)n) == 0,
+		      "a request does not encode back to its bytes");
+	}
+	struct sv_cm_req r2;
+	CHECK(sv_cm_req_decode(out, (size_t)n, &r2) == 0, "its own encoding is refused");
+	CHECK(r2.version == r.version && r2.nrecv == r.nrecv && r2.buf_size == r.buf_size &&
+		      memcmp(r2.challenge, r.challenge, SV_CHALLENGE_SIZE) == 0,
+	      "fields changed on the way round");
+	CHECK(sv_addr_equal(&r2.client, &r.client) && sv_addr_equal(&r2.server, &r.server),
+	      "addresses changed on the way round");
+	CHECK(both_v4(&r2.client, &r2.server) == (n == 32), "an IPv4 encoding decodes as IPv6");
+}
+
+static void fuzz_rep(const uint8_t *in, size_t len)
+{
+	struct sv_cm_rep r;
+	memset(&r, 0xEE, sizeof(r));
+	int d = sv_cm_rep_decode(in, len, &r);
+	CHECK(d == 0 || d == -EPROTO || d == -EPROTONOSUPPORT, "rep_decode returned %d", d);
+	if (d == -EPROTONOSUPPORT)
+		CHECK(is_ours(in, len) && r.version == in[4] && r.version != SV_CM_VERSION,
+		      "another version (%u) that is not one", r.version);
+	if (d < 0)
+		return;
+	CHECK(is_ours(in, len) && len >= SV_CM_REP_LEN && r.version == SV_CM_VERSION,
+	      "took an accept that is not ours (%zu bytes)", len);
+	/* Byte 5 is reserved: sent as 0, not looked at. */
+	uint8_t out[SV_CM_REP_LEN];
+	sv_cm_rep_encode(&r, out);
+	CHECK(out[5] == 0, "the reserved byte is %u", out[5]);
+	CHECK(memcmp(out, in, 5) == 0 && memcmp(out + 6, in + 6, SV_CM_REP_LEN - 6) == 0,
+	      "an accept does not encode back to its bytes");
+}
+
+static void fuzz_rej(const uint8_t *in, size_t len)
+{
+	int d = sv_cm_rej_decode(in, len);
+	if (d < 0) {
+		CHECK(d == -EPROTO || d == -EPROTONOSUPPORT, "rej_decode returned %d", d);
+		CHECK(d != -EPROTONOSUPPORT || (is_ours(in, len) && in[4] != SV_CM_VERSION),
+		      "another version that is not one");
+		return;
+	}
+	CHECK(is_ours(in, len) && len >= 6 && in[4] == SV_CM_VERSION && d == in[5],
+	      "rej_decode gave %d", d);
+	/* A reason from a newer peer is passed on as it is; only ours encode. */
+	if (d != SV_CM_REJ_NO && d != SV_CM_REJ_WRITE_FIRST)
+		return;
+	uint8_t out[SV_CM_REJ_LEN];
+	sv_cm_rej_encode((enum sv_cm_rej)d, out);
+	CHECK(memcmp(out, in, 6) == 0 && out[6] == 0 && out[7] == 0,
+	      "a rejection does not encode back to its bytes");
+	CHECK(sv_cm_rej_decode(out, sizeof(out)) == d, "its own encoding decodes otherwise");
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	fuzz_req(data, size);
+	fuzz_rep(data, size);
+	fuzz_rej(data, size);
+	return 0;
+}
