@@ -119,6 +119,13 @@ int sv_pr_fin_if_wanted(struct sv_proto *p, struct sv_clock *clk)
 {
 	if (!p->fin_wanted || p->error)
 		return 0;
+	if (p->tx_state != SV_TX_OPEN) {
+		/* Our sending left the QP another way (our BACK, the QP's end):
+		 * TCP's FIN follows the bytes that go there (the stream's
+		 * kernel shutdown). */
+		p->fin_wanted = false;
+		return 0;
+	}
 	int r = sv_proto_send_fin(p, clk);
 	return r == -EAGAIN ? 0 : r;
 }
