@@ -2,7 +2,26 @@
  * libsovia's own device context for each connection (verbs.c). */
 #include "cm.h"
 
+#include "ownfd.h"
 #include "verbs.h"
+
+/* librdmacm opens every device once and keeps its context for the
+ * process: those files are libsovia's, not the application's, and a
+ * daemon's close-all must not take them (ownfd.h). */
+static struct rdma_event_channel *create_event_channel(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	int n = 0;
+	struct ibv_context **ctxs = ch ? rdma_get_devices(&n) : NULL;
+	if (ctxs) {
+		for (int i = 0; i < n; i++) {
+			sv_ownfd_add(ctxs[i]->cmd_fd);
+			sv_ownfd_add(ctxs[i]->async_fd);
+		}
+		rdma_free_devices(ctxs);
+	}
+	return ch;
+}
 
 static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_proto_params *prm)
 {
@@ -13,7 +32,7 @@ static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_
 }
 
 const struct sv_cm_ops sv_cm_rdma = {
-	.create_event_channel = rdma_create_event_channel,
+	.create_event_channel = create_event_channel,
 	.create_id = rdma_create_id,
 	.destroy_id = rdma_destroy_id,
 	.resolve_addr = rdma_resolve_addr,
