@@ -13,15 +13,6 @@ NETDEV=${SOVIA_BED_NETDEV:-veth0}
 head -c "$SIZE" /dev/urandom >"$WORK/in"
 want=$(md5sum <"$WORK/in" | cut -d' ' -f1)
 
-# The sender's input: the first MiB, the rest once it is on RDMA (as
-# nc_transfer does), so the fault finds the payload on the QP.
-GATE=1048576
-gated() {
-	head -c $GATE "$WORK/in"
-	wait_line "$1" "on RDMA" 120 || echo "failover: the sender never logged on RDMA" >&2
-	tail -c +$((GATE + 1)) "$WORK/in"
-}
-
 rxe_up() {
 	rdma link show "$DEV/1" >/dev/null 2>&1 && return 0
 	rdma link add "$DEV" type rxe netdev "$NETDEV" || fail "cannot add $DEV back"

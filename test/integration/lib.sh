@@ -139,3 +139,14 @@ run_logged() {
 		fail "$* exited with $rc"
 	fi
 }
+
+# A sender's input ($WORK/in): the first MiB at once, the rest once the
+# sender's log ($1) says its connection is on RDMA. Ungated, how much went
+# over TCP before the switch depended on how fast TCP is against the
+# switch: on a fast host 27 MB of 100.
+GATE=1048576
+gated() {
+	head -c $GATE "$WORK/in"
+	wait_line "$1" "on RDMA" 120 || echo "gated: the sender never logged on RDMA" >&2
+	tail -c +$((GATE + 1)) "$WORK/in"
+}

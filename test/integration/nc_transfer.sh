@@ -9,17 +9,6 @@ SIZE=${SOVIA_IT_SIZE:-104857600}
 head -c "$SIZE" /dev/urandom >"$WORK/in"
 want=$(md5sum <"$WORK/in" | cut -d' ' -f1)
 
-# The sender's input: the first MiB at once, the rest once the sender's
-# log ($1) says its connection is on RDMA. Ungated, how much went over TCP
-# before the switch depended on how fast TCP is against the switch: on a
-# fast host 27 MB of the 100, and the 3/4 check below failed.
-GATE=1048576
-gated() {
-	head -c $GATE "$WORK/in"
-	wait_line "$1" "on RDMA" 120 || echo "nc_transfer: the sender never logged on RDMA" >&2
-	tail -c +$((GATE + 1)) "$WORK/in"
-}
-
 transfer() { # $1: up (client sends) or down (server sends)
 	local dir=$1 port=$2
 	rm -f "$WORK/out" "$WORK/"*.err
