@@ -63,8 +63,8 @@ int sv_pr_on_recv_late(struct sv_proto *p, uint32_t buf, uint32_t byte_len)
 	sv_hdr_decode(p->xp.ops->recv_buf(p->xp.ctx, buf), &h);
 	bool in_part = p->rx_on_qp && !p->rx_switch_pending && !p->rx_fin && !p->peer_back;
 	if (!in_part || h.seq != p->rcv_nxt || byte_len != SV_HDR_SIZE + (uint64_t)h.len ||
-	    h.len > sv_pr_rx_cap(p, buf))
-		return p->error;
+	    h.len > sv_pr_rx_cap(p, buf) || h.len > UINT64_MAX - h.seq)
+		return p->error; /* as on_data: offsets never wrap */
 	if (h.type == SV_MSG_FIN && h.len == 0) {
 		p->rx_fin = true;
 		p->rx_fin_seq = h.seq;

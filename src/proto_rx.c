@@ -59,8 +59,16 @@ void sv_pr_rx_grow_if_due(struct sv_proto *p)
 		 * large buffers still posted go as messages consume them
 		 * (sv_pr_post_recv). */
 		p->rx_shrink_wanted = false;
+		bool grown = p->st.rx_grown;
 		p->st.rx_grown = false;
 		p->rx_code = 0;
+		/* Grown but none posted at the new size yet: sv_pr_post_recv
+		 * will never see a last large buffer come back, so the pool
+		 * goes now. */
+		if (grown && !p->rx_big_count && p->start_max < p->payload_max) {
+			p->xp.ops->shrink(p->xp.ctx, true);
+			p->st.rx_shrinks++;
+		}
 		return;
 	}
 	if (!p->rx_grow_wanted || p->st.rx_grown)

@@ -113,19 +113,6 @@ static void trace(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-/* Known faults of the core outside the parser, written up in
- * test/fuzz/repro/README.md with an input that shows each: the harness
- * steers around them so that the fuzzing goes past them, unless
- * FUZZ_WIRE_STRICT=1 is in the environment. */
-static int strict_on = -1;
-
-static bool strict(void)
-{
-	if (strict_on < 0)
-		strict_on = getenv("FUZZ_WIRE_STRICT") != NULL;
-	return strict_on;
-}
-
 /* ---- The input ----------------------------------------------------------- */
 
 /* Read past its end, the input gives zeros: every prefix of an input is an
@@ -730,11 +717,7 @@ static void op_accept(struct input *in)
 	 * stream reads TCP as it is (sv_stream_may_switch). */
 	if (Z.refused || sv_proto_back_sent(PA))
 		return;
-	/* The stream accepts once it has read the peer's TCP bytes up to the
-	 * offset announced, which no TCP stream takes to near 2^64
-	 * (repro/wire-late-data-wraps). */
-	bool reachable = seq <= UINT64_MAX / 2 || strict();
-	if (!sw || (reachable && (in8(in) & 1))) {
+	if (!sw || (in8(in) & 1)) {
 		int r = sv_proto_rx_accept(PA);
 		CHECK(r == 0 || r == -EINVAL || r == sv_proto_error(PA), "rx_accept returned %d",
 		      r);
@@ -847,13 +830,6 @@ static void check(bool quiet)
 {
 	struct sv_proto *a = PA;
 	struct fake_ep *ea = &Z.fp.ep[SA], *eb = &Z.fp.ep[SB];
-	/* repro/wire-grow-twice: receive buffers given back before any was
-	 * posted grown are never shrunk in the transport, which the next
-	 * growth then finds grown. */
-	if (!strict() && ea->violations == 1 && strcmp(ea->why, "grow(recv) twice") == 0) {
-		ea->violations = 0;
-		ea->why[0] = '\0';
-	}
 	CHECK(eb->violations == 0, "the sink broke the transport's rules: %s", eb->why);
 	CHECK(ea->violations == 0 || Z.lied, "A broke the transport's rules: %s", ea->why);
 	int err = sv_proto_error(a);
