@@ -64,6 +64,7 @@ int sv_proto_init(struct sv_proto *p, const struct sv_proto_params *prm,
 	p->run_head = 0;
 	p->run_count = 1;
 	p->peer_nrecv = nr; /* until sv_proto_set_peer says otherwise */
+	p->tcp_ahead_max = SV_TCP_AHEAD_DEFAULT;
 	p->peer_credits = nr;
 	p->tx_state = SV_TX_TCP;
 	p->rx_on_qp = false;
@@ -119,6 +120,11 @@ void sv_proto_free(struct sv_proto *p)
 		return;
 	sv_proto_destroy(p);
 	free(p);
+}
+
+void sv_proto_set_tcp_ahead(struct sv_proto *p, uint64_t bytes)
+{
+	p->tcp_ahead_max = bytes;
 }
 
 int sv_proto_set_peer(struct sv_proto *p, uint32_t peer_nrecv, uint32_t peer_buf_size)

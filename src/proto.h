@@ -425,6 +425,12 @@ void sv_proto_resume_drop(struct sv_proto *p);
  * the rest on TCP. */
 int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len,
 		       struct sv_clock *clk);
+/* The most of our TCP bytes (those before our TO_RDMA) the peer's reads
+ * ahead can hold unread: a BACK that would give back more is malformed.
+ * The stream sets the bound it judges switch points by
+ * (sv_stream_switch_point_ok); SV_TCP_AHEAD_DEFAULT until then. */
+#define SV_TCP_AHEAD_DEFAULT (64u << 20)
+void sv_proto_set_tcp_ahead(struct sv_proto *p, uint64_t bytes);
 /* Both directions are settled on the QP: our sending is on it (open or
  * after FIN), the peer's bytes come over it, no switch is half done, and
  * no BACK went yet. */

@@ -32,6 +32,20 @@ int sv_pr_owed_tail(struct sv_proto *p)
 
 /* ---- Receiving BACK and RETURN ---------------------------------------------- */
 
+/* What the peer gives back is what it holds unread: from the QP, no more
+ * than its receive buffers (the credits we had), each at most the largest
+ * size a buffer grows to; from TCP, bytes before our switch point that its
+ * reads ahead took, which the switch's bound limits. A BACK claiming less
+ * consumed would have us write again, on TCP, bytes it long had. */
+static bool back_x_plausible(const struct sv_proto *p, uint64_t x, uint64_t ack)
+{
+	uint64_t qp_from = x > p->tx_qp_from ? x : p->tx_qp_from;
+	uint64_t window = (uint64_t)p->peer_nrecv << SV_SIZE_CODE_MAX;
+	if (ack > qp_from && ack - qp_from > window)
+		return false;
+	return x >= p->tx_qp_from || p->tx_qp_from - x <= p->tcp_ahead_max;
+}
+
 int sv_pr_on_back(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 {
 	/* After the peer's data (and its FIN, if any), over the QP. */
@@ -42,7 +56,7 @@ int sv_pr_on_back(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 		return sv_pr_malformed(p);
 	uint64_t x = sv_get64(sv_pr_rx_payload(p, buf));
 	/* It cannot have consumed more of our bytes than it received. */
-	if (x > h->ack || (p->back_sent && x > p->back_seq))
+	if (x > h->ack || (p->back_sent && x > p->back_seq) || !back_x_plausible(p, x, h->ack))
 		return sv_pr_malformed(p);
 	p->peer_back = true;
 	p->peer_back_seq = h->seq;

@@ -136,6 +136,9 @@ struct sv_proto {
 	uint64_t back_x;         /* the peer's bytes our application consumed */
 	uint64_t peer_back_seq;  /* the peer's stream's end on the QP */
 	uint64_t peer_back_x;    /* our bytes the peer consumed: [x, back_seq) come back */
+	uint64_t tx_qp_from;     /* our stream's offset where the QP took over (TO_RDMA) */
+	uint64_t tcp_ahead_max;  /* the most of our TCP bytes the peer can hold unread */
+	uint32_t rx_after_back;  /* DATA messages that came after our BACK */
 	uint8_t *ret_buf;        /* the peer's bytes to give back: [back_x, back_x+ret_len) */
 	size_t ret_len, ret_cap;
 	uint64_t ret_nxt;        /* next of the peer's bytes to give back */

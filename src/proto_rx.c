@@ -239,7 +239,12 @@ static int on_data(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 	rx_size_hint(p, buf, h->len);
 	p->st.rx_bytes += h->len;
 	if (p->back_sent) {
-		/* Sent before the peer saw our BACK: it goes back. */
+		/* Sent before the peer saw our BACK: it goes back. Only the
+		 * credits it held then can carry such DATA, one buffer of ours
+		 * each; a peer that sends on regardless would fill our
+		 * memory. */
+		if (++p->rx_after_back > sv_pr_nrecv(p))
+			return sv_pr_malformed(p);
 		int r = sv_pr_ret_append(p, sv_pr_rx_payload(p, buf), h->len);
 		if (r == 0)
 			r = sv_pr_repost_control(p, buf);

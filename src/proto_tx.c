@@ -426,6 +426,7 @@ int sv_proto_send_to_rdma(struct sv_proto *p, uint64_t tcp_end_seq, struct sv_cl
 	if (r < 0)
 		return r;
 	p->snd_nxt = tcp_end_seq;
+	p->tx_qp_from = tcp_end_seq;
 	/* What TCP carried is TCP's to acknowledge: Nagle waits only for the
 	 * peer's acknowledgment of bytes sent over the QP. */
 	if (p->snd_una < tcp_end_seq)

@@ -15,6 +15,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
+static int send_to_rdma(struct sv_stream *s, struct sv_clock *clk);
+
 void sv_stream_maybe_rdma(struct sv_stream *s)
 {
 	if ((s->state == SV_CONN_SWITCHING || s->state == SV_CONN_REQUESTED) && s->proto &&
@@ -95,7 +97,7 @@ void sv_stream_established(struct sv_stream *s)
 	if (s->is_client) {
 		/* The client moves first: TCP carried [0, tcp_tx); its data then
 		 * waits until the server proves it is the TCP peer. */
-		if (sv_proto_send_to_rdma(s->proto, s->tcp_tx, &clk) < 0) {
+		if (send_to_rdma(s, &clk) < 0) {
 			sv_stream_fall_back(s, SV_FB_RESOURCES);
 			return;
 		}
@@ -112,7 +114,7 @@ static void server_switch_tx(struct sv_stream *s)
 	if (s->cl.tx_shut)
 		return; /* finished on TCP: our direction simply stays there */
 	struct sv_clock clk = SV_CLOCK_INIT;
-	int r = sv_proto_send_to_rdma(s->proto, s->tcp_tx, &clk);
+	int r = send_to_rdma(s, &clk);
 	if (r < 0) {
 		sv_stream_break(s, r);
 		return;
@@ -200,6 +202,26 @@ static uint64_t sndbuf_max(void)
 	return v;
 }
 
+/* The most of one direction's bytes TCP can hold between a writer and a
+ * reader that has not read them: the peer's send buffer and our receive
+ * buffer, twice, and some. */
+static uint64_t tcp_ahead(struct sv_stream *s)
+{
+	int rcv = 0;
+	socklen_t len = sizeof(rcv);
+	if (SV_REAL(getsockopt)(s->fd, SOL_SOCKET, SO_RCVBUF, &rcv, &len) < 0 || rcv < 0)
+		rcv = 0;
+	return 2 * ((uint64_t)rcv + sndbuf_max()) + (16u << 20);
+}
+
+/* Our TO_RDMA: TCP carried [0, tcp_tx). The peer's reads ahead can hold
+ * only so much of it unread (what a BACK may give back). */
+static int send_to_rdma(struct sv_stream *s, struct sv_clock *clk)
+{
+	sv_proto_set_tcp_ahead(s->proto, tcp_ahead(s));
+	return sv_proto_send_to_rdma(s->proto, s->tcp_tx, clk);
+}
+
 bool sv_stream_switch_point_ok(struct sv_stream *s, uint64_t seq)
 {
 	if (seq < s->tcp_rx) {
@@ -215,12 +237,7 @@ bool sv_stream_switch_point_ok(struct sv_stream *s, uint64_t seq)
 	 * shrinks as TCP is read. */
 	if (s->sw.point_near && s->sw.point_seq == seq)
 		return true;
-	int rcv = 0;
-	socklen_t len = sizeof(rcv);
-	if (SV_REAL(getsockopt)(s->fd, SOL_SOCKET, SO_RCVBUF, &rcv, &len) < 0 || rcv < 0)
-		rcv = 0;
-	uint64_t ahead = 2 * ((uint64_t)rcv + sndbuf_max()) + (16u << 20);
-	if (seq - s->tcp_rx > ahead) {
+	if (seq - s->tcp_rx > tcp_ahead(s)) {
 		sv_stream_challenge_failed(s, "switch point beyond what TCP can hold");
 		return false;
 	}

@@ -4180,3 +4180,65 @@ Test(proto, a_failed_post_keeps_the_coalesced_bytes)
 	sv_proto_owed(&P[SA], &buf, &len);
 	cr_expect_eq(len, 20, "owed %zu bytes, 20 were written and never sent", len);
 }
+
+/* ---- A hostile peer on the way back ------------------------------------------ */
+
+/* A BACK that claims the peer consumed less of our stream than it can
+ * hold unread (here: all our TCP bytes, more than its reads ahead can
+ * take) would have us write again, on TCP, bytes it long had: it resets.
+ * One that claims a plausible amount is taken. */
+ParameterizedTestParameters(proto, back_x_bounded)
+{
+	static uint64_t unread[] = {1000, SV_TCP_AHEAD_DEFAULT, SV_TCP_AHEAD_DEFAULT + 1,
+				    SV_TCP_AHEAD_DEFAULT + 1000};
+	return cr_make_param_array(uint64_t, unread, sizeof(unread) / sizeof(unread[0]));
+}
+
+ParameterizedTest(uint64_t *unread, proto, back_x_bounded)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	TXO[SB] = SV_TCP_AHEAD_DEFAULT + 1000; /* TCP carried that much of B's stream */
+	open_both();
+	uint8_t pl[8];
+	uint64_t x = TXO[SB] - *unread; /* A claims it consumed x of B's bytes */
+	for (int i = 0; i < 8; i++)
+		pl[i] = (uint8_t)(x >> (8 * i));
+	struct sv_hdr h = {.type = SV_MSG_BACK, .len = 8, .seq = P[SB].rcv_nxt, .ack = P[SB].snd_nxt};
+	cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h, pl, 8, SV_HDR_SIZE + 8), 0);
+	int r = fake_poll(&FP.ep[SB], &P[SB], NOW);
+	if (*unread <= SV_TCP_AHEAD_DEFAULT) {
+		cr_assert_geq(r, 0, "%llu unread: refused (%d)", (unsigned long long)*unread, r);
+		cr_assert(P[SB].peer_back);
+	} else {
+		cr_assert_eq(r, -ECONNRESET, "%llu unread: got %d", (unsigned long long)*unread, r);
+		cr_assert_not(P[SB].peer_back);
+	}
+}
+
+/* After our BACK, DATA comes only on the credits the peer held when it
+ * saw it: one receive buffer each. A peer that sends on regardless would
+ * fill the give-back buffer without end: the message past them resets. */
+Test(proto, data_after_our_back_bounded)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	cr_assert_eq(sv_proto_send_back(&P[SA], NULL, 0, NOW), 0);
+	uint32_t n = sv_pr_nrecv(&P[SA]);
+	uint8_t pl[16];
+	memset(pl, 'x', sizeof(pl));
+	for (uint32_t i = 0; i <= n; i++) {
+		struct sv_hdr h = {.type = SV_MSG_DATA, .len = sizeof(pl), .seq = P[SA].rcv_nxt,
+				   .ack = P[SA].snd_nxt};
+		cr_assert_eq(fake_inject_msg(&FP.ep[SA], &h, pl, sizeof(pl),
+					     SV_HDR_SIZE + sizeof(pl)), 0);
+		int r = fake_poll(&FP.ep[SA], &P[SA], NOW);
+		if (i < n) {
+			cr_assert_geq(r, 0, "DATA #%u after our BACK refused: %d", i, r);
+		} else {
+			cr_assert_eq(r, -ECONNRESET, "DATA #%u after our BACK: %d", i, r);
+			cr_assert_eq(P[SA].ret_len, (size_t)n * sizeof(pl), "bounded at %u messages", n);
+		}
+	}
+}
