@@ -43,6 +43,7 @@ static int send_back(struct sv_stream *s)
 		return r;
 	s->tcpbuf_off = s->tcpbuf_len = 0;
 	sv_stream_set_state(s, SV_CONN_DETACHING);
+	s->cl.back_deadline_us = sv_clock_now(&clk) + SV_PEER_SILENCE_US;
 	s->st.switches_to_tcp++;
 	sv_helper_watch(s); /* it finishes the exchange if nobody calls in */
 	sv_dbg("fd %d: BACK sent", s->fd);
@@ -121,6 +122,17 @@ void sv_stream_back_progress(struct sv_stream *s)
 	sv_helper_watch(s); /* it ends the QP after a grace period */
 }
 
+bool sv_stream_back_overdue(struct sv_stream *s, uint64_t now)
+{
+	if (s->state != SV_CONN_DETACHING || !s->proto || sv_proto_back_done(s->proto) ||
+	    now < s->cl.back_deadline_us)
+		return false;
+	sv_warn("fd %d: the peer did not give back what it holds in %u s: the connection is "
+		"reset", s->fd, SV_PEER_SILENCE_US / 1000000u);
+	sv_stream_break(s, -ETIMEDOUT);
+	return true;
+}
+
 /* One step of the way back in the current state. 1: done (r says how),
  * 0: wait and look again. */
 static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out)
@@ -196,7 +208,9 @@ int sv_stream_detach(struct sv_stream *s)
 			r = s->error;
 			break;
 		}
-		if (sv_clock_update(&clk) >= deadline) {
+		if (sv_stream_back_overdue(s, sv_clock_update(&clk)))
+			continue; /* broken: the error ends it */
+		if (clk.us >= deadline) {
 			r = -ETIMEDOUT;
 			break;
 		}

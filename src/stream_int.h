@@ -197,7 +197,14 @@ struct sv_closing {
 	bool tx_shut;        /* shutdown(SHUT_WR) done */
 	bool shut_deferred;  /* TCP's shutdown waits until TCP can carry no more of ours */
 	uint64_t linger_deadline_us;
+	uint64_t back_deadline_us; /* detaching: the peer has given back all by then */
 };
+
+/* How long a peer that must answer (its resume record, its BACK and the
+ * bytes it gives back) may stay silent before its connection is given
+ * up: long enough for a stopped process that is continued, finite for one
+ * that never answers. TCP's own flow control is not silence. */
+#define SV_PEER_SILENCE_US 60000000u
 
 /* Resuming over TCP after the QP is lost (docs/protocol.md, section 11). */
 #define SV_RESUME_SIZE 24
@@ -355,6 +362,10 @@ void sv_stream_drain(struct sv_stream *s);
 void sv_stream_established(struct sv_stream *s);
 /* Client: give up waiting for the server's proof; sending goes back to TCP. */
 void sv_stream_unhold(struct sv_stream *s, const char *why);
+/* Detaching, and the peer has not given back everything by its deadline
+ * (SV_PEER_SILENCE_US after our BACK): the connection is reset, true. With
+ * the lock. */
+bool sv_stream_back_overdue(struct sv_stream *s, uint64_t now);
 /* The RDMA peer is not the TCP peer (or announced something the TCP stream
  * contradicts): the QP is reset, TCP carries on untouched. */
 void sv_stream_challenge_failed(struct sv_stream *s, const char *why);

@@ -28,7 +28,7 @@
 
 /* A peer stopped (SIGSTOP, a debugger) holds its record back; after this
  * long the connection fails rather than wait for ever. */
-#define SV_RESUME_TIMEOUT_US 60000000u
+#define SV_PEER_SILENCE_US 60000000u
 
 static const uint8_t magic[4] = {'S', 'V', 'R', 'S'};
 #define SV_RESUME_VERSION 1
@@ -91,7 +91,7 @@ bool sv_stream_resume_start(struct sv_stream *s, int err)
 	sv_proto_offsets(p, &snd, &rcv, &read);
 	sv_proto_kept(p, &kfrom, &kend);
 	encode(s->fo.out, rcv, kend > snd ? kend : snd);
-	s->fo.deadline_us = sv_clock_now(&clk) + SV_RESUME_TIMEOUT_US;
+	s->fo.deadline_us = sv_clock_now(&clk) + SV_PEER_SILENCE_US;
 	sv_info("fd %d: the QP is lost (%s): resuming over TCP; we hold %llu bytes of the peer's, "
 		"keep ours from %llu to %llu",
 		s->fd, sv_failover_name(s->fo.cause), (unsigned long long)rcv,

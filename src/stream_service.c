@@ -222,6 +222,8 @@ static void service_detaching(struct sv_stream *s, struct sv_service *sv, struct
 	 * back (the bytes may wait for TCP's buffer space). */
 	if (s->state == SV_CONN_DETACHING)
 		sv_stream_progress(s, clk, 0);
+	if (sv_stream_back_overdue(s, sv->now))
+		sv_stream_wake(s);
 	if (s->state == SV_CONN_DETACHING)
 		sv->next = sv->now + 1000;
 	else if (s->state == SV_CONN_DETACHED)

@@ -80,3 +80,28 @@ Test(back, a_tcp_connection_needs_none)
 	cr_assert_eq(g, 7);
 	h_pair_free(&p);
 }
+
+/* A peer that never answers our BACK (its messages never arrive: a
+ * stopped or hostile process) does not hold the connection detaching,
+ * with the application's writes held, for ever: after the peer's
+ * allowed silence the connection is reset, and a write says so. */
+Test(back, a_peer_that_never_answers_is_given_up, .timeout = 150)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	uint8_t out[1000];
+	h_pattern(out, sizeof(out), 12, 0);
+	cr_assert_eq(h_write_all(p.c, out, sizeof(out)), (long)sizeof(out));
+	long end;
+	cr_assert_eq(h_read_all(p.s, out, sizeof(out), &end), sizeof(out));
+	fake_net_hold(FAKE_SERVER);
+	uint64_t t0 = h_ms();
+	int r = sv_stream_detach(p.c);
+	cr_assert_neq(r, 0, "detached without the peer's BACK");
+	enum sv_conn_state st = h_wait_state(p.c, SV_CONN_BROKEN, 100000);
+	cr_assert_eq(st, SV_CONN_BROKEN, "still %s after %llu ms", sv_conn_state_name(st),
+		     (unsigned long long)(h_ms() - t0));
+	cr_assert_geq(h_ms() - t0, 59000, "given up before the allowed silence");
+	cr_assert_lt(h_write(p.c, out, 10, 0), 0, "a write on the reset connection succeeded");
+	h_pair_free(&p);
+}
