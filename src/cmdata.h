@@ -44,6 +44,8 @@ enum sv_cm_rej {
 	SV_CM_REJ_WRITE_FIRST = 1, /* the server's accept() waits for the client's
 				    * first bytes (TCP_DEFER_ACCEPT): write them on
 				    * TCP and ask again */
+	SV_CM_REJ_BUSY = 2,        /* the server holds as many requests waiting
+				    * for their accept() as it keeps: ask again */
 };
 #define SV_CM_REJ_LEN 8
 void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN]);

@@ -322,15 +322,17 @@ void sv_upgrade_retry_room(struct sv_stream *s)
 	sv_unlock(&sv_up_lock);
 }
 
-/* The server had no RDMA listener (yet), or its accept() waits for our
- * first bytes (write_first): drop this attempt's QP and id and have the
+/* The server had no RDMA listener (yet), its accept() waits for our
+ * first bytes (SV_CM_REJ_WRITE_FIRST), or it had too many requests
+ * waiting (SV_CM_REJ_BUSY): drop this attempt's QP and id and have the
  * helper ask again later (SV_CONNECT_RETRIES). Until then the
  * connection is on TCP, labelled with the reason it keeps if no retry gets
  * through. False when no retry is due: the caller falls back. The id is
  * the caller's to destroy (its event is not acknowledged yet). With
  * up_lock. */
-static bool retry_connect(struct sv_stream *s, bool write_first)
+static bool retry_connect(struct sv_stream *s, int said)
 {
+	bool write_first = said == SV_CM_REJ_WRITE_FIRST, busy = said == SV_CM_REJ_BUSY;
 	sv_lock(&s->lock);
 	bool go = s->is_client && s->state == SV_CONN_REQUESTED && !s->cl.app_closed &&
 		  !s->error && !s->cl.tx_shut && s->sw.connect_retries < SV_CONNECT_RETRIES;
@@ -352,10 +354,11 @@ static bool retry_connect(struct sv_stream *s, bool write_first)
 		 * accept() waits for data gets our first bytes on TCP. */
 		if (write_first)
 			sv_stream_end_hold(s, UINT64_MAX);
-		else
+		else if (!busy)
 			sv_peers_plain_port(&s->tuple.peer);
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,
 			write_first ? "the server accepts once we wrote: our first bytes go on TCP"
+			: busy	    ? "the server has too many requests waiting"
 				    : "no RDMA listener at the server (yet)",
 			ms);
 	}
@@ -435,8 +438,8 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 		break;
 	case RDMA_CM_EVENT_REJECTED: {
 		int said = reject_said(ev);
-		bool write_first = said == SV_CM_REJ_WRITE_FIRST;
-		if ((ev->status == SV_REJ_NO_LISTENER || write_first) && retry_connect(s, write_first)) {
+		bool again = said == SV_CM_REJ_WRITE_FIRST || said == SV_CM_REJ_BUSY;
+		if ((ev->status == SV_REJ_NO_LISTENER || again) && retry_connect(s, said)) {
 			*destroy = ev->id; /* once its event is acknowledged */
 			break;
 		}

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,32 @@ struct unmatched {
 };
 
 static struct pending_req *pending;
+
+/* Requests kept waiting for their accept(), in all and from one host.
+ * Each costs an rdma_cm id and a look at every wake-up of the helper,
+ * and anyone who reaches the port over RDMA can send them: past these a
+ * request is told to ask again (SV_CM_REJ_BUSY). A flood from one host
+ * then delays that host's upgrades, not another's. The bounds are those
+ * of an accept queue (net.core.somaxconn's default). */
+#define SV_PENDING_MAX 4096u
+#define SV_PENDING_PER_HOST 1024u
+
+/* Is there no room for one more request like r? With up_lock. */
+static bool pending_full(const struct sv_cm_req *r)
+{
+	unsigned all = 0, host = 0;
+	for (const struct pending_req *p = pending; p; p = p->next) {
+		all++;
+		host += sv_addr_same_host(&p->req.client, &r->client);
+	}
+	if (all < SV_PENDING_MAX && host < SV_PENDING_PER_HOST)
+		return false;
+	static atomic_bool told;
+	if (!atomic_exchange(&told, true))
+		sv_warn("%u upgrade requests wait for their accept() (%u from one host): more "
+			"are told to ask again", all, host);
+	return true;
+}
 static struct unmatched *unmatched;
 /* Finished entries whose holds are dropped once up_lock is released and
  * every event taken is acknowledged: the last reference of a stream takes
@@ -362,6 +389,11 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	}
 	sv_dbg("upgrade request: %s", m == NO_MATCH ? "no accepted connection yet; waiting for accept()"
 					       : "waiting for room in the locked-memory budget");
+	if (pending_full(&req)) {
+		sv_up_reject(id, true, SV_CM_REJ_BUSY);
+		*destroy = id;
+		return;
+	}
 	struct pending_req *p = malloc(sizeof(*p));
 	if (!p) {
 		sv_up_reject(id, false, SV_CM_REJ_NO);
