@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static atomic_int released;
 
@@ -107,4 +109,46 @@ Test(fdtable, concurrent_get_while_replacing)
 	for (int i = 0; i < 2; i++)
 		pthread_join(t[i], NULL);
 	cr_assert_eq(released, 20000, "every entry released exactly once");
+}
+
+/* A fork while another thread is inside a lookup: the child has no such
+ * thread, so a stripe it held must not stay taken there. Each child looks
+ * the fd up after the table's fork handler; a deadlock would be killed by
+ * its alarm. */
+static atomic_bool stop_lookups;
+
+static void *lookups(void *arg)
+{
+	int fd = (int)(intptr_t)arg;
+	while (!atomic_load(&stop_lookups))
+		sv_fd_put(sv_fd_get(fd));
+	return NULL;
+}
+
+Test(fdtable, fork_during_lookups_leaves_no_stripe_taken)
+{
+	struct sv_fd *f = sv_fd_new(9, &test_ops, NULL);
+	cr_assert_eq(sv_fd_install(f), 0);
+	sv_fd_put(f);
+	pthread_t t;
+	atomic_store(&stop_lookups, false);
+	cr_assert_eq(pthread_create(&t, NULL, lookups, (void *)(intptr_t)9), 0);
+	int bad = 0;
+	for (int i = 0; i < 300 && !bad; i++) {
+		pid_t pid = fork();
+		cr_assert_geq(pid, 0);
+		if (pid == 0) {
+			alarm(5);
+			sv_fdtable_atfork_child();
+			struct sv_fd *g = sv_fd_get(9);
+			_exit(g ? 0 : 3);
+		}
+		int st = 0;
+		cr_assert_eq(waitpid(pid, &st, 0), pid);
+		bad = !WIFEXITED(st) || WEXITSTATUS(st) != 0 ? st : 0;
+	}
+	atomic_store(&stop_lookups, true);
+	pthread_join(t, NULL);
+	cr_assert_eq(bad, 0, "a child's lookup failed or hung (status %#x)", bad);
+	sv_fd_put(sv_fd_remove(9));
 }
