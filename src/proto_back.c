@@ -33,14 +33,16 @@ int sv_pr_owed_tail(struct sv_proto *p)
 /* ---- Receiving BACK and RETURN ---------------------------------------------- */
 
 /* What the peer gives back is what it holds unread: from the QP, no more
- * than its receive buffers (the credits we had), each at most the largest
- * size a buffer grows to; from TCP, bytes before our switch point that its
- * reads ahead took, which the switch's bound limits. A BACK claiming less
- * consumed would have us write again, on TCP, bytes it long had. */
+ * than its receive buffers (the credits we had) and as much again moved
+ * out of them for a lagging reader (proto_rx.c, stash_if_lagging), each
+ * at most the largest size a buffer grows to; from TCP, bytes before our
+ * switch point that its reads ahead took, which the switch's bound
+ * limits. A BACK claiming less consumed would have us write again, on
+ * TCP, bytes it long had. */
 static bool back_x_plausible(const struct sv_proto *p, uint64_t x, uint64_t ack)
 {
 	uint64_t qp_from = x > p->tx_qp_from ? x : p->tx_qp_from;
-	uint64_t window = (uint64_t)p->peer_nrecv << SV_SIZE_CODE_MAX;
+	uint64_t window = (uint64_t)p->peer_nrecv << (SV_SIZE_CODE_MAX + 1);
 	if (ack > qp_from && ack - qp_from > window)
 		return false;
 	return x >= p->tx_qp_from || p->tx_qp_from - x <= p->tcp_ahead_max;
