@@ -328,6 +328,7 @@ SV_EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags,
 
 SV_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
+	sv_fd_detach_passed(msg);
 	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
 	if (!f)
 		return SV_REAL(sendmsg)(fd, msg, flags);
@@ -518,6 +519,8 @@ SV_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
 
 SV_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 {
+	for (unsigned int i = 0; v && i < n; i++)
+		sv_fd_detach_passed(&v[i].msg_hdr);
 	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
 	if (!f || !f->ops->wait) {
 		sv_fd_put(f);

@@ -34,6 +34,11 @@ static inline long sv_ret(long r, int saved_errno)
 /* fd's connection goes back to plain TCP (if libsovia serves it), and its
  * entry becomes the kernel's (unserved.c). */
 void sv_fd_detach(int fd);
+/* The same for every fd msg passes to another process (SCM_RIGHTS): the
+ * receiver gets the kernel's socket, which must then be the whole
+ * connection (unserved.c). Keeps errno. */
+struct msghdr;
+void sv_fd_detach_passed(const struct msghdr *msg);
 
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);

@@ -7,7 +7,9 @@
  *   fork, vfork            every accelerated connection, before the fork
  *   exec*, fexecve         those that survive the exec (no FD_CLOEXEC)
  *   posix_spawn[p]         every one (file actions may hand any fd over)
- *   sendfile, splice       the socket(s) involved */
+ *   sendfile, splice       the socket(s) involved
+ *   sendmsg, sendmmsg      every socket passed in SCM_RIGHTS (the receiver
+ *                          gets the kernel's socket) */
 #include "log.h"
 #include "preload.h"
 #include "real.h"
@@ -17,7 +19,9 @@
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* ---- Going back to plain TCP ---------------------------------------------- */
@@ -28,6 +32,38 @@ void sv_fd_detach(int fd)
 	if (f && f->ops->detach)
 		f->ops->detach(f);
 	sv_fd_put(f);
+}
+
+/* Each fd msg passes in its SCM_RIGHTS control messages (as the kernel
+ * will read them: never past msg_controllen). */
+static void detach_rights(const struct msghdr *msg)
+{
+	struct msghdr *m = (struct msghdr *)msg; /* CMSG_NXTHDR's argument is not const */
+	const unsigned char *end = (const unsigned char *)m->msg_control + m->msg_controllen;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
+		    c->cmsg_len < CMSG_LEN(0))
+			continue;
+		const unsigned char *data = CMSG_DATA(c);
+		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		if (data + n * sizeof(int) > end)
+			n = (size_t)(end - data) / sizeof(int);
+		for (size_t i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, data + i * sizeof(int), sizeof(fd));
+			sv_fd_detach(fd);
+		}
+	}
+}
+
+void sv_fd_detach_passed(const struct msghdr *msg)
+{
+	if (!msg || !msg->msg_control || msg->msg_controllen < sizeof(struct cmsghdr) ||
+	    sv_passthrough())
+		return;
+	int saved = errno;
+	detach_rights(msg);
+	errno = saved;
 }
 
 /* Every accelerated connection (only those without FD_CLOEXEC when
