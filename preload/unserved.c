@@ -7,6 +7,9 @@
  *   fork, vfork            every accelerated connection, before the fork
  *   exec*, fexecve         those that survive the exec (no FD_CLOEXEC)
  *   posix_spawn[p]         every one (file actions may hand any fd over)
+ *   system, popen          those that survive into the shell (no
+ *                          FD_CLOEXEC): glibc spawns it with its internal
+ *                          posix_spawn, past the interposed one
  *   sendfile, splice       the socket(s) involved
  *   sendmsg, sendmmsg      every socket passed in SCM_RIGHTS (the receiver
  *                          gets the kernel's socket) */
@@ -220,6 +223,22 @@ SV_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_
 {
 	ENTER_DETACH_ALL(false);
 	return SV_REAL(posix_spawnp)(pid, file, fa, attr, argv, envp);
+}
+
+/* The shell they start is a new image, as after exec: what it inherits is
+ * the connections without FD_CLOEXEC (and popen's pipe). system(NULL)
+ * only asks whether there is a shell. */
+SV_EXPORT int system(const char *cmd)
+{
+	if (cmd)
+		ENTER_DETACH_ALL(true);
+	return SV_REAL(system)(cmd);
+}
+
+SV_EXPORT FILE *popen(const char *cmd, const char *type)
+{
+	ENTER_DETACH_ALL(true);
+	return SV_REAL(popen)(cmd, type);
 }
 
 /* ---- Descriptors -------------------------------------------------------- */

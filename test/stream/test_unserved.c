@@ -130,3 +130,68 @@ Test(unserved, sendmmsg_scm_rights_takes_each_passed_connection_back_first)
 {
 	pass_two(true);
 }
+
+/* A shell spawned with the client's socket: `run` starts it with `cmd`
+ * and returns its status once it is done. */
+typedef int (*spawn_fn)(const char *cmd);
+
+static int run_system(const char *cmd)
+{
+	char quiet[128];
+	snprintf(quiet, sizeof(quiet), "%s >/dev/null", cmd);
+	return system(quiet);
+}
+
+static int run_popen(const char *cmd)
+{
+	FILE *f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	char line[16] = {0};
+	cr_assert_not_null(fgets(line, sizeof(line), f));
+	cr_assert_str_eq(line, "done\n", "popen's pipe");
+	return pclose(f);
+}
+
+/* The client's socket survives into the shell (no FD_CLOEXEC), which
+ * writes to it: the server reads the client's bytes that went over the
+ * QP, then the shell's, then the client's again, in order. A second
+ * connection whose sockets have FD_CLOEXEC is not the shell's and stays
+ * on RDMA. */
+static void spawn_with_a_connection(spawn_fn run)
+{
+	struct pair a, b;
+	ph_pair_rdma(&a);
+	ph_pair_rdma(&b);
+	cr_assert_eq(fcntl(b.cfd, F_SETFD, FD_CLOEXEC), 0);
+	cr_assert_eq(fcntl(b.sfd, F_SETFD, FD_CLOEXEC), 0); /* both ends are this process's */
+	enum { LEN = 5000 };
+	uint8_t out[LEN], in[LEN + 10];
+	h_pattern(out, LEN, 31, 0);
+	cr_assert_eq(ph_write_all(a.cfd, out, LEN), LEN);
+	cr_assert_gt(h_counts(a.c).rdma_tx, 0);
+
+	char cmd[80]; /* bash: dash's redirections take one digit */
+	snprintf(cmd, sizeof(cmd), "bash -c 'printf child >&%d' && echo done", a.cfd);
+	int st = run(cmd);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the shell: status %d", st);
+	cr_assert(sv_stream_kernel_only(a.c), "the shell's connection is still libsovia's (%s)",
+		  sv_conn_state_name(h_state(a.c)));
+	cr_assert_eq(h_state(b.c), SV_CONN_RDMA, "a close-on-exec connection stays on RDMA (%s)",
+		     sv_conn_state_name(h_state(b.c)));
+	cr_assert_eq(write(a.cfd, "after", 5), 5);
+	cr_assert_eq(ph_read_all(a.sfd, in, LEN + 10), LEN + 10);
+	cr_assert(h_pattern_ok(in, LEN, 31, 0), "the client's bytes before the shell's");
+	cr_assert_eq(memcmp(in + LEN, "childafter", 10), 0, "then the shell's, then the client's");
+	ph_pair_close(&a);
+	ph_pair_close(&b);
+}
+
+Test(unserved, system_takes_the_shells_connections_back_first)
+{
+	spawn_with_a_connection(run_system);
+}
+
+Test(unserved, popen_takes_the_shells_connections_back_first)
+{
+	spawn_with_a_connection(run_popen);
+}
