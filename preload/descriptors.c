@@ -1,8 +1,8 @@
 /* Descriptor calls on a stream: dup, dup2, dup3 and fcntl(F_DUPFD*) make
  * every copy the same stream, which lives until the last copy is closed
  * (src/stream_close.c); fcntl(F_SETFL) and ioctl(FIONBIO) tell the stream
- * its mode may have changed; ioctl(FIONREAD/SIOCINQ) counts what libsovia
- * holds as well. Other fcntl and ioctl requests go to the kernel
+ * its mode may have changed; ioctl(FIONREAD/SIOCINQ, SIOCOUTQ) counts what
+ * libsovia holds as well. Other fcntl and ioctl requests go to the kernel
  * unchanged. */
 #include "preload.h"
 #include "real.h"
@@ -142,7 +142,8 @@ SV_EXPORT int fcntl64(int fd, int cmd, ...)
 	return fcntl_common(SV_REAL(fcntl64), fd, cmd, arg);
 }
 
-/* FIONREAD/SIOCINQ count what libsovia holds as well. */
+/* FIONREAD/SIOCINQ count what libsovia holds as well, SIOCOUTQ (TIOCOUTQ)
+ * what it holds or has in flight of the application's writes. */
 SV_EXPORT int ioctl(int fd, unsigned long req, ...)
 {
 	va_list ap;
@@ -151,15 +152,16 @@ SV_EXPORT int ioctl(int fd, unsigned long req, ...)
 	va_end(ap);
 	if (req == FIONBIO && !sv_passthrough())
 		return mode_call_done(fd, SV_REAL(ioctl)(fd, req, arg));
-	if (sv_passthrough() || (req != FIONREAD && req != SIOCINQ))
+	if (sv_passthrough() || (req != FIONREAD && req != SIOCINQ && req != SIOCOUTQ))
 		return SV_REAL(ioctl)(fd, req, arg);
 	struct sv_fd *f = sv_fd_get(fd);
-	if (!f || !f->ops->inq) {
+	long (*count)(struct sv_fd *) = !f ? NULL : req == SIOCOUTQ ? f->ops->outq : f->ops->inq;
+	if (!count) {
 		sv_fd_put(f);
 		return SV_REAL(ioctl)(fd, req, arg);
 	}
 	int saved = errno;
-	long r = f->ops->inq(f);
+	long r = count(f);
 	sv_fd_put(f);
 	if (r >= 0 && arg)
 		*(int *)arg = r > INT_MAX ? INT_MAX : (int)r;

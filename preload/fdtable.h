@@ -80,6 +80,8 @@ struct sv_fd_ops {
 	bool (*add_copy)(struct sv_fd *f, int nfd);
 	/* FIONREAD: the bytes readable now. */
 	long (*inq)(struct sv_fd *f);
+	/* SIOCOUTQ: the bytes written that the peer is not known to have. */
+	long (*outq)(struct sv_fd *f);
 	/* fcntl(F_SETFL) or ioctl(FIONBIO) may have changed its mode. */
 	void (*mode_changed)(struct sv_fd *f);
 	/* In a fork's child: the entry is the parent's (never released here). */

@@ -13,6 +13,8 @@
 #include "wait.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <string.h>
 
 static struct sv_stream *stream_of(struct sv_fd *f)
@@ -56,8 +58,29 @@ static int st_setsockopt(struct sv_fd *f, int level, int name, const void *val, 
 
 static int st_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len)
 {
-	/* Options are read from the kernel's socket, which gets every one. */
-	return sv_kernel_ops.getsockopt(f, level, name, val, len);
+	/* The connection's error: libsovia's first (a reset over the QP, a
+	 * failed resume), as the kernel reports a pending one, then the
+	 * kernel's. */
+	if (level == SOL_SOCKET && name == SO_ERROR && val && len &&
+	    *len >= (socklen_t)sizeof(int)) {
+		sv_enter();
+		int err = -sv_stream_take_error(stream_of(f));
+		sv_leave();
+		if (err) {
+			memcpy(val, &err, sizeof(err));
+			*len = sizeof(err);
+			return 0;
+		}
+	}
+	/* Options are read from the kernel's socket, which gets every one;
+	 * TCP_INFO is corrected where the QP carries the connection. */
+	int r = sv_kernel_ops.getsockopt(f, level, name, val, len);
+	if (r == 0 && level == IPPROTO_TCP && name == TCP_INFO && val && len) {
+		sv_enter();
+		sv_stream_tcp_info(stream_of(f), val, *len);
+		sv_leave();
+	}
+	return r;
 }
 
 static int st_close(struct sv_fd *f)
@@ -130,6 +153,14 @@ static long st_inq(struct sv_fd *f)
 {
 	sv_enter();
 	long r = sv_stream_inq(stream_of(f));
+	sv_leave();
+	return r;
+}
+
+static long st_outq(struct sv_fd *f)
+{
+	sv_enter();
+	long r = sv_stream_outq(stream_of(f));
 	sv_leave();
 	return r;
 }
@@ -239,6 +270,7 @@ static const struct sv_fd_ops sv_stream_ops = {
 	.share = st_share,
 	.add_copy = st_add_copy,
 	.inq = st_inq,
+	.outq = st_outq,
 	.mode_changed = st_mode_changed,
 	.atfork_child = sv_ours_atfork_child,
 	.wait = &stream_wait_ops,

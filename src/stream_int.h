@@ -227,6 +227,7 @@ struct sv_options {
 
 struct sv_stream_stats {
 	uint64_t tcp_tx_bytes, tcp_rx_bytes; /* application bytes over TCP */
+	uint64_t qp_taken; /* application bytes the core took to send (SIOCOUTQ) */
 	uint64_t switches_to_rdma, switches_to_tcp;
 	/* The application's blocking waits in libsovia: ended by the spin, or
 	 * slept and then woken by the completion channel, a kick

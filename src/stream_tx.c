@@ -78,6 +78,7 @@ static bool send_qp(struct sv_stream *s, struct send_call *c, struct iovec *rest
 		 * window); the wait for them comes once, before the write
 		 * returns. */
 		c->done += (size_t)c->r;
+		s->st.qp_taken += (uint64_t)c->r;
 		c->on_qp = true;
 		if (!s->st.to_rdma_us)
 			sv_stream_first_on_qp(s, &c->clk);
