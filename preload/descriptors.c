@@ -63,8 +63,10 @@ static void dup_target(int fd, int fd2)
 {
 	if (fd == fd2 || sv_passthrough() || fcntl(fd, F_GETFD) < 0)
 		return; /* an invalid fd leaves fd2 alone */
+	sv_enter();
 	sv_epoll_on_close(fd2);
 	struct sv_fd *f = sv_fd_remove(fd2);
+	sv_leave();
 	if (!f)
 		return;
 	int saved = errno;
@@ -73,14 +75,28 @@ static void dup_target(int fd, int fd2)
 	errno = saved;
 }
 
+/* From inside libsovia (reentry.c), a copy of a connection libsovia
+ * serves, or one onto an fd it keeps anything for (fd2 >= 0), needs its
+ * table. */
+static bool dup_refused(int fd, int fd2)
+{
+	return sv_reentered() &&
+	       (sv_fd_claimed(fd, SV_MARK_SERVED) ||
+		(fd2 >= 0 && fd2 != fd && sv_fd_claimed(fd2, SV_CLAIM_ANY)));
+}
+
 SV_EXPORT int dup(int fd)
 {
+	if (dup_refused(fd, -1))
+		return sv_refuse(fd, "dup", EBUSY);
 	struct sv_fd *f = share_begin(fd);
 	return share_end(f, fd, SV_REAL(dup)(fd));
 }
 
 SV_EXPORT int dup2(int fd, int fd2)
 {
+	if (dup_refused(fd, fd2))
+		return sv_refuse(fd, "dup2", EBUSY);
 	struct sv_fd *f = share_begin(fd);
 	dup_target(fd, fd2);
 	return share_end(f, fd, SV_REAL(dup2)(fd, fd2));
@@ -88,6 +104,8 @@ SV_EXPORT int dup2(int fd, int fd2)
 
 SV_EXPORT int dup3(int fd, int fd2, int flags)
 {
+	if (dup_refused(fd, fd2))
+		return sv_refuse(fd, "dup3", EBUSY);
 	struct sv_fd *f = share_begin(fd);
 	dup_target(fd, fd2);
 	return share_end(f, fd, SV_REAL(dup3)(fd, fd2, flags));
@@ -120,6 +138,8 @@ static int fcntl_common(int (*real)(int, int, ...), int fd, int cmd, void *arg)
 		return mode_call_done(fd, real(fd, cmd, arg));
 	if (cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC)
 		return real(fd, cmd, arg);
+	if (dup_refused(fd, -1))
+		return sv_refuse(fd, "fcntl", EBUSY);
 	struct sv_fd *f = share_begin(fd);
 	return share_end(f, fd, real(fd, cmd, arg));
 }
@@ -152,7 +172,10 @@ SV_EXPORT int ioctl(int fd, unsigned long req, ...)
 	va_end(ap);
 	if (req == FIONBIO && !sv_passthrough())
 		return mode_call_done(fd, SV_REAL(ioctl)(fd, req, arg));
-	if (sv_passthrough() || (req != FIONREAD && req != SIOCINQ && req != SIOCOUTQ))
+	bool counts = req == FIONREAD || req == SIOCINQ || req == SIOCOUTQ;
+	if (counts && sv_reentered() && sv_fd_claimed(fd, SV_MARK_SERVED))
+		return sv_refuse(fd, "ioctl", EBUSY); /* libsovia's counts need its lock */
+	if (sv_passthrough() || !counts)
 		return SV_REAL(ioctl)(fd, req, arg);
 	struct sv_fd *f = sv_fd_get(fd);
 	long (*count)(struct sv_fd *) = !f ? NULL : req == SIOCOUTQ ? f->ops->outq : f->ops->inq;

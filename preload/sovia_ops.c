@@ -24,19 +24,32 @@ static struct sv_stream *stream_of(struct sv_fd *f)
 
 /* ---- Connected streams -------------------------------------------------- */
 
+/* A connection that became the kernel's socket alone (a fallback) is not
+ * SERVED any more: a signal handler's call on it, from inside libsovia,
+ * then goes to the kernel (reentry.c). Told by the calls that see it. */
+static void note_plain(struct sv_fd *f)
+{
+	if (sv_stream_kernel_only_seen(stream_of(f)))
+		sv_fd_unserve(f);
+}
+
 static ssize_t st_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
 {
+	note_plain(f);
 	sv_enter();
 	long r = sv_stream_recvmsg(stream_of(f), msg, flags);
 	sv_leave();
+	note_plain(f);
 	return r;
 }
 
 static ssize_t st_sendmsg(struct sv_fd *f, const struct msghdr *msg, int flags)
 {
+	note_plain(f);
 	sv_enter();
 	long r = sv_stream_sendmsg(stream_of(f), msg, flags);
 	sv_leave();
+	note_plain(f);
 	return r;
 }
 
@@ -103,9 +116,9 @@ static int st_detach(struct sv_fd *f)
 	sv_enter();
 	sv_dbg("fd %d: going back to plain TCP", f->fd);
 	int r = sv_stream_detach(stream_of(f));
-	sv_leave();
 	if (r == 0)
 		sv_fd_make_plain_all(f->priv);
+	sv_leave();
 	return r;
 }
 
@@ -187,6 +200,7 @@ void sv_ours_atfork_child(struct sv_fd *f)
 static void w_split(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen)
 {
 	sv_stream_poll_split(stream_of(f), events, own, kernel, gen);
+	note_plain(f);
 }
 
 static short w_recheck(struct sv_fd *f, short events, short rev)
@@ -240,6 +254,7 @@ static bool w_kernel_only(struct sv_fd *f)
 	sv_enter();
 	bool r = sv_stream_kernel_only(stream_of(f));
 	sv_leave();
+	note_plain(f);
 	return r;
 }
 

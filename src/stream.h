@@ -87,6 +87,9 @@ int sv_stream_detach(struct sv_stream *s);
 /* Does the kernel's socket alone answer for the stream from now on (TCP for
  * good, nothing held by libsovia)? Then the fd may be the kernel's. */
 bool sv_stream_kernel_only(struct sv_stream *s);
+/* The same as last seen by the stream, without its lock: once true it
+ * stays so; false may be late. */
+bool sv_stream_kernel_only_seen(const struct sv_stream *s);
 
 /* ---- Readiness: poll, select, epoll (stream_poll.c) -------------------------- */
 

@@ -98,6 +98,9 @@ bool sv_stream_may_switch(const struct sv_stream *s);
 /* TCP carries both directions for good and nothing of ours is in between:
  * fallback with no QP part, or back from the way back. */
 bool sv_stream_tcp_for_good(const struct sv_stream *s);
+/* ... and nothing read ahead is held either: then remember it
+ * (kernel_only, sv_stream_kernel_only_seen). */
+void sv_stream_note_kernel_only(struct sv_stream *s);
 
 /* Where a direction's next bytes go (or come from). Derived here and only
  * here, from the state, the core and the switch. */
@@ -275,6 +278,9 @@ struct sv_stream {
 	struct sv_watch *watch; /* the helper's, under its lock */
 
 	bool stats_printed;
+	/* Seen TCP for good with nothing held (sv_stream_note_kernel_only),
+	 * which it stays: read without the lock. */
+	atomic_bool kernel_only;
 	struct sv_stream_stats st;
 	struct sv_stream *next_all; /* every live stream (stream.c) */
 	bool exit_listed;           /* taken by the exit flush (under stream.c's list lock) */

@@ -114,6 +114,7 @@ void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to)
 			 sv_conn_state_name(from), sv_conn_state_name(to));
 	sv_dbg("fd %d: %s -> %s", s->fd, sv_conn_state_name(from), sv_conn_state_name(to));
 	s->state = to;
+	sv_stream_note_kernel_only(s);
 }
 
 /* What a fallback says of the peer, for its next connections (peers.h).
@@ -181,6 +182,17 @@ bool sv_stream_tcp_for_good(const struct sv_stream *s)
 	 * once no part of either direction is the QP's. */
 	return !s->proto || (sv_proto_tx_state(s->proto) == SV_TX_TCP && !s->sw.tx_held &&
 			     !sv_proto_rx_on_qp(s->proto));
+}
+
+void sv_stream_note_kernel_only(struct sv_stream *s)
+{
+	if (sv_stream_tcp_for_good(s) && !sv_stream_tcpbuf_held(s))
+		atomic_store_explicit(&s->kernel_only, true, memory_order_release);
+}
+
+bool sv_stream_kernel_only_seen(const struct sv_stream *s)
+{
+	return atomic_load_explicit(&s->kernel_only, memory_order_acquire);
 }
 
 enum sv_medium sv_stream_rx_medium(const struct sv_stream *s)

@@ -2,6 +2,7 @@
  * shutdown and the socket options that shape the protocol. */
 #include "stream_int.h"
 
+#include "guard.h"
 #include "iov.h"
 #include "log.h"
 #include "real.h"
@@ -228,8 +229,11 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	sv_lock(&s->lock);
 	s->wt.app_calls++;
 	if (sv_stream_tx_medium(s) == SV_MEDIUM_KERNEL && !s->cl.tx_shut) {
+		sv_stream_note_kernel_only(s);
 		sv_unlock(&s->lock);
+		int inside = sv_guard_suspend();
 		ssize_t n = SV_REAL(sendmsg)(s->fd, msg, flags);
+		sv_guard_resume(inside);
 		if (n > 0)
 			__atomic_fetch_add(&s->st.tcp_tx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
 		if (n < 0 && errno == EAGAIN)
