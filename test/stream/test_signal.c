@@ -162,7 +162,11 @@ struct reader {
 static void *reader_main(void *arg)
 {
 	struct reader *r = arg;
-	r->got = read(r->fd, r->buf, 5);
+	/* EINTR where some handler installed has no SA_RESTART (a
+	 * sanitizer's), as the kernel's read would. */
+	do
+		r->got = read(r->fd, r->buf, 5);
+	while (r->got < 0 && errno == EINTR);
 	return NULL;
 }
 
