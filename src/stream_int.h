@@ -99,7 +99,8 @@ bool sv_stream_may_switch(const struct sv_stream *s);
  * fallback with no QP part, or back from the way back. */
 bool sv_stream_tcp_for_good(const struct sv_stream *s);
 /* ... and nothing read ahead is held either: then remember it
- * (kernel_only, sv_stream_kernel_only_seen). */
+ * (kernel_only, sv_stream_kernel_only_seen). Where a call looks at the
+ * stream, never in the middle of a change. */
 void sv_stream_note_kernel_only(struct sv_stream *s);
 
 /* Where a direction's next bytes go (or come from). Derived here and only
@@ -278,8 +279,8 @@ struct sv_stream {
 	struct sv_watch *watch; /* the helper's, under its lock */
 
 	bool stats_printed;
-	/* Seen TCP for good with nothing held (sv_stream_note_kernel_only),
-	 * which it stays: read without the lock. */
+	/* A call saw it TCP for good with nothing held, which it stays
+	 * (sv_stream_note_kernel_only): read without the lock. */
 	atomic_bool kernel_only;
 	struct sv_stream_stats st;
 	struct sv_stream *next_all; /* every live stream (stream.c) */

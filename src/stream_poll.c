@@ -196,7 +196,8 @@ void sv_stream_marks(struct sv_stream *s, struct sv_marks *m)
 bool sv_stream_kernel_only(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
+	bool r = sv_stream_tcp_for_good(s) && !sv_stream_tcpbuf_held(s);
 	sv_stream_note_kernel_only(s);
 	sv_unlock(&s->lock);
-	return sv_stream_kernel_only_seen(s);
+	return r;
 }

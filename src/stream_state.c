@@ -114,7 +114,6 @@ void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to)
 			 sv_conn_state_name(from), sv_conn_state_name(to));
 	sv_dbg("fd %d: %s -> %s", s->fd, sv_conn_state_name(from), sv_conn_state_name(to));
 	s->state = to;
-	sv_stream_note_kernel_only(s);
 }
 
 /* What a fallback says of the peer, for its next connections (peers.h).
@@ -184,6 +183,9 @@ bool sv_stream_tcp_for_good(const struct sv_stream *s)
 			     !sv_proto_rx_on_qp(s->proto));
 }
 
+/* Called where a call looks at the stream, never in the middle of a
+ * change (a failed challenge falls back, then puts the would-be echo in
+ * front). */
 void sv_stream_note_kernel_only(struct sv_stream *s)
 {
 	if (sv_stream_tcp_for_good(s) && !sv_stream_tcpbuf_held(s))
