@@ -25,7 +25,9 @@
 static void changed(const char *call)
 {
 	int saved = errno;
+	sv_enter(); /* the helper's lock: a signal handler must not wait for it */
 	sv_helper_creds_changed(call);
+	sv_leave();
 	errno = saved;
 }
 

@@ -1,8 +1,8 @@
 /* Descriptor calls on a stream: dup, dup2, dup3 and fcntl(F_DUPFD*) make
  * every copy the same stream, which lives until the last copy is closed
  * (src/stream_close.c); fcntl(F_SETFL) and ioctl(FIONBIO) tell the stream
- * its mode may have changed; ioctl(FIONREAD/SIOCINQ) counts what libsovia
- * holds as well. Other fcntl and ioctl requests go to the kernel
+ * its mode may have changed; ioctl(FIONREAD/SIOCINQ, SIOCOUTQ) counts what
+ * libsovia holds as well. Other fcntl and ioctl requests go to the kernel
  * unchanged. */
 #include "preload.h"
 #include "real.h"
@@ -63,8 +63,10 @@ static void dup_target(int fd, int fd2)
 {
 	if (fd == fd2 || sv_passthrough() || fcntl(fd, F_GETFD) < 0)
 		return; /* an invalid fd leaves fd2 alone */
+	sv_enter();
 	sv_epoll_on_close(fd2);
 	struct sv_fd *f = sv_fd_remove(fd2);
+	sv_leave();
 	if (!f)
 		return;
 	int saved = errno;
@@ -73,14 +75,28 @@ static void dup_target(int fd, int fd2)
 	errno = saved;
 }
 
+/* From inside libsovia (reentry.c), a copy of a connection libsovia
+ * serves, or one onto an fd it keeps anything for (fd2 >= 0), needs its
+ * table. */
+static bool dup_refused(int fd, int fd2)
+{
+	return sv_reentered() &&
+	       (sv_fd_claimed(fd, SV_MARK_SERVED) ||
+		(fd2 >= 0 && fd2 != fd && sv_fd_claimed(fd2, SV_CLAIM_ANY)));
+}
+
 SV_EXPORT int dup(int fd)
 {
+	if (dup_refused(fd, -1))
+		return sv_refuse(fd, "dup", EBUSY);
 	struct sv_fd *f = share_begin(fd);
 	return share_end(f, fd, SV_REAL(dup)(fd));
 }
 
 SV_EXPORT int dup2(int fd, int fd2)
 {
+	if (dup_refused(fd, fd2))
+		return sv_refuse(fd, "dup2", EBUSY);
 	struct sv_fd *f = share_begin(fd);
 	dup_target(fd, fd2);
 	return share_end(f, fd, SV_REAL(dup2)(fd, fd2));
@@ -88,6 +104,8 @@ SV_EXPORT int dup2(int fd, int fd2)
 
 SV_EXPORT int dup3(int fd, int fd2, int flags)
 {
+	if (dup_refused(fd, fd2))
+		return sv_refuse(fd, "dup3", EBUSY);
 	struct sv_fd *f = share_begin(fd);
 	dup_target(fd, fd2);
 	return share_end(f, fd, SV_REAL(dup3)(fd, fd2, flags));
@@ -120,6 +138,8 @@ static int fcntl_common(int (*real)(int, int, ...), int fd, int cmd, void *arg)
 		return mode_call_done(fd, real(fd, cmd, arg));
 	if (cmd != F_DUPFD && cmd != F_DUPFD_CLOEXEC)
 		return real(fd, cmd, arg);
+	if (dup_refused(fd, -1))
+		return sv_refuse(fd, "fcntl", EBUSY);
 	struct sv_fd *f = share_begin(fd);
 	return share_end(f, fd, real(fd, cmd, arg));
 }
@@ -142,7 +162,8 @@ SV_EXPORT int fcntl64(int fd, int cmd, ...)
 	return fcntl_common(SV_REAL(fcntl64), fd, cmd, arg);
 }
 
-/* FIONREAD/SIOCINQ count what libsovia holds as well. */
+/* FIONREAD/SIOCINQ count what libsovia holds as well, SIOCOUTQ (TIOCOUTQ)
+ * what it holds or has in flight of the application's writes. */
 SV_EXPORT int ioctl(int fd, unsigned long req, ...)
 {
 	va_list ap;
@@ -151,15 +172,19 @@ SV_EXPORT int ioctl(int fd, unsigned long req, ...)
 	va_end(ap);
 	if (req == FIONBIO && !sv_passthrough())
 		return mode_call_done(fd, SV_REAL(ioctl)(fd, req, arg));
-	if (sv_passthrough() || (req != FIONREAD && req != SIOCINQ))
+	bool counts = req == FIONREAD || req == SIOCINQ || req == SIOCOUTQ;
+	if (counts && sv_reentered() && sv_fd_claimed(fd, SV_MARK_SERVED))
+		return sv_refuse(fd, "ioctl", EBUSY); /* libsovia's counts need its lock */
+	if (sv_passthrough() || !counts)
 		return SV_REAL(ioctl)(fd, req, arg);
 	struct sv_fd *f = sv_fd_get(fd);
-	if (!f || !f->ops->inq) {
+	long (*count)(struct sv_fd *) = !f ? NULL : req == SIOCOUTQ ? f->ops->outq : f->ops->inq;
+	if (!count) {
 		sv_fd_put(f);
 		return SV_REAL(ioctl)(fd, req, arg);
 	}
 	int saved = errno;
-	long r = f->ops->inq(f);
+	long r = count(f);
 	sv_fd_put(f);
 	if (r >= 0 && arg)
 		*(int *)arg = r > INT_MAX ? INT_MAX : (int)r;

@@ -162,6 +162,13 @@ struct sv_ep *sv_ep_get(int epfd, bool create)
 	return ep;
 }
 
+/* Calls from inside libsovia learn without a lock that the set has
+ * entries of ours (fdtable.h's marks). Under ep->lock. */
+static void ep_mark(const struct sv_ep *ep)
+{
+	sv_fd_set_mark(ep->epfd, SV_MARK_EPOLL, ep->n ? SV_MARK_EPOLL : 0);
+}
+
 static struct ep_entry *ep_find(struct sv_ep *ep, int fd)
 {
 	return fd >= 0 && fd < ep->byfd_cap ? ep->byfd[fd] : NULL;
@@ -221,6 +228,7 @@ static void ep_unlink(struct sv_ep *ep, struct ep_entry *e)
 			e->dead = true;
 			ep->byfd[e->fd] = NULL;
 			ep->n--;
+			ep_mark(ep);
 			sv_ep_entry_put(e);
 			return;
 		}
@@ -295,6 +303,7 @@ void sv_epoll_on_close(int fd)
 	if (ep) {
 		eps[fd] = NULL;
 		atomic_fetch_sub(&neps, 1);
+		sv_fd_set_mark(fd, SV_MARK_EPOLL, 0);
 	}
 	sv_unlock(&eps_lock);
 	sv_ep_put(ep); /* the table's reference */
@@ -322,6 +331,7 @@ void sv_epoll_atfork_child(void)
 		}
 		ep->head = NULL;
 		ep->n = 0;
+		ep_mark(ep);
 		if (ep->byfd)
 			memset(ep->byfd, 0, (size_t)ep->byfd_cap * sizeof(*ep->byfd));
 		ep->tcp = NULL;
@@ -357,6 +367,7 @@ static int ctl_shadow(struct sv_ep *ep, int op, int fd, struct sv_fd *f,
 		ep->head = e;
 		ep->byfd[fd] = e;
 		ep->n++;
+		ep_mark(ep);
 		e->hw = (struct sv_hub_watch){.fn = entry_fire, .arg = e};
 		sv_hub_attach(f->ops->wait->node(f), &e->hw);
 		sv_ep_ready_push(ep, e); /* the next wait judges it */
@@ -380,10 +391,9 @@ static int ctl_shadow(struct sv_ep *ep, int op, int fd, struct sv_fd *f,
 	}
 }
 
-SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+/* epoll_ctl for the application (inside libsovia: its locks). */
+static int ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
-	if (sv_passthrough())
-		return SV_REAL(epoll_ctl)(epfd, op, fd, ev);
 	int saved = errno;
 	struct sv_ep *ep = sv_ep_get(epfd, false);
 	if (ep) {
@@ -441,4 +451,19 @@ SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 put_f:
 	sv_fd_put(f);
 	return (int)sv_ret(r, saved);
+}
+
+SV_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	/* From inside libsovia (reentry.c): neither the set's shadow nor the
+	 * fd's entry can be looked at. */
+	if (sv_reentered() &&
+	    (sv_fd_claimed(fd, SV_CLAIM_ANY) || sv_fd_claimed(epfd, SV_MARK_EPOLL)))
+		return sv_refuse(fd, "epoll_ctl", EBUSY);
+	if (sv_passthrough())
+		return SV_REAL(epoll_ctl)(epfd, op, fd, ev);
+	sv_enter(); /* the shadows' locks: a signal handler must not wait for them */
+	int r = ctl(epfd, op, fd, ev);
+	sv_leave();
+	return r;
 }

@@ -322,20 +322,21 @@ static int wait_common(int epfd, struct epoll_event *evs, int max, int timeout_m
 		       const sigset_t *mask, bool *served)
 {
 	*served = false;
+	if (sv_reentered() && sv_fd_claimed(epfd, SV_MARK_EPOLL)) {
+		*served = true; /* its entries cannot be judged from there (reentry.c) */
+		return sv_refuse(epfd, "epoll_wait", EBUSY);
+	}
 	if (sv_passthrough())
 		return -1;
-	struct sv_ep *ep = sv_ep_get(epfd, false);
-	if (!ep)
-		return -1;
 	int saved = errno;
+	sv_enter(); /* the shadows' locks: a signal handler must not wait for them */
+	struct sv_ep *ep = sv_ep_get(epfd, false);
 	int r = -EINVAL;
-	bool empty = false;
-	if (max > 0) {
-		sv_enter();
+	bool empty = !ep;
+	if (ep && max > 0)
 		r = ep_wait(ep, evs, max, timeout_ms, mask, &empty);
-		sv_leave();
-	}
 	sv_ep_put(ep);
+	sv_leave();
 	if (empty)
 		return -1;
 	*served = true;

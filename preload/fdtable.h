@@ -80,6 +80,8 @@ struct sv_fd_ops {
 	bool (*add_copy)(struct sv_fd *f, int nfd);
 	/* FIONREAD: the bytes readable now. */
 	long (*inq)(struct sv_fd *f);
+	/* SIOCOUTQ: the bytes written that the peer is not known to have. */
+	long (*outq)(struct sv_fd *f);
 	/* fcntl(F_SETFL) or ioctl(FIONBIO) may have changed its mode. */
 	void (*mode_changed)(struct sv_fd *f);
 	/* In a fork's child: the entry is the parent's (never released here). */
@@ -126,5 +128,34 @@ struct sv_fd *sv_fd_remove(int fd);
 
 /* In a fork's child: the stripes as new. */
 void sv_fdtable_atfork_child(void);
+
+/* ---- Without a lock -------------------------------------------------------
+ *
+ * A call that reaches a wrapper while its thread is inside libsovia
+ * (guard.h) can only come from a signal handler that interrupted it: the
+ * libraries libsovia calls never touch the application's sockets. It must
+ * not take a lock (the thread it interrupted may hold it), so it learns
+ * what libsovia answers for at fd from these marks, read and written
+ * atomically, async-signal-safe. */
+enum {
+	/* An accelerated connection whose bytes libsovia may hold: the entry
+	 * has a detach op (a stream), until the connection is known to be
+	 * the kernel's socket alone (sv_fd_unserve). Kept by the table. */
+	SV_MARK_SERVED = 1,
+	/* An epoll set with entries libsovia answers for (preload/epoll.c). */
+	SV_MARK_EPOLL = 2,
+	/* fd has an entry (any ops): set by sv_fd_marks from the slot. */
+	SV_MARK_MANAGED = 4,
+};
+unsigned sv_fd_marks(int fd);
+/* Set (value has the bit) or clear the bits `mark` of fd's marks. */
+void sv_fd_set_mark(int fd, unsigned mark, unsigned value);
+/* f's connection is plain TCP for good, nothing of it held by libsovia:
+ * if f is still fd's entry, its fd is not SERVED any more. */
+void sv_fd_unserve(struct sv_fd *f);
+
+/* Tests only: called inside every lookup of a managed fd, with the fd's
+ * stripe held (a signal raised there interrupts a lookup). NULL in use. */
+extern void (*sv_fdtable_test_held)(int fd);
 
 #endif

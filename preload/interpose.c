@@ -221,11 +221,24 @@ static ssize_t send_common(struct sv_fd *f, const struct msghdr *msg, int flags)
 
 #define SV_MSG(iovp, iovcnt) {.msg_iov = (struct iovec *)(iovp), .msg_iovlen = (size_t)(iovcnt)}
 
+/* The entry f of fd for a call, or the call ends here: refused from
+ * inside libsovia with err (reentry.c), or straight to libc with `real`.
+ * The calls that move bytes are refused with EAGAIN. */
+#define FD_ENTRY(f, fd, name, err, real)                                                    \
+	struct sv_fd *f;                                                                    \
+	do {                                                                                \
+		bool refused_;                                                              \
+		f = sv_fd_for_call(fd, &refused_);                                          \
+		if (refused_)                                                               \
+			return sv_refuse(fd, name, err);                                    \
+		if (!f)                                                                     \
+			return real;                                                        \
+	} while (0)
+#define DATA_ENTRY(f, fd, name, real) FD_ENTRY(f, fd, name, EAGAIN, real)
+
 SV_EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(read)(fd, buf, n);
+	DATA_ENTRY(f, fd, "read", SV_REAL(read)(fd, buf, n));
 	struct iovec iov = {buf, n};
 	struct msghdr msg = SV_MSG(&iov, 1);
 	return recv_common(f, &msg, 0);
@@ -233,9 +246,7 @@ SV_EXPORT ssize_t read(int fd, void *buf, size_t n)
 
 SV_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(readv)(fd, iov, iovcnt);
+	DATA_ENTRY(f, fd, "readv", SV_REAL(readv)(fd, iov, iovcnt));
 	if (iovcnt < 0) {
 		sv_fd_put(f);
 		errno = EINVAL;
@@ -247,9 +258,7 @@ SV_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
 
 SV_EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(recv)(fd, buf, n, flags);
+	DATA_ENTRY(f, fd, "recv", SV_REAL(recv)(fd, buf, n, flags));
 	struct iovec iov = {buf, n};
 	struct msghdr msg = SV_MSG(&iov, 1);
 	return recv_common(f, &msg, flags);
@@ -258,9 +267,7 @@ SV_EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 SV_EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *from,
 			   socklen_t *fromlen)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(recvfrom)(fd, buf, n, flags, from, fromlen);
+	DATA_ENTRY(f, fd, "recvfrom", SV_REAL(recvfrom)(fd, buf, n, flags, from, fromlen));
 	struct iovec iov = {buf, n};
 	struct msghdr msg = SV_MSG(&iov, 1);
 	msg.msg_name = from;
@@ -273,17 +280,13 @@ SV_EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockad
 
 SV_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(recvmsg)(fd, msg, flags);
+	DATA_ENTRY(f, fd, "recvmsg", SV_REAL(recvmsg)(fd, msg, flags));
 	return recv_common(f, msg, flags);
 }
 
 SV_EXPORT ssize_t write(int fd, const void *buf, size_t n)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(write)(fd, buf, n);
+	DATA_ENTRY(f, fd, "write", SV_REAL(write)(fd, buf, n));
 	struct iovec iov = {(void *)buf, n};
 	struct msghdr msg = SV_MSG(&iov, 1);
 	return send_common(f, &msg, 0);
@@ -291,9 +294,7 @@ SV_EXPORT ssize_t write(int fd, const void *buf, size_t n)
 
 SV_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(writev)(fd, iov, iovcnt);
+	DATA_ENTRY(f, fd, "writev", SV_REAL(writev)(fd, iov, iovcnt));
 	if (iovcnt < 0) {
 		sv_fd_put(f);
 		errno = EINVAL;
@@ -305,9 +306,7 @@ SV_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 
 SV_EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(send)(fd, buf, n, flags);
+	DATA_ENTRY(f, fd, "send", SV_REAL(send)(fd, buf, n, flags));
 	struct iovec iov = {(void *)buf, n};
 	struct msghdr msg = SV_MSG(&iov, 1);
 	return send_common(f, &msg, flags);
@@ -316,9 +315,7 @@ SV_EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags)
 SV_EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags,
 			 const struct sockaddr *to, socklen_t tolen)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(sendto)(fd, buf, n, flags, to, tolen);
+	DATA_ENTRY(f, fd, "sendto", SV_REAL(sendto)(fd, buf, n, flags, to, tolen));
 	struct iovec iov = {(void *)buf, n};
 	struct msghdr msg = SV_MSG(&iov, 1);
 	msg.msg_name = (void *)to;
@@ -328,9 +325,9 @@ SV_EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags,
 
 SV_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(sendmsg)(fd, msg, flags);
+	if (!sv_fd_detach_passed(msg))
+		return sv_refuse(fd, "sendmsg", EAGAIN);
+	DATA_ENTRY(f, fd, "sendmsg", SV_REAL(sendmsg)(fd, msg, flags));
 	return send_common(f, msg, flags);
 }
 
@@ -365,8 +362,12 @@ SV_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t n, size_t buflen, int
 
 SV_EXPORT int close(int fd)
 {
+	/* From inside libsovia: a library it called closes its own; a signal
+	 * handler cannot take an fd libsovia keeps anything for from there. */
+	if (sv_reentered() && sv_fd_claimed(fd, SV_CLAIM_ANY))
+		return sv_refuse(fd, "close", EBUSY);
 	if (sv_passthrough()) {
-		sv_ownfd_del(fd); /* a library libsovia called closes its own */
+		sv_ownfd_del(fd);
 		return SV_REAL(close)(fd);
 	}
 	if (sv_ownfd_is(fd)) {
@@ -375,8 +376,10 @@ SV_EXPORT int close(int fd)
 		errno = EBADF;
 		return -1;
 	}
+	sv_enter();
 	sv_epoll_on_close(fd);
 	struct sv_fd *f = sv_fd_remove(fd);
+	sv_leave();
 	if (!f)
 		return SV_REAL(close)(fd);
 	int saved = errno;
@@ -388,16 +391,19 @@ SV_EXPORT int close(int fd)
 /* close_range and closefrom close every number in a range: the application's
  * managed fds go through close() (their table entries and connections end
  * with them), libsovia's own are left out, and the kernel closes the rest
- * in as few calls as the gaps between those allow. */
+ * in as few calls as the gaps between those allow. From a signal handler
+ * that interrupted libsovia, the managed ones stay open (reentry.c):
+ * EBUSY once the rest is closed. */
 
 SV_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
-	if (sv_passthrough())
+	if (!atomic_load_explicit(&sv_initialised, memory_order_acquire))
 		return SV_REAL(close_range)(first, last, flags);
 	if (first > last) {
 		errno = EINVAL;
 		return -1;
 	}
+	bool inside = sv_tls_inside != 0, busy = false;
 	int saved = errno;
 	int own[SV_OWNFD_SLOTS];
 	int nown = sv_ownfd_in(first, last, own, SV_OWNFD_SLOTS), oi = 0;
@@ -413,8 +419,10 @@ SV_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 			fd = (unsigned)own[oi]; /* past the table: on to the next of ours */
 		}
 		bool is_own = oi < nown && (unsigned)own[oi] == fd;
-		struct sv_fd *f = is_own ? NULL : sv_fd_get((int)fd);
-		if (!is_own && !f)
+		struct sv_fd *f = NULL;
+		bool managed = !is_own && (inside ? sv_fd_claimed((int)fd, SV_CLAIM_ANY)
+						  : (f = sv_fd_get((int)fd)) != NULL);
+		if (!is_own && !managed)
 			continue;
 		if (fd > lo && SV_REAL(close_range)(lo, fd - 1, flags) < 0) {
 			if (f)
@@ -429,23 +437,27 @@ SV_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 		sv_fd_put(f);
 		if (flags & CLOSE_RANGE_CLOEXEC)
 			SV_REAL(close_range)(fd, fd, flags);
+		else if (inside)
+			busy = true;
 		else
 			close((int)fd);
 	}
 	if (lo <= last && SV_REAL(close_range)(lo, last, flags) < 0)
 		return -1;
+	if (busy)
+		return sv_refuse((int)first, "close_range", EBUSY);
 	errno = saved;
 	return 0;
 }
 
 SV_EXPORT void closefrom(int lowfd)
 {
-	if (sv_passthrough()) {
+	if (!atomic_load_explicit(&sv_initialised, memory_order_acquire)) {
 		SV_REAL(closefrom)(lowfd);
 		return;
 	}
 	int saved = errno;
-	if (close_range(lowfd < 0 ? 0 : (unsigned)lowfd, ~0U, 0) < 0) {
+	if (close_range(lowfd < 0 ? 0 : (unsigned)lowfd, ~0U, 0) < 0 && errno != EBUSY) {
 		/* No close_range in this kernel: one by one, as glibc's own
 		 * fallback does, through close(). */
 		int n = sv_fdtable_size();
@@ -457,9 +469,7 @@ SV_EXPORT void closefrom(int lowfd)
 
 SV_EXPORT int shutdown(int fd, int how)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(shutdown)(fd, how);
+	FD_ENTRY(f, fd, "shutdown", EBUSY, SV_REAL(shutdown)(fd, how));
 	int saved = errno;
 	int r = f->ops->shutdown(f, how);
 	sv_fd_put(f);
@@ -468,9 +478,7 @@ SV_EXPORT int shutdown(int fd, int how)
 
 SV_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(setsockopt)(fd, level, name, val, len);
+	FD_ENTRY(f, fd, "setsockopt", EBUSY, SV_REAL(setsockopt)(fd, level, name, val, len));
 	int saved = errno;
 	int r = f->ops->setsockopt(f, level, name, val, len);
 	sv_fd_put(f);
@@ -479,9 +487,7 @@ SV_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t
 
 SV_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f)
-		return SV_REAL(getsockopt)(fd, level, name, val, len);
+	FD_ENTRY(f, fd, "getsockopt", EBUSY, SV_REAL(getsockopt)(fd, level, name, val, len));
 	int saved = errno;
 	int r = f->ops->getsockopt(f, level, name, val, len);
 	sv_fd_put(f);
@@ -493,8 +499,8 @@ SV_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 SV_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
 		       struct timespec *timeout)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f || !f->ops->wait) {
+	DATA_ENTRY(f, fd, "recvmmsg", SV_REAL(recvmmsg)(fd, v, n, flags, timeout));
+	if (!f->ops->wait) {
 		sv_fd_put(f);
 		return SV_REAL(recvmmsg)(fd, v, n, flags, timeout);
 	}
@@ -518,8 +524,11 @@ SV_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
 
 SV_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 {
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	if (!f || !f->ops->wait) {
+	for (unsigned int i = 0; v && i < n; i++)
+		if (!sv_fd_detach_passed(&v[i].msg_hdr))
+			return sv_refuse(fd, "sendmmsg", EAGAIN);
+	DATA_ENTRY(f, fd, "sendmmsg", SV_REAL(sendmmsg)(fd, v, n, flags));
+	if (!f->ops->wait) {
 		sv_fd_put(f);
 		return SV_REAL(sendmmsg)(fd, v, n, flags);
 	}

@@ -39,6 +39,26 @@ static bool any_stream(struct pollfd *fds, nfds_t n)
 	return false;
 }
 
+/* From inside libsovia (reentry.c): a connection libsovia serves among
+ * them cannot be judged without its lock. */
+static bool served_among(const struct pollfd *fds, nfds_t n)
+{
+	for (nfds_t i = 0; i < n; i++)
+		if (sv_fd_claimed(fds[i].fd, SV_MARK_SERVED))
+			return true;
+	return false;
+}
+
+static bool served_in_sets(int n, const fd_set *rd, const fd_set *wr, const fd_set *ex)
+{
+	for (int fd = 0; fd < n && fd < FD_SETSIZE; fd++)
+		if (((rd && FD_ISSET(fd, rd)) || (wr && FD_ISSET(fd, wr)) ||
+		     (ex && FD_ISSET(fd, ex))) &&
+		    sv_fd_claimed(fd, SV_MARK_SERVED))
+			return true;
+	return false;
+}
+
 /* One fd of a call of sv_poll_mixed. */
 struct mixed_ent {
 	struct sv_fd *f; /* libsovia answers for it (a reference), or NULL */
@@ -262,6 +282,8 @@ int sv_poll_mixed(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *
 
 SV_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
+	if (sv_reentered() && served_among(fds, n))
+		return sv_refuse(fds[0].fd, "poll", EBUSY);
 	if (sv_passthrough() || !any_stream(fds, n))
 		return SV_REAL(poll)(fds, n, timeout);
 	int saved = errno;
@@ -273,6 +295,8 @@ SV_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 
 SV_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)
 {
+	if (sv_reentered() && served_among(fds, n))
+		return sv_refuse(fds[0].fd, "ppoll", EBUSY);
 	if (sv_passthrough() || !any_stream(fds, n))
 		return SV_REAL(ppoll)(fds, n, ts, mask);
 	int timeout = -1;
@@ -396,6 +420,8 @@ static int64_t tv_ms(const struct timeval *tv)
 
 SV_EXPORT int select(int n, fd_set *rd, fd_set *wr, fd_set *ex, struct timeval *tv)
 {
+	if (sv_reentered() && served_in_sets(n, rd, wr, ex))
+		return sv_refuse(-1, "select", EBUSY);
 	if (sv_passthrough())
 		return SV_REAL(select)(n, rd, wr, ex, tv);
 	int saved = errno;
@@ -412,6 +438,8 @@ SV_EXPORT int select(int n, fd_set *rd, fd_set *wr, fd_set *ex, struct timeval *
 SV_EXPORT int pselect(int n, fd_set *rd, fd_set *wr, fd_set *ex, const struct timespec *ts,
 		      const sigset_t *mask)
 {
+	if (sv_reentered() && served_in_sets(n, rd, wr, ex))
+		return sv_refuse(-1, "pselect", EBUSY);
 	if (sv_passthrough())
 		return SV_REAL(pselect)(n, rd, wr, ex, ts, mask);
 	int saved = errno;

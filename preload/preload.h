@@ -19,6 +19,37 @@ static inline bool sv_passthrough(void)
 	return !atomic_load_explicit(&sv_initialised, memory_order_acquire) || sv_tls_inside;
 }
 
+/* ---- Calls from inside libsovia (reentry.c) --------------------------------
+ *
+ * A call that reaches a wrapper while its thread is inside libsovia comes
+ * from a library libsovia called, on that library's own fds, or from a
+ * signal handler that interrupted the thread in libsovia's code: it then
+ * takes no lock and touches nothing of libsovia's (the thread may hold
+ * any of it). On an fd libsovia has nothing of it goes to the kernel; on
+ * one it serves it is refused (sv_refuse). */
+static inline bool sv_reentered(void)
+{
+	return sv_tls_inside && atomic_load_explicit(&sv_initialised, memory_order_acquire);
+}
+
+/* Does fd have anything of libsovia's that a call from inside cannot use
+ * (fdtable.h's marks)? */
+static inline bool sv_fd_claimed(int fd, unsigned marks)
+{
+	return (sv_fd_marks(fd) & marks) != 0;
+}
+#define SV_CLAIM_ANY (SV_MARK_SERVED | SV_MARK_EPOLL | SV_MARK_MANAGED)
+
+/* fd's entry for one of the application's calls (a reference), or NULL
+ * when the call goes straight to libc: libsovia not set up, fd not
+ * managed, or a call from inside on an fd libsovia does not serve. From
+ * inside on one it serves: NULL with *refused set. */
+struct sv_fd *sv_fd_for_call(int fd, bool *refused);
+/* Refuse `call` on fd from inside libsovia: errno = err (EAGAIN for the
+ * calls that move bytes, EBUSY for the others), -1. The first refusal of
+ * each kind says why on stderr. */
+int sv_refuse(int fd, const char *call, int err);
+
 /* Convert an internal result (>= 0 or -errno) to the libc convention. On
  * success errno is restored to what the caller had. */
 static inline long sv_ret(long r, int saved_errno)
@@ -34,6 +65,13 @@ static inline long sv_ret(long r, int saved_errno)
 /* fd's connection goes back to plain TCP (if libsovia serves it), and its
  * entry becomes the kernel's (unserved.c). */
 void sv_fd_detach(int fd);
+/* The same for every fd msg passes to another process (SCM_RIGHTS): the
+ * receiver gets the kernel's socket, which must then be the whole
+ * connection (unserved.c). Keeps errno. False, with nothing done, when the
+ * call comes from inside libsovia and passes a connection libsovia
+ * serves: the call is to be refused. */
+struct msghdr;
+bool sv_fd_detach_passed(const struct msghdr *msg);
 
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);

@@ -13,6 +13,8 @@
 #include "wait.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <string.h>
 
 static struct sv_stream *stream_of(struct sv_fd *f)
@@ -22,19 +24,32 @@ static struct sv_stream *stream_of(struct sv_fd *f)
 
 /* ---- Connected streams -------------------------------------------------- */
 
+/* A connection that became the kernel's socket alone (a fallback) is not
+ * SERVED any more: a signal handler's call on it, from inside libsovia,
+ * then goes to the kernel (reentry.c). Told by the calls that see it. */
+static void note_plain(struct sv_fd *f)
+{
+	if (sv_stream_kernel_only_seen(stream_of(f)))
+		sv_fd_unserve(f);
+}
+
 static ssize_t st_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
 {
+	note_plain(f);
 	sv_enter();
 	long r = sv_stream_recvmsg(stream_of(f), msg, flags);
 	sv_leave();
+	note_plain(f);
 	return r;
 }
 
 static ssize_t st_sendmsg(struct sv_fd *f, const struct msghdr *msg, int flags)
 {
+	note_plain(f);
 	sv_enter();
 	long r = sv_stream_sendmsg(stream_of(f), msg, flags);
 	sv_leave();
+	note_plain(f);
 	return r;
 }
 
@@ -56,8 +71,29 @@ static int st_setsockopt(struct sv_fd *f, int level, int name, const void *val, 
 
 static int st_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len)
 {
-	/* Options are read from the kernel's socket, which gets every one. */
-	return sv_kernel_ops.getsockopt(f, level, name, val, len);
+	/* The connection's error: libsovia's first (a reset over the QP, a
+	 * failed resume), as the kernel reports a pending one, then the
+	 * kernel's. */
+	if (level == SOL_SOCKET && name == SO_ERROR && val && len &&
+	    *len >= (socklen_t)sizeof(int)) {
+		sv_enter();
+		int err = -sv_stream_take_error(stream_of(f));
+		sv_leave();
+		if (err) {
+			memcpy(val, &err, sizeof(err));
+			*len = sizeof(err);
+			return 0;
+		}
+	}
+	/* Options are read from the kernel's socket, which gets every one;
+	 * TCP_INFO is corrected where the QP carries the connection. */
+	int r = sv_kernel_ops.getsockopt(f, level, name, val, len);
+	if (r == 0 && level == IPPROTO_TCP && name == TCP_INFO && val && len) {
+		sv_enter();
+		sv_stream_tcp_info(stream_of(f), val, *len);
+		sv_leave();
+	}
+	return r;
 }
 
 static int st_close(struct sv_fd *f)
@@ -80,9 +116,9 @@ static int st_detach(struct sv_fd *f)
 	sv_enter();
 	sv_dbg("fd %d: going back to plain TCP", f->fd);
 	int r = sv_stream_detach(stream_of(f));
-	sv_leave();
 	if (r == 0)
 		sv_fd_make_plain_all(f->priv);
+	sv_leave();
 	return r;
 }
 
@@ -134,6 +170,14 @@ static long st_inq(struct sv_fd *f)
 	return r;
 }
 
+static long st_outq(struct sv_fd *f)
+{
+	sv_enter();
+	long r = sv_stream_outq(stream_of(f));
+	sv_leave();
+	return r;
+}
+
 static void st_mode_changed(struct sv_fd *f)
 {
 	sv_stream_mode_changed(stream_of(f));
@@ -156,6 +200,7 @@ void sv_ours_atfork_child(struct sv_fd *f)
 static void w_split(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen)
 {
 	sv_stream_poll_split(stream_of(f), events, own, kernel, gen);
+	note_plain(f);
 }
 
 static short w_recheck(struct sv_fd *f, short events, short rev)
@@ -209,6 +254,7 @@ static bool w_kernel_only(struct sv_fd *f)
 	sv_enter();
 	bool r = sv_stream_kernel_only(stream_of(f));
 	sv_leave();
+	note_plain(f);
 	return r;
 }
 
@@ -239,6 +285,7 @@ static const struct sv_fd_ops sv_stream_ops = {
 	.share = st_share,
 	.add_copy = st_add_copy,
 	.inq = st_inq,
+	.outq = st_outq,
 	.mode_changed = st_mode_changed,
 	.atfork_child = sv_ours_atfork_child,
 	.wait = &stream_wait_ops,

@@ -7,6 +7,7 @@
  * kernel's socket under libsovia's feet, and the peer would never get the
  * end of the data). fileno() and fileno_unlocked() give such a FILE's fd,
  * as they do for any fdopen'ed FILE. */
+#include "guard.h"
 #include "lock.h"
 #include "preload.h"
 #include "real.h"
@@ -53,10 +54,24 @@ static ssize_t cookie_write(void *c, const char *buf, size_t n)
 	return (ssize_t)done;
 }
 
+/* The list's lock is taken inside libsovia (guard.h): a signal handler
+ * that interrupts its holder does not wait for it. */
+static void cookies_take(void)
+{
+	sv_enter();
+	sv_lock(&cookies_lock);
+}
+
+static void cookies_give(void)
+{
+	sv_unlock(&cookies_lock);
+	sv_leave();
+}
+
 static int cookie_close(void *arg)
 {
 	struct cookie *c = arg;
-	sv_lock(&cookies_lock);
+	cookies_take();
 	for (struct cookie **pp = &cookies; *pp; pp = &(*pp)->next) {
 		if (*pp == c) {
 			*pp = c->next;
@@ -64,7 +79,7 @@ static int cookie_close(void *arg)
 			break;
 		}
 	}
-	sv_unlock(&cookies_lock);
+	cookies_give();
 	int r = close(c->fd);
 	free(c);
 	return r;
@@ -72,6 +87,11 @@ static int cookie_close(void *arg)
 
 SV_EXPORT FILE *fdopen(int fd, const char *mode)
 {
+	if (sv_reentered() && sv_fd_claimed(fd, SV_MARK_SERVED | SV_MARK_MANAGED)) {
+		/* A FILE of glibc's own would go past libsovia (reentry.c). */
+		sv_refuse(fd, "fdopen", EBUSY);
+		return NULL;
+	}
 	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
 	bool ours = f && f->ops->stdio_cookie;
 	sv_fd_put(f);
@@ -92,28 +112,29 @@ SV_EXPORT FILE *fdopen(int fd, const char *mode)
 		free(c);
 		return NULL;
 	}
-	sv_lock(&cookies_lock);
+	cookies_take();
 	c->next = cookies;
 	cookies = c;
 	atomic_fetch_add(&ncookies, 1);
-	sv_unlock(&cookies_lock);
+	cookies_give();
 	return c->fp;
 }
 
-/* The fd of a FILE made here, or -1. */
+/* The fd of a FILE made here, or -1 (also from inside libsovia, where
+ * the list cannot be looked at: glibc's fileno then says EBADF). */
 static int cookie_fd(FILE *fp)
 {
-	if (atomic_load(&ncookies) == 0)
+	if (atomic_load(&ncookies) == 0 || sv_reentered())
 		return -1;
 	int fd = -1;
-	sv_lock(&cookies_lock);
+	cookies_take();
 	for (struct cookie *c = cookies; c; c = c->next) {
 		if (c->fp == fp) {
 			fd = c->fd;
 			break;
 		}
 	}
-	sv_unlock(&cookies_lock);
+	cookies_give();
 	return fd;
 }
 

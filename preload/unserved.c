@@ -7,7 +7,12 @@
  *   fork, vfork            every accelerated connection, before the fork
  *   exec*, fexecve         those that survive the exec (no FD_CLOEXEC)
  *   posix_spawn[p]         every one (file actions may hand any fd over)
- *   sendfile, splice       the socket(s) involved */
+ *   system, popen          those that survive into the shell (no
+ *                          FD_CLOEXEC): glibc spawns it with its internal
+ *                          posix_spawn, past the interposed one
+ *   sendfile, splice       the socket(s) involved
+ *   sendmsg, sendmmsg      every socket passed in SCM_RIGHTS (the receiver
+ *                          gets the kernel's socket) */
 #include "log.h"
 #include "preload.h"
 #include "real.h"
@@ -17,7 +22,9 @@
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/sendfile.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* ---- Going back to plain TCP ---------------------------------------------- */
@@ -28,6 +35,45 @@ void sv_fd_detach(int fd)
 	if (f && f->ops->detach)
 		f->ops->detach(f);
 	sv_fd_put(f);
+}
+
+/* Each fd msg passes in its SCM_RIGHTS control messages (as the kernel
+ * will read them: never past msg_controllen) goes back to plain TCP; from
+ * inside libsovia none can (reentry.c), and false when one is a
+ * connection libsovia serves. */
+static bool detach_rights(const struct msghdr *msg, bool inside)
+{
+	struct msghdr *m = (struct msghdr *)msg; /* CMSG_NXTHDR's argument is not const */
+	const unsigned char *end = (const unsigned char *)m->msg_control + m->msg_controllen;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
+		    c->cmsg_len < CMSG_LEN(0))
+			continue;
+		const unsigned char *data = CMSG_DATA(c);
+		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		if (data + n * sizeof(int) > end)
+			n = (size_t)(end - data) / sizeof(int);
+		for (size_t i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, data + i * sizeof(int), sizeof(fd));
+			if (!inside)
+				sv_fd_detach(fd);
+			else if (sv_fd_claimed(fd, SV_MARK_SERVED))
+				return false;
+		}
+	}
+	return true;
+}
+
+bool sv_fd_detach_passed(const struct msghdr *msg)
+{
+	if (!msg || !msg->msg_control || msg->msg_controllen < sizeof(struct cmsghdr) ||
+	    !atomic_load_explicit(&sv_initialised, memory_order_acquire))
+		return true;
+	int saved = errno;
+	bool ok = detach_rights(msg, sv_tls_inside != 0);
+	errno = saved;
+	return ok;
 }
 
 /* Every accelerated connection (only those without FD_CLOEXEC when
@@ -52,6 +98,36 @@ static void detach_all(bool surviving_exec)
 	}
 }
 
+/* From inside libsovia (reentry.c) no connection can go back to TCP: a
+ * call that would hand one libsovia serves to another image or process is
+ * refused. */
+static bool handover_refused(bool surviving_exec)
+{
+	if (!sv_reentered())
+		return false;
+	int n = sv_fdtable_size();
+	for (int fd = 0; fd < n; fd++) {
+		if (!sv_fd_claimed(fd, SV_MARK_SERVED))
+			continue;
+		int fl = surviving_exec ? sv_real.fcntl(fd, F_GETFD, 0) : 0;
+		if (fl >= 0 && (fl & FD_CLOEXEC))
+			continue;
+		return true;
+	}
+	return false;
+}
+
+/* The connections a process or image is about to get go back to TCP, or
+ * the call `name` ends with `fail` (refused from inside libsovia). */
+#define HAND_OVER(name, surviving_exec, fail)                                               \
+	do {                                                                                \
+		if (handover_refused(surviving_exec)) {                                     \
+			sv_refuse(-1, name, EBUSY);                                         \
+			return fail;                                                        \
+		}                                                                           \
+		ENTER_DETACH_ALL(surviving_exec);                                           \
+	} while (0)
+
 /* Run `detach` before passing the call through, keeping errno, unless the
  * call comes from libsovia itself (or before initialisation). */
 #define ENTER_DETACHING(detach)                                                             \
@@ -69,7 +145,7 @@ static void detach_all(bool surviving_exec)
 
 SV_EXPORT pid_t fork(void)
 {
-	ENTER_DETACH_ALL(false);
+	HAND_OVER("fork", false, -1);
 	return SV_REAL(fork)();
 }
 
@@ -82,31 +158,31 @@ SV_EXPORT pid_t vfork(void)
 
 SV_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
-	ENTER_DETACH_ALL(true);
+	HAND_OVER("execve", true, -1);
 	return SV_REAL(execve)(path, argv, envp);
 }
 
 SV_EXPORT int execv(const char *path, char *const argv[])
 {
-	ENTER_DETACH_ALL(true);
+	HAND_OVER("execv", true, -1);
 	return SV_REAL(execv)(path, argv);
 }
 
 SV_EXPORT int execvp(const char *file, char *const argv[])
 {
-	ENTER_DETACH_ALL(true);
+	HAND_OVER("execvp", true, -1);
 	return SV_REAL(execvp)(file, argv);
 }
 
 SV_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
-	ENTER_DETACH_ALL(true);
+	HAND_OVER("execvpe", true, -1);
 	return SV_REAL(execvpe)(file, argv, envp);
 }
 
 SV_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
-	ENTER_DETACH_ALL(true);
+	HAND_OVER("fexecve", true, -1);
 	return SV_REAL(fexecve)(fd, argv, envp);
 }
 
@@ -175,27 +251,53 @@ SV_EXPORT int execle(const char *path, const char *arg, ...)
 SV_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
 			  const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	ENTER_DETACH_ALL(false);
+	HAND_OVER("posix_spawn", false, EBUSY); /* it returns the error number */
 	return SV_REAL(posix_spawn)(pid, path, fa, attr, argv, envp);
 }
 
 SV_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
 			   const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
 {
-	ENTER_DETACH_ALL(false);
+	HAND_OVER("posix_spawnp", false, EBUSY);
 	return SV_REAL(posix_spawnp)(pid, file, fa, attr, argv, envp);
+}
+
+/* The shell they start is a new image, as after exec: what it inherits is
+ * the connections without FD_CLOEXEC (and popen's pipe). system(NULL)
+ * only asks whether there is a shell. */
+SV_EXPORT int system(const char *cmd)
+{
+	if (cmd)
+		HAND_OVER("system", true, -1);
+	return SV_REAL(system)(cmd);
+}
+
+SV_EXPORT FILE *popen(const char *cmd, const char *type)
+{
+	HAND_OVER("popen", true, NULL);
+	return SV_REAL(popen)(cmd, type);
 }
 
 /* ---- Descriptors -------------------------------------------------------- */
 
+/* From inside libsovia (reentry.c), a connection libsovia serves cannot go
+ * back to TCP first. */
+#define REFUSE_SERVED(fd, name)                                                             \
+	do {                                                                                \
+		if (sv_reentered() && sv_fd_claimed(fd, SV_MARK_SERVED))                    \
+			return sv_refuse(fd, name, EAGAIN);                                 \
+	} while (0)
+
 SV_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
 {
+	REFUSE_SERVED(out, "sendfile");
 	ENTER_DETACH(out);
 	return SV_REAL(sendfile)(out, in, off, count);
 }
 
 SV_EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t count)
 {
+	REFUSE_SERVED(out, "sendfile64");
 	ENTER_DETACH(out);
 	return SV_REAL(sendfile64)(out, in, off, count);
 }
@@ -203,6 +305,8 @@ SV_EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t count)
 SV_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len,
 			 unsigned int flags)
 {
+	REFUSE_SERVED(in, "splice");
+	REFUSE_SERVED(out, "splice");
 	ENTER_DETACH(in);
 	ENTER_DETACH(out);
 	return SV_REAL(splice)(in, off_in, out, off_out, len, flags);

@@ -17,4 +17,21 @@ static inline void sv_leave(void)
 	sv_tls_inside--;
 }
 
+/* Around a blocking call of the kernel's own made with no lock of
+ * libsovia's held and nothing of its state half changed (a stream's
+ * socket that is TCP for good): the thread is not inside libsovia while it
+ * waits there, so a signal handler that interrupts it is served in full
+ * (preload/reentry.c). */
+static inline int sv_guard_suspend(void)
+{
+	int depth = sv_tls_inside;
+	sv_tls_inside = 0;
+	return depth;
+}
+
+static inline void sv_guard_resume(int depth)
+{
+	sv_tls_inside = depth;
+}
+
 #endif

@@ -35,6 +35,10 @@ struct sv_qp_ops {
 	/* The counters of the registration cache its zero-copy sends use
 	 * (may be NULL: no cache). */
 	void (*regcache_stats)(struct sv_qp *q, struct sv_regcache_stats *st);
+	/* Stream bytes (DATA's payload) posted and not completed: on RC, not
+	 * known to be in the peer's receive buffers yet (SIOCOUTQ counts
+	 * them). */
+	uint64_t (*data_in_flight)(const struct sv_qp *q);
 };
 
 struct sv_hub_node;

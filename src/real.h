@@ -61,6 +61,8 @@
 			     const posix_spawnattr_t *, char *const[], char *const[]))       \
 	X(posix_spawnp, int, (pid_t *, const char *, const posix_spawn_file_actions_t *,    \
 			      const posix_spawnattr_t *, char *const[], char *const[]))      \
+	X(system, int, (const char *))                                                      \
+	X(popen, FILE *, (const char *, const char *))                                      \
 	X(dup, int, (int))                                                                  \
 	X(dup2, int, (int, int))                                                            \
 	X(dup3, int, (int, int, int))                                                       \

@@ -50,6 +50,22 @@ long sv_stream_inq(struct sv_stream *s);
  * call looks at it again. */
 void sv_stream_mode_changed(struct sv_stream *s);
 
+/* What the calls that report the connection's state answer, where the
+ * kernel's socket knows only TCP's part (stream_report.c). */
+/* getsockopt(SO_ERROR): the connection's error (-errno), taken as the
+ * kernel's pending error is: reported once, to this or to whichever call
+ * comes first. 0: none of ours (the kernel's socket answers). */
+int sv_stream_take_error(struct sv_stream *s);
+/* ioctl(SIOCOUTQ): the bytes the application wrote that the peer is not
+ * known to have: the kernel's for TCP, plus those coalesced, in flight on
+ * the QP, or kept or owed after a lost QP or on the way back. */
+long sv_stream_outq(struct sv_stream *s);
+/* getsockopt(TCP_INFO): correct the kernel's struct tcp_info (the len
+ * bytes it filled in) where the connection's state differs: its state
+ * after an error or the FINs that went over the QP, and its byte counters
+ * with the QP's bytes. */
+void sv_stream_tcp_info(struct sv_stream *s, void *info, socklen_t len);
+
 /* The application closed `appfd`, one of its fds for the stream. The last
  * one closed: the helper finishes the connection (lingering close). */
 int sv_stream_close(struct sv_stream *s, int appfd);
@@ -71,6 +87,9 @@ int sv_stream_detach(struct sv_stream *s);
 /* Does the kernel's socket alone answer for the stream from now on (TCP for
  * good, nothing held by libsovia)? Then the fd may be the kernel's. */
 bool sv_stream_kernel_only(struct sv_stream *s);
+/* The same as last seen by the stream, without its lock: once true it
+ * stays so; false may be late. */
+bool sv_stream_kernel_only_seen(const struct sv_stream *s);
 
 /* ---- Readiness: poll, select, epoll (stream_poll.c) -------------------------- */
 

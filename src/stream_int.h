@@ -98,6 +98,10 @@ bool sv_stream_may_switch(const struct sv_stream *s);
 /* TCP carries both directions for good and nothing of ours is in between:
  * fallback with no QP part, or back from the way back. */
 bool sv_stream_tcp_for_good(const struct sv_stream *s);
+/* ... and nothing read ahead is held either: then remember it
+ * (kernel_only, sv_stream_kernel_only_seen). Where a call looks at the
+ * stream, never in the middle of a change. */
+void sv_stream_note_kernel_only(struct sv_stream *s);
 
 /* Where a direction's next bytes go (or come from). Derived here and only
  * here, from the state, the core and the switch. */
@@ -234,6 +238,7 @@ struct sv_options {
 
 struct sv_stream_stats {
 	uint64_t tcp_tx_bytes, tcp_rx_bytes; /* application bytes over TCP */
+	uint64_t qp_taken; /* application bytes the core took to send (SIOCOUTQ) */
 	uint64_t switches_to_rdma, switches_to_tcp;
 	/* The application's blocking waits in libsovia: ended by the spin, or
 	 * slept and then woken by the completion channel, a kick
@@ -281,6 +286,9 @@ struct sv_stream {
 	struct sv_watch *watch; /* the helper's, under its lock */
 
 	bool stats_printed;
+	/* A call saw it TCP for good with nothing held, which it stays
+	 * (sv_stream_note_kernel_only): read without the lock. */
+	atomic_bool kernel_only;
 	struct sv_stream_stats st;
 	struct sv_stream *next_all; /* every live stream (stream.c) */
 	bool exit_listed;           /* taken by the exit flush (under stream.c's list lock) */

@@ -97,6 +97,7 @@ void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *
 	*own = rev;
 	*kernel = (short)(events & ~mine);
 	*gen = s->wt.wake_gen;
+	sv_stream_note_kernel_only(s);
 	sv_unlock(&s->lock);
 }
 
@@ -196,6 +197,7 @@ bool sv_stream_kernel_only(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
 	bool r = sv_stream_tcp_for_good(s) && !sv_stream_tcpbuf_held(s);
+	sv_stream_note_kernel_only(s);
 	sv_unlock(&s->lock);
 	return r;
 }

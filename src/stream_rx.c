@@ -3,6 +3,7 @@
 #include "stream_int.h"
 
 #include "bytebuf.h"
+#include "guard.h"
 #include "iov.h"
 #include "log.h"
 #include "real.h"
@@ -204,8 +205,11 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 	sv_lock(&s->lock);
 	s->wt.app_calls++;
 	if (sv_stream_rx_medium(s) == SV_MEDIUM_KERNEL) {
+		sv_stream_note_kernel_only(s);
 		sv_unlock(&s->lock);
+		int inside = sv_guard_suspend();
 		ssize_t n = SV_REAL(recvmsg)(s->fd, msg, flags);
+		sv_guard_resume(inside);
 		if (n > 0 && !(flags & MSG_PEEK))
 			__atomic_fetch_add(&s->st.tcp_rx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
 		return n < 0 ? -errno : n;

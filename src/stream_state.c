@@ -183,6 +183,20 @@ bool sv_stream_tcp_for_good(const struct sv_stream *s)
 			     !sv_proto_rx_on_qp(s->proto));
 }
 
+/* Called where a call looks at the stream, never in the middle of a
+ * change (a failed challenge falls back, then puts the would-be echo in
+ * front). */
+void sv_stream_note_kernel_only(struct sv_stream *s)
+{
+	if (sv_stream_tcp_for_good(s) && !sv_stream_tcpbuf_held(s))
+		atomic_store_explicit(&s->kernel_only, true, memory_order_release);
+}
+
+bool sv_stream_kernel_only_seen(const struct sv_stream *s)
+{
+	return atomic_load_explicit(&s->kernel_only, memory_order_acquire);
+}
+
 enum sv_medium sv_stream_rx_medium(const struct sv_stream *s)
 {
 	if (sv_stream_tcpbuf_held(s))

@@ -2,6 +2,7 @@
  * shutdown and the socket options that shape the protocol. */
 #include "stream_int.h"
 
+#include "guard.h"
 #include "iov.h"
 #include "log.h"
 #include "real.h"
@@ -78,6 +79,7 @@ static bool send_qp(struct sv_stream *s, struct send_call *c, struct iovec *rest
 		 * window); the wait for them comes once, before the write
 		 * returns. */
 		c->done += (size_t)c->r;
+		s->st.qp_taken += (uint64_t)c->r;
 		c->on_qp = true;
 		if (!s->st.to_rdma_us)
 			sv_stream_first_on_qp(s, &c->clk);
@@ -227,8 +229,11 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	sv_lock(&s->lock);
 	s->wt.app_calls++;
 	if (sv_stream_tx_medium(s) == SV_MEDIUM_KERNEL && !s->cl.tx_shut) {
+		sv_stream_note_kernel_only(s);
 		sv_unlock(&s->lock);
+		int inside = sv_guard_suspend();
 		ssize_t n = SV_REAL(sendmsg)(s->fd, msg, flags);
+		sv_guard_resume(inside);
 		if (n > 0)
 			__atomic_fetch_add(&s->st.tcp_tx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
 		if (n < 0 && errno == EAGAIN)

@@ -46,10 +46,12 @@ enum {
 /* Inline sizes to ask for, largest first; 0 (no inline data) always works. */
 static const uint32_t inline_sizes[] = {256, 64, 0};
 
-/* The zero-copy registrations of one send slot, held until its completion. */
+/* What one send slot holds until its completion: its zero-copy
+ * registrations, and the stream bytes it carries (DATA's payload). */
 struct sv_zc {
 	struct sv_regcache_ent *ent[SV_XPORT_MAX_SGE];
 	uint32_t n;
+	uint32_t data;
 };
 
 /* Registered memory: a mapping of its own and its registration. */
@@ -75,6 +77,7 @@ struct sv_verbs {
 	uint32_t nrecv, nsend, buf_size, start_size;
 	uint32_t max_inline; /* what the QP got, 0 if none */
 	struct sv_zc *zc;    /* per send slot */
+	uint64_t data_in_flight; /* the zc[].data of the slots posted */
 	/* A notification is requested and its event not taken yet: arming
 	 * again would only cost a system call (a write for rxe), once per
 	 * connection for every poll or epoll_wait that sleeps. Set under the
@@ -272,6 +275,10 @@ static int xp_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iov
 		sv_dbg("verbs: ibv_post_send (slot %u, %d sge): %s", slot, nsge, strerror(-r));
 		goto release_zc;
 	}
+	struct sv_hdr h;
+	sv_hdr_decode(xp_send_buf(v, slot), &h);
+	zc->data = h.type == SV_MSG_DATA ? h.len : 0;
+	v->data_in_flight += zc->data;
 	return 0;
 
 release_zc:
@@ -632,6 +639,8 @@ static int complete(struct sv_verbs *v, struct sv_proto *p, const struct ibv_wc 
 		 * application, which the core allows once zc_inflight drops. Drop
 		 * the registrations before the core learns of it. */
 		zc_release(v, idx);
+		v->data_in_flight -= v->zc[idx].data;
+		v->zc[idx].data = 0;
 		int r = sv_proto_on_send_done(p, idx, clk);
 		return err ? err : r;
 	}
@@ -748,6 +757,11 @@ static void q_regcache_stats(struct sv_qp *q, struct sv_regcache_stats *st)
 	sv_verbs_regcache_stats(of(q), st);
 }
 
+static uint64_t q_data_in_flight(const struct sv_qp *q)
+{
+	return of(q)->data_in_flight;
+}
+
 static const struct sv_qp_ops qp_ops = {
 	.xport = q_xport,
 	.poll = q_poll,
@@ -757,6 +771,7 @@ static const struct sv_qp_ops qp_ops = {
 	.to_error = q_to_error,
 	.destroy = q_destroy,
 	.regcache_stats = q_regcache_stats,
+	.data_in_flight = q_data_in_flight,
 };
 
 struct sv_qp *sv_verbs_qp(struct sv_verbs *v)

@@ -493,6 +493,21 @@ static void q_destroy(struct sv_qp *q)
 	free(f);
 }
 
+/* What a held send carries: its DATA's payload (the header is first). */
+static uint64_t q_data_in_flight(const struct sv_qp *q)
+{
+	const struct fqp *f = (const struct fqp *)q;
+	uint64_t n = 0;
+	sv_lock(&net_lock);
+	for (struct flight *m = f->fl_head; m; m = m->next) {
+		struct sv_hdr h;
+		sv_hdr_decode(m->bytes, &h);
+		n += h.type == SV_MSG_DATA ? h.len : 0;
+	}
+	sv_unlock(&net_lock);
+	return n;
+}
+
 static const struct sv_qp_ops qp_ops = {
 	.xport = q_xport,
 	.poll = q_poll,
@@ -501,6 +516,7 @@ static const struct sv_qp_ops qp_ops = {
 	.connected = q_connected,
 	.to_error = q_to_error,
 	.destroy = q_destroy,
+	.data_in_flight = q_data_in_flight,
 };
 
 /* ---- rdma_cm ---------------------------------------------------------------- */
@@ -982,6 +998,24 @@ void fake_net_hold(enum fake_side side)
 	hold_side = side;
 	for (struct fqp *f = qps; f; f = f->next)
 		f->hold = f->side == side;
+	sv_unlock(&net_lock);
+}
+
+void fake_net_release(void)
+{
+	sv_lock(&net_lock);
+	hold_side = FAKE_NONE;
+	for (struct fqp *f = qps; f; f = f->next) {
+		f->hold = false;
+		while (f->fl_head) {
+			struct flight *m = f->fl_head;
+			f->fl_head = m->next;
+			deliver(f, m->slot, m->bytes, m->len);
+			free(m->bytes);
+			free(m);
+		}
+		f->fl_tail = NULL;
+	}
 	sv_unlock(&net_lock);
 }
 

@@ -52,6 +52,8 @@ void fake_net_break_after(long n);
  * break loses them. */
 enum fake_side { FAKE_NONE, FAKE_CLIENT, FAKE_SERVER };
 void fake_net_hold(enum fake_side side);
+/* Deliver what is held, in order, and hold nothing from now on. */
+void fake_net_release(void);
 /* Sends held in flight now, on every QP. */
 unsigned fake_net_in_flight(void);
 /* Break every connected pair now: both QPs go to the error state (what

@@ -1,0 +1,63 @@
+/* The interposer's tests' harness: see preload_harness.h. */
+#include "preload_harness.h"
+
+#include "fdtable.h"
+
+#include <criterion/criterion.h>
+#include <unistd.h>
+
+struct sv_stream *ph_stream(int fd)
+{
+	struct sv_fd *f = sv_fd_get(fd);
+	struct sv_stream *s = f && f->ops->wait ? f->priv : NULL;
+	sv_fd_put(f);
+	return s;
+}
+
+void ph_pair_rdma(struct pair *p)
+{
+	h_listen(p, false); /* listen() made the RDMA listener */
+	h_connect_sockets(p);
+	p->c = ph_stream(p->cfd);
+	p->s = ph_stream(p->sfd);
+	cr_assert(p->c && p->s, "connect() and accept() made no streams");
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
+		     sv_conn_state_name(h_state(p->c)));
+	cr_assert_eq(h_wait_state(p->s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s",
+		     sv_conn_state_name(h_state(p->s)));
+}
+
+void ph_pair_close(struct pair *p)
+{
+	int *fds[] = {&p->cfd, &p->sfd, &p->lfd};
+	for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+		if (*fds[i] >= 0)
+			close(*fds[i]);
+		*fds[i] = -1;
+	}
+	p->c = p->s = NULL;
+}
+
+long ph_write_all(int fd, const void *buf, size_t n)
+{
+	size_t done = 0;
+	while (done < n) {
+		ssize_t r = write(fd, (const uint8_t *)buf + done, n - done);
+		if (r < 0)
+			return done ? (long)done : -1;
+		done += (size_t)r;
+	}
+	return (long)done;
+}
+
+size_t ph_read_all(int fd, void *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = read(fd, (uint8_t *)buf + got, n - got);
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	return got;
+}

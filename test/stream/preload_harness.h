@@ -1,0 +1,26 @@
+/* The interposer's tests: the wrappers of preload/ are linked into the test
+ * program itself, so that its own socket calls go through them as a
+ * preloaded program's do, over the fake RDMA network (fake_net.h) and real
+ * loopback TCP. The stream harness (harness.h) gives the settings, the
+ * patterns and the checks. */
+#ifndef SV_TEST_PRELOAD_HARNESS_H
+#define SV_TEST_PRELOAD_HARNESS_H
+
+#include "harness.h"
+
+/* The stream libsovia keeps for the application's fd (borrowed: it lives
+ * while the fd is open), or NULL when the fd is not one. */
+struct sv_stream *ph_stream(int fd);
+
+/* A connection made with the application's calls (socket, listen, connect,
+ * accept: the interposer makes both ends streams), both ends on RDMA. */
+void ph_pair_rdma(struct pair *p);
+/* Close what the test left open of it (through close()). */
+void ph_pair_close(struct pair *p);
+
+/* Write all of buf with write(); read n bytes with read() (until EOF or an
+ * error: the bytes read). */
+long ph_write_all(int fd, const void *buf, size_t n);
+size_t ph_read_all(int fd, void *buf, size_t n);
+
+#endif

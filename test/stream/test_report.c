@@ -1,0 +1,131 @@
+/* The calls that report a connection's state answer from libsovia's state
+ * where the kernel's socket knows only TCP's part: getsockopt SO_ERROR and
+ * TCP_INFO, ioctl SIOCOUTQ (preload/sovia_ops.c, src/stream_report.c). */
+#include "preload_harness.h"
+
+#include "real.h"
+
+#include <criterion/criterion.h>
+#include <linux/sockios.h>
+#include <linux/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+TestSuite(report, .init = h_setup, .fini = h_teardown, .timeout = 60);
+
+/* tcpi_state's values (the kernel's; <netinet/tcp.h>, which names them,
+ * cannot be used with <linux/tcp.h>, whose struct tcp_info has the byte
+ * counters). */
+enum { ESTABLISHED = 1, FIN_WAIT1 = 4, FIN_WAIT2 = 5, CLOSE = 7, CLOSE_WAIT = 8, LAST_ACK = 9 };
+
+static int outq(int fd, unsigned long req)
+{
+	int n = -1;
+	cr_assert_eq(ioctl(fd, req, &n), 0);
+	return n;
+}
+
+/* A write that went over the QP is in flight until its completion, and a
+ * small one after it waits coalesced: both are the application's bytes the
+ * peer does not have yet. Once they arrive, none is left. */
+Test(report, siocoutq_counts_what_is_coalesced_and_in_flight)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	cr_assert_eq(outq(p.cfd, SIOCOUTQ), 0);
+	fake_net_hold(FAKE_CLIENT);
+	enum { BIG = 2000, SMALL = 100 };
+	uint8_t out[BIG + SMALL], in[BIG + SMALL];
+	h_pattern(out, sizeof(out), 41, 0);
+	cr_assert_eq(write(p.cfd, out, BIG), BIG);
+	unsigned msgs = fake_net_in_flight();
+	cr_assert_gt(msgs, 0, "the large write is in flight");
+	cr_assert_eq(write(p.cfd, out + BIG, SMALL), SMALL);
+	cr_assert_eq(fake_net_in_flight(), msgs, "the small write waits, coalesced");
+	cr_assert_eq(outq(p.cfd, SIOCOUTQ), BIG + SMALL);
+	cr_assert_eq(outq(p.cfd, TIOCOUTQ), BIG + SMALL);
+
+	fake_net_release();
+	cr_assert_eq(ph_read_all(p.sfd, in, sizeof(in)), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), 41, 0));
+	uint64_t until = h_ms() + 10000;
+	int left;
+	while ((left = outq(p.cfd, SIOCOUTQ)) != 0 && h_ms() < until)
+		usleep(1000);
+	cr_assert_eq(left, 0, "every byte arrived, %d still counted", left);
+	ph_pair_close(&p);
+}
+
+/* The peer's connection was reset (its TCP reset, our QP lost): our
+ * resume finds TCP reset, and the connection fails with ECONNRESET. The
+ * application learns it from SO_ERROR, once, as from the kernel's pending
+ * error; then the stream ends as a reset TCP socket's does. */
+Test(report, so_error_tells_a_reset_of_the_connection_once)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+	struct sockaddr sa = {.sa_family = AF_UNSPEC};
+	sv_lock(&p.c->lock); /* nothing of ours looks at TCP in between */
+	cr_assert_eq(sv_real.setsockopt(p.sfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	cr_assert_eq(sv_real.connect(p.sfd, &sa, sizeof(sa)), 0, "the peer's TCP resets");
+	sv_stream_break(p.c, -ECONNRESET); /* and our QP is lost */
+	sv_unlock(&p.c->lock);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_BROKEN, 10000), SV_CONN_BROKEN);
+	cr_assert_eq(p.c->error, -ECONNRESET, "the connection failed with %d", p.c->error);
+
+	int err = -1;
+	socklen_t el = sizeof(err);
+	cr_assert_eq(getsockopt(p.cfd, SOL_SOCKET, SO_ERROR, &err, &el), 0);
+	cr_assert_eq(err, ECONNRESET, "SO_ERROR: %s", strerror(err));
+	cr_assert_eq(el, sizeof(err));
+	err = -1;
+	cr_assert_eq(getsockopt(p.cfd, SOL_SOCKET, SO_ERROR, &err, &el), 0);
+	cr_assert_eq(err, 0, "reported once; then %s", strerror(err));
+	char b;
+	cr_assert_eq(read(p.cfd, &b, 1), 0, "after the error, the end");
+	ph_pair_close(&p);
+}
+
+static struct tcp_info tcp_info(int fd)
+{
+	struct tcp_info ti;
+	memset(&ti, 0, sizeof(ti));
+	socklen_t len = sizeof(ti);
+	cr_assert_eq(getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len), 0);
+	cr_assert_geq(len, offsetof(struct tcp_info, tcpi_notsent_bytes) + sizeof(uint32_t));
+	return ti;
+}
+
+/* The kernel's sockets saw neither the bytes nor the FINs that went over
+ * the QP: TCP_INFO counts the bytes, and its state follows the FINs. */
+Test(report, tcp_info_follows_the_bytes_and_fins_over_the_qp)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	enum { LEN = 5000 };
+	uint8_t out[LEN], in[LEN];
+	h_pattern(out, LEN, 42, 0);
+	cr_assert_eq(ph_write_all(p.cfd, out, LEN), LEN);
+	cr_assert_eq(ph_read_all(p.sfd, in, LEN), LEN);
+	struct tcp_info c = tcp_info(p.cfd), s = tcp_info(p.sfd);
+	cr_assert_eq(c.tcpi_state, ESTABLISHED);
+	cr_assert_geq(c.tcpi_bytes_sent, LEN);
+	cr_assert_geq(c.tcpi_bytes_acked, LEN);
+	cr_assert_geq(s.tcpi_bytes_received, LEN);
+
+	cr_assert_eq(shutdown(p.sfd, SHUT_WR), 0);
+	char b;
+	cr_assert_eq(read(p.cfd, &b, 1), 0, "the server's FIN");
+	cr_assert_eq(tcp_info(p.cfd).tcpi_state, CLOSE_WAIT);
+	uint8_t st = tcp_info(p.sfd).tcpi_state;
+	cr_assert(st == FIN_WAIT1 || st == FIN_WAIT2, "the server, after its shutdown: %u", st);
+	cr_assert_eq(shutdown(p.cfd, SHUT_WR), 0);
+	cr_assert_eq(read(p.sfd, &b, 1), 0, "the client's FIN");
+	st = tcp_info(p.cfd).tcpi_state;
+	cr_assert(st == LAST_ACK || st == CLOSE, "the client, both FINs: %u", st);
+	ph_pair_close(&p);
+}
