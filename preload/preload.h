@@ -72,6 +72,9 @@ void sv_fd_detach(int fd);
  * serves: the call is to be refused. */
 struct msghdr;
 bool sv_fd_detach_passed(const struct msghdr *msg);
+/* Every accelerated connection (only those without FD_CLOEXEC when
+ * `surviving_exec`) goes back to plain TCP (unserved.c). */
+void sv_fd_detach_all(bool surviving_exec);
 
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);

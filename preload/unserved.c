@@ -76,9 +76,7 @@ bool sv_fd_detach_passed(const struct msghdr *msg)
 	return ok;
 }
 
-/* Every accelerated connection (only those without FD_CLOEXEC when
- * `surviving_exec`). */
-static void detach_all(bool surviving_exec)
+void sv_fd_detach_all(bool surviving_exec)
 {
 	int n = sv_fdtable_size();
 	for (int fd = 0; fd < n; fd++) {
@@ -138,7 +136,7 @@ static bool handover_refused(bool surviving_exec)
 			errno = saved_;                                                     \
 		}                                                                           \
 	} while (0)
-#define ENTER_DETACH_ALL(surviving_exec) ENTER_DETACHING(detach_all(surviving_exec))
+#define ENTER_DETACH_ALL(surviving_exec) ENTER_DETACHING(sv_fd_detach_all(surviving_exec))
 #define ENTER_DETACH(fd) ENTER_DETACHING(sv_fd_detach(fd))
 
 /* ---- Processes ------------------------------------------------------------ */

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <netinet/tcp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -121,8 +122,21 @@ void sv_stream_set_watch(struct sv_stream *s, struct sv_watch *w)
 /* ---- The start of the upgrade -------------------------------------------------- */
 
 /* RDMA cannot be had in this process: the reason a stream stays on TCP. */
+static atomic_bool upgrades_off;
+
+void sv_stream_upgrades_off(void)
+{
+	atomic_store(&upgrades_off, true);
+}
+
 static bool no_rdma(struct sv_stream *s)
 {
+	if (atomic_load(&upgrades_off)) {
+		sv_lock(&s->lock);
+		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
+		sv_unlock(&s->lock);
+		return true;
+	}
 	if (sv_helper_start() == 0 && sv_helper_rdma_state() >= 0)
 		return false;
 	sv_lock(&s->lock);

@@ -32,6 +32,10 @@ void sv_stream_put(struct sv_stream *s);
  * starts after SOVIA_UPGRADE_DELAY_MS), a client whose non-blocking connect
  * is in progress (once it completes), a server's accepted connection (a
  * request may match it). Without RDMA it stays on TCP, with the reason. */
+/* From now on this process upgrades no connection (a call that reaches
+ * sockets behind libsovia, like io_uring, was set up): new ones stay on
+ * TCP, with the reason 'unsupported'. */
+void sv_stream_upgrades_off(void);
 void sv_stream_start_client(struct sv_stream *s);
 void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, socklen_t len);
 void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l);
