@@ -221,6 +221,7 @@ struct sv_resume {
 	bool fin;            /* our sending had ended (FIN): TCP ends after the owed bytes */
 	bool tcp_ended;      /* on RDMA: TCP said end or error; it is not watched
 			      * for a record any more */
+	int tcp_error;       /* ... the error it said (-errno), 0: none */
 	bool started;        /* the exchange began (sv_stream_resume_start) */
 	bool announce_due;   /* the QP's normal end with our sending open: our
 			      * record goes before our next TCP byte, or in

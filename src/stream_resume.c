@@ -26,10 +26,6 @@
 #include <errno.h>
 #include <string.h>
 
-/* A peer stopped (SIGSTOP, a debugger) holds its record back; after this
- * long the connection fails rather than wait for ever. */
-#define SV_PEER_SILENCE_US 60000000u
-
 static const uint8_t magic[4] = {'S', 'V', 'R', 'S'};
 #define SV_RESUME_VERSION 1
 
@@ -146,6 +142,10 @@ static void peer_gone(struct sv_stream *s, int err)
 		err ? strerror(-err) : "end of stream");
 	sv_proto_resume_drop(s->proto);
 	sv_stream_set_state(s, SV_CONN_BROKEN);
+	/* The error our watch took from the socket is the one that ended
+	 * it: a write after it would only say EPIPE. */
+	if (s->fo.tcp_error)
+		err = s->fo.tcp_error;
 	if (err && !s->error)
 		s->error = err;
 	sv_stream_wake(s);
@@ -345,8 +345,11 @@ void sv_stream_resume_peek(struct sv_stream *s)
 	if (n <= 0) {
 		/* TCP's end or an error while the QP carries both directions:
 		 * the QP tells what became of the peer; TCP is not watched
-		 * again, or its end would wake every wait. */
+		 * again, or its end would wake every wait. The peek took the
+		 * socket's pending error: it is kept for the stream. */
 		s->fo.tcp_ended = true;
+		if (n < 0)
+			s->fo.tcp_error = -errno;
 		return;
 	}
 	if (s->fo.announce_due || s->fo.announced) {

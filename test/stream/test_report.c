@@ -90,6 +90,31 @@ Test(report, so_error_tells_a_reset_of_the_connection_once)
 	ph_pair_close(&p);
 }
 
+/* The same reset, first seen by the watch for a resume record (the
+ * helper's look at an idle connection, or a sleep's): its peek takes the
+ * kernel's pending error, which must stay the connection's, not turn into
+ * the EPIPE of a later write. */
+Test(report, so_error_tells_a_reset_the_record_watch_saw_first)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+	struct sockaddr sa = {.sa_family = AF_UNSPEC};
+	sv_lock(&p.c->lock);
+	cr_assert_eq(sv_real.setsockopt(p.sfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	cr_assert_eq(sv_real.connect(p.sfd, &sa, sizeof(sa)), 0, "the peer's TCP resets");
+	sv_stream_resume_peek(p.c);
+	cr_assert(p.c->fo.tcp_ended, "the watch did not see TCP's end");
+	sv_stream_break(p.c, -ECONNRESET);
+	sv_unlock(&p.c->lock);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_BROKEN, 10000), SV_CONN_BROKEN);
+	int err = -1;
+	socklen_t el = sizeof(err);
+	cr_assert_eq(getsockopt(p.cfd, SOL_SOCKET, SO_ERROR, &err, &el), 0);
+	cr_assert_eq(err, ECONNRESET, "SO_ERROR: %s", strerror(err));
+	ph_pair_close(&p);
+}
+
 static struct tcp_info tcp_info(int fd)
 {
 	struct tcp_info ti;
