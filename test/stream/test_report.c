@@ -59,6 +59,16 @@ Test(report, siocoutq_counts_what_is_coalesced_and_in_flight)
 	ph_pair_close(&p);
 }
 
+/* The server's TCP socket resets the connection (an abortive close's RST
+ * without closing the fd). */
+static void reset_peer_tcp(struct pair *p)
+{
+	struct linger lg = {.l_onoff = 1, .l_linger = 0};
+	struct sockaddr sa = {.sa_family = AF_UNSPEC};
+	cr_assert_eq(sv_real.setsockopt(p->sfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	cr_assert_eq(sv_real.connect(p->sfd, &sa, sizeof(sa)), 0, "the peer's TCP resets");
+}
+
 /* The peer's connection was reset (its TCP reset, our QP lost): our
  * resume finds TCP reset, and the connection fails with ECONNRESET. The
  * application learns it from SO_ERROR, once, as from the kernel's pending
@@ -67,11 +77,8 @@ Test(report, so_error_tells_a_reset_of_the_connection_once)
 {
 	struct pair p;
 	ph_pair_rdma(&p);
-	struct linger lg = {.l_onoff = 1, .l_linger = 0};
-	struct sockaddr sa = {.sa_family = AF_UNSPEC};
 	sv_lock(&p.c->lock); /* nothing of ours looks at TCP in between */
-	cr_assert_eq(sv_real.setsockopt(p.sfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
-	cr_assert_eq(sv_real.connect(p.sfd, &sa, sizeof(sa)), 0, "the peer's TCP resets");
+	reset_peer_tcp(&p);
 	sv_stream_break(p.c, -ECONNRESET); /* and our QP is lost */
 	sv_unlock(&p.c->lock);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_BROKEN, 10000), SV_CONN_BROKEN);
@@ -98,11 +105,8 @@ Test(report, so_error_tells_a_reset_the_record_watch_saw_first)
 {
 	struct pair p;
 	ph_pair_rdma(&p);
-	struct linger lg = {.l_onoff = 1, .l_linger = 0};
-	struct sockaddr sa = {.sa_family = AF_UNSPEC};
 	sv_lock(&p.c->lock);
-	cr_assert_eq(sv_real.setsockopt(p.sfd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
-	cr_assert_eq(sv_real.connect(p.sfd, &sa, sizeof(sa)), 0, "the peer's TCP resets");
+	reset_peer_tcp(&p);
 	sv_stream_resume_peek(p.c);
 	cr_assert(p.c->fo.tcp_ended, "the watch did not see TCP's end");
 	sv_stream_break(p.c, -ECONNRESET);
