@@ -376,11 +376,21 @@ static void client_established(struct sv_stream *s, const struct rdma_conn_param
 		sv_lock(&s->lock);
 		r = s->proto ? sv_proto_set_peer(s->proto, rep.nrecv, rep.buf_size) : -ECANCELED;
 		memcpy(s->sw.peer_challenge, rep.challenge, SV_CHALLENGE_SIZE);
+		/* Our own challenge back: we would write it on TCP, and a
+		 * server that echoes its input would hand it back to us as
+		 * the proof, from an RDMA peer that is not the TCP peer. */
+		if (r == 0 && !memcmp(rep.challenge, s->sw.my_challenge, SV_CHALLENGE_SIZE))
+			r = -EACCES;
 		sv_unlock(&s->lock);
 	}
 	if (r < 0) {
+		if (r == -EACCES)
+			sv_warn("fd %d: the RDMA peer handed us our own challenge: it stays on TCP",
+				s->fd);
 		disconnect(s);
-		sv_up_drop_qp(s, r == -EPROTONOSUPPORT ? SV_FB_VERSION : SV_FB_REJECTED);
+		sv_up_drop_qp(s, r == -EPROTONOSUPPORT ? SV_FB_VERSION
+				 : r == -EACCES	       ? SV_FB_CHALLENGE
+							: SV_FB_REJECTED);
 		return;
 	}
 	sv_up_established(s);

@@ -20,6 +20,7 @@ static struct sv_lock net_lock = SV_LOCK_INIT(SV_RANK_TRANSPORT);
 static unsigned violations;
 static char why[256];
 static bool no_route;
+static bool reflect_challenge;
 static uint64_t delivered;
 static long break_after = -1;
 static enum fake_side hold_side;
@@ -529,6 +530,8 @@ struct fid {
 	struct fid *peer;       /* the other end of a connection */
 	struct fid *listener;   /* a request's: the listener it came to */
 	uint32_t qp_num;
+	uint8_t req_pd[64];     /* a connect's private data, as sent */
+	uint8_t req_len;
 	struct fid *next;       /* every id (never freed: events may name them) */
 };
 
@@ -664,6 +667,9 @@ static int f_connect(struct rdma_cm_id *id, struct rdma_conn_param *cp)
 	struct fid *f = (struct fid *)id;
 	sv_lock(&net_lock);
 	f->qp_num = cp->qp_num;
+	f->req_len = cp->private_data_len < sizeof(f->req_pd) ? cp->private_data_len
+							       : (uint8_t)sizeof(f->req_pd);
+	memcpy(f->req_pd, cp->private_data, f->req_len);
 	struct fid *l = ids;
 	while (l && !(l->listening && addr_match(&l->src, &f->dst)))
 		l = l->next;
@@ -703,8 +709,14 @@ static int f_accept(struct rdma_cm_id *id, struct rdma_conn_param *cp)
 	}
 	sq->peer = cq;
 	cq->peer = sq;
-	queue_event(c, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, NULL, cp->private_data,
-		    cp->private_data_len);
+	uint8_t pd[64];
+	uint8_t len = cp->private_data_len < sizeof(pd) ? cp->private_data_len : (uint8_t)sizeof(pd);
+	memcpy(pd, cp->private_data, len);
+	/* The reply's challenge (offset 12) made the request's (offset 16):
+	 * docs/protocol.md, section 3. */
+	if (reflect_challenge && len >= 20 && c->req_len >= 24)
+		memcpy(pd + 12, c->req_pd + 16, 8);
+	queue_event(c, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, NULL, pd, len);
 	sv_unlock(&net_lock);
 	return 0;
 }
@@ -937,6 +949,7 @@ void fake_net_use(void)
 	violations = 0;
 	why[0] = '\0';
 	no_route = false;
+	reflect_challenge = false;
 	break_after = -1;
 	hold_side = FAKE_NONE;
 	device_lost[FAKE_CLIENT] = device_lost[FAKE_SERVER] = false;
@@ -989,6 +1002,13 @@ void fake_net_break_after(long n)
 {
 	sv_lock(&net_lock);
 	break_after = n;
+	sv_unlock(&net_lock);
+}
+
+void fake_net_reflect_challenge(bool on)
+{
+	sv_lock(&net_lock);
+	reflect_challenge = on;
 	sv_unlock(&net_lock);
 }
 

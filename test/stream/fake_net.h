@@ -41,6 +41,9 @@ void fake_net_slow_start(void);
 void fake_net_start_now(void);
 /* The next connect requests find no route (ADDR_ERROR). */
 void fake_net_no_route(bool on);
+/* Accepts hand the client its own challenge back (a rogue listener that
+ * hopes a TCP peer which echoes its input will echo it). */
+void fake_net_reflect_challenge(bool on);
 /* Sends completed (delivered) so far, on every QP. */
 uint64_t fake_net_delivered(void);
 

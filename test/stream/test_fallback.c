@@ -363,3 +363,27 @@ Test(fallback, a_switch_point_beyond_tcp_fails_the_challenge)
 	cr_assert_eq(memcmp(got + sizeof(chal), msg, sizeof(msg)), 0);
 	h_pair_free(&p);
 }
+
+/* A reply that hands the client its own challenge: the client would write
+ * it on TCP at its switch point, and a server application that echoes its
+ * input would hand it back as the proof, from an RDMA peer that is not the
+ * TCP peer. The client refuses the reply before it writes anything: the
+ * server's application reads exactly the client's bytes, and TCP carries
+ * the connection. */
+Test(fallback, a_reply_with_our_own_challenge_is_refused)
+{
+	fake_net_reflect_challenge(true);
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(p.c)));
+	cr_assert_eq(h_fallback(p.c), SV_FB_CHALLENGE);
+	const char msg[] = "only this";
+	cr_assert_eq(h_write_all(p.c, msg, sizeof(msg)), (long)sizeof(msg));
+	char got[sizeof(msg)];
+	long end;
+	cr_assert_eq(h_read_all(p.s, got, sizeof(got), &end), sizeof(got));
+	cr_assert_eq(memcmp(got, msg, sizeof(msg)), 0, "the server read other bytes first");
+	h_pair_free(&p);
+}
