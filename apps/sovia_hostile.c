@@ -300,6 +300,11 @@ static int mode_ignore_back(const struct args *a)
 		long s = hq_send_bytes(c.q, SV_MSG_DATA, c.snd_nxt, chunk, n);
 		if (s > 0)
 			c.snd_nxt += (uint64_t)s;
+		/* Where it stands, for a run the test stops from outside. */
+		if (s > 0 && at_back && (c.snd_nxt - at_back) / (32u * MIB) !=
+					    (c.snd_nxt - at_back - (uint64_t)s) / (32u * MIB))
+			say("ignore-back: %llu MiB sent after the BACK",
+			    (unsigned long long)((c.snd_nxt - at_back) / MIB));
 		hc_pump(&c, s > 0 ? 0 : 20);
 	}
 	say("IGNOREBACK_RESULT upgrade=ok server_back=%s sent=%llu sent_after_back=%llu "
@@ -354,7 +359,8 @@ static int mode_withhold(const struct args *a)
 	if (got > 0) {
 		say("withhold: the server's resume record after %llu ms: rcv=%llu end=%llu",
 		    (unsigned long long)waited, (unsigned long long)rcv, (unsigned long long)end);
-		shutdown(c.tcp, SHUT_WR); /* our stream ends where the record says */
+		/* The rest of its stream, to its end. Ours stays open meanwhile:
+		 * nc -l, say, quits when its peer's stream ends. */
 		uint64_t deadline = now_ms() + 120000;
 		while (!c.tcp_eof && now_ms() < deadline)
 			hc_pump(&c, 100);
