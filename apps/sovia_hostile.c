@@ -9,11 +9,12 @@
  *   sovia-hostile garbage -a IP -p PORT [-n REQUESTS] [-t WAIT_S]
  *   sovia-hostile to-rdma-max -a IP -p PORT [-o FILE] [-t SECS]
  *   sovia-hostile back0 -a IP -p PORT [-n SERVER_BYTES] [-o FILE] [-t SECS]
- *   sovia-hostile ignore-back -a IP -p PORT [-n MAX_BYTES] [-t SECS]
+ *   sovia-hostile ignore-back -a IP -p PORT [-n BYTES] [-t SECS]
  *   sovia-hostile withhold -a IP -p PORT [-R RNR_RETRY] [-o FILE] [-t SECS]
  *   sovia-hostile rogue -a IP -p PORT [-x] [-t SECS]
  *
- * -o FILE: the server's stream as it reached us. -R: the RNR retries our
+ * -o FILE: the server's stream as it reached us. ignore-back -n: our DATA
+ * in all (default 4 GiB), then silence. -R: the RNR retries our
  * upgrade request asks of the server's QP (default 7, "for ever": an
  * attacker asks what it likes). -x: the rogue hands the client its own
  * challenge back. Exit status 1 only when the attack could not be made. */
@@ -269,13 +270,32 @@ static int mode_back0(const struct args *a)
 	return r < 0 || rc < 0;
 }
 
+/* DATA at the next offset, our pattern while the application may read it;
+ * the bytes sent, or 0. */
+static long send_data(struct hc *c, uint64_t limit)
+{
+	static uint8_t chunk[131072];
+	size_t n = limit - c->snd_nxt < sizeof(chunk) ? limit - c->snd_nxt : sizeof(chunk);
+	if (!n)
+		return 0;
+	if (!c->srv_back) /* what follows the BACK is never the application's */
+		pattern_fill(c->snd_nxt, chunk, n);
+	long s = hq_send_bytes(c->q, SV_MSG_DATA, c->snd_nxt, chunk, n);
+	if (s <= 0)
+		return 0;
+	c->snd_nxt += (uint64_t)s;
+	return s;
+}
+
+/* The server's BACK is never answered: DATA goes on up to -n bytes in all,
+ * then we stay silent, until the server ends the connection or the time
+ * is up. */
 static int mode_ignore_back(const struct args *a)
 {
 	struct hc c;
 	struct hc_opts o = opts(a);
 	uint64_t limit = a->n ? (uint64_t)a->n : 4096ull * MIB;
 	uint64_t deadline = now_ms() + (uint64_t)a->secs * 1000u, at_back = 0;
-	static uint8_t chunk[131072];
 	if (upgraded(&c, a, &o, 0) < 0) {
 		say("IGNOREBACK_RESULT upgrade=failed");
 		hc_close(&c);
@@ -283,29 +303,24 @@ static int mode_ignore_back(const struct args *a)
 	}
 	const char *why;
 	while (!(why = ended(&c))) {
-		if (c.snd_nxt >= limit || now_ms() > deadline) {
-			why = c.snd_nxt >= limit ? "all-sent" : "time";
+		if (now_ms() > deadline) {
+			why = "time";
 			break;
 		}
 		if (c.srv_back && !at_back) {
 			at_back = c.snd_nxt;
 			say("ignore-back: the server's BACK (its offset %llu, X=%llu) after we sent "
-			    "%llu bytes; we go on sending DATA",
+			    "%llu bytes; we go on as if it never came",
 			    (unsigned long long)c.srv_back_seq, (unsigned long long)c.srv_back_x,
 			    (unsigned long long)at_back);
 		}
-		size_t n = limit - c.snd_nxt < sizeof(chunk) ? limit - c.snd_nxt : sizeof(chunk);
-		if (!c.srv_back) /* what follows the BACK is never the application's */
-			pattern_fill(c.snd_nxt, chunk, n);
-		long s = hq_send_bytes(c.q, SV_MSG_DATA, c.snd_nxt, chunk, n);
-		if (s > 0)
-			c.snd_nxt += (uint64_t)s;
+		long s = send_data(&c, limit);
 		/* Where it stands, for a run the test stops from outside. */
 		if (s > 0 && at_back && (c.snd_nxt - at_back) / (32u * MIB) !=
 					    (c.snd_nxt - at_back - (uint64_t)s) / (32u * MIB))
 			say("ignore-back: %llu MiB sent after the BACK",
 			    (unsigned long long)((c.snd_nxt - at_back) / MIB));
-		hc_pump(&c, s > 0 ? 0 : 20);
+		hc_pump(&c, s > 0 ? 0 : c.snd_nxt < limit ? 20 : 200);
 	}
 	say("IGNOREBACK_RESULT upgrade=ok server_back=%s sent=%llu sent_after_back=%llu "
 	    "returned_to_us=%llu ended=%s tcp_end=%s",

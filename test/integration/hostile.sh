@@ -16,6 +16,8 @@
 #                   reset as malformed, the stream is not written again on TCP
 #   ignore-back     the server detaches (fork) and the peer keeps sending
 #                   DATA: the give-back buffer is bounded, fork() returns
+#   ignore-back-silent  the same peer goes silent instead: the detach ends
+#                   after its deadline, fork() returns, the connection ends
 #   withhold        receive buffers advertised but never posted: the
 #                   server's RNR retries end, it resumes over TCP
 #   rogue-listener  a rogue binds the port on rdma_cm before the real server
@@ -266,17 +268,20 @@ case_back0() {
 
 # ---- ignore-back --------------------------------------------------------------
 
-case_ignore_back() {
-	local port=$1 k=1048576
+# The victim reads 1 MiB, then fork() takes the connection back to TCP
+# (BACK); the peer never answers: $2 bytes of DATA in all (after the BACK,
+# for the victim to give back), then silence, for at most $3 s.
+ignore_back_run() {
+	local port=$1 bytes=$2 secs=$3 k=1048576
 	head -c 262144 /dev/urandom >"$WORK/cli.in"
 	"$H" pattern -n $((16 * k)) >"$WORK/want"
-	# Connection 1: after 1 MiB read, fork() takes it back to TCP (BACK).
 	LD_PRELOAD=$LIB timeout 900 "$V" -a "$IP" -p "$port" -n 2 -k $k -x fork -o "$WORK/vout" \
 		>"$WORK/victim.out" 2>"$WORK/victim.err" &
 	local vic=$!
 	wait_port "$port"
 	mem_watch "$(child_of $vic)" "$WORK/mem" "$RSS_MB" "$WORK/attacker.pid"
-	"$H" ignore-back -a "$IP" -p "$port" -t 300 >"$WORK/hostile.out" 2>"$WORK/hostile.err" &
+	"$H" ignore-back -a "$IP" -p "$port" -n "$bytes" -t "$secs" >"$WORK/hostile.out" \
+		2>"$WORK/hostile.err" &
 	echo $! >"$WORK/attacker.pid"
 	local hrc=0 crc=0 vrc=0
 	wait "$(cat "$WORK/attacker.pid")" || hrc=$?
@@ -296,12 +301,22 @@ case_ignore_back() {
 	ended=$(field "$f" ended IGNOREBACK_RESULT)
 	case $ended in
 	reset-message | qp-error | disconnected | tcp-reset | tcp-end) ;;
-	*) fail "the victim never ended the connection of a peer that ignored its BACK ($ended; $(field "$f" sent_after_back IGNOREBACK_RESULT) bytes after it)" ;;
+	*) fail "the victim never ended the connection of a peer that ignored its BACK (in $secs s; $(field "$f" sent_after_back IGNOREBACK_RESULT) bytes after the BACK)" ;;
 	esac
-	assert_prefix "$WORK/vout.1" "$WORK/want" "ignore-back: the victim's application"
+	assert_prefix "$WORK/vout.1" "$WORK/want" "the victim's application"
 	[ "$vrc" = 0 ] && [ "$crc" = 0 ] || fail "victim $vrc, real client $crc"
 	cmp "$WORK/cli.in" "$WORK/vout.2" || fail "the victim got other bytes from the real client"
-	assert_mem "$WORK/mem" "ignore-back: the victim"
+	assert_mem "$WORK/mem" "the victim"
+}
+
+# GBs of DATA after the BACK: the give-back buffer's bound resets it.
+case_ignore_back() {
+	ignore_back_run "$1" $((4096 * 1048576)) 300
+}
+
+# Silence after the BACK: the detach's deadline ends it.
+case_ignore_back_silent() {
+	ignore_back_run "$1" $((2 * 1048576)) 180
 }
 
 # ---- withhold -------------------------------------------------------------------
@@ -443,7 +458,7 @@ case_rogue_reflect() {
 
 port=5600
 failed=
-for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back withhold rogue-listener rogue-reflect}; do
+for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-reflect}; do
 	note "$c"
 	rm -f /dev/shm/libsovia-peers.*
 	# Not in an || list: errexit would be off inside.
