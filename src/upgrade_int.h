@@ -12,19 +12,11 @@
 #include "cmdata.h"
 #include "lock.h"
 #include "stream_int.h"
+#include "verbs.h"
 #include "upgrade.h"
 
 extern struct sv_lock sv_up_lock;
 
-/* RNR retries of our QPs (rdma_conn_param): finite. Credits mean a peer
- * that follows the protocol always has a buffer posted for each message, so
- * an RNR NAK comes only from one that withholds its buffers; 7 would retry
- * for ever and block a zero-copy write whatever O_NONBLOCK, SO_SNDTIMEO or
- * signals say. After 6 the QP fails and the connection resumes over TCP
- * (docs/protocol.md, 11). */
-#define SV_RNR_RETRY 6
-/* Transport retries (a lost packet, no ACK): 7 is the most, and finite. */
-#define SV_TRANSPORT_RETRY 7
 
 /* Context pointers of listeners carry this tag, so an event tells a
  * listener's id from a stream's. */

@@ -470,8 +470,19 @@ static int qp_to(struct sv_verbs *v, enum ibv_qp_state state)
 	/* No RDMA READ or atomics on this QP: none outstanding either way. */
 	if (state == IBV_QPS_RTR)
 		a.max_dest_rd_atomic = 0;
-	if (state == IBV_QPS_RTS)
+	if (state == IBV_QPS_RTS) {
 		a.max_rd_atomic = 0;
+		/* The passive side's counts and timeout are what the peer's
+		 * request asked: a peer asking 7 RNR retries (for ever) and
+		 * posting no buffers would hold our sends until it left. */
+		if ((mask & IBV_QP_RNR_RETRY) && a.rnr_retry > SV_RNR_RETRY)
+			a.rnr_retry = SV_RNR_RETRY;
+		if ((mask & IBV_QP_RETRY_CNT) && a.retry_cnt > SV_TRANSPORT_RETRY)
+			a.retry_cnt = SV_TRANSPORT_RETRY;
+		if ((mask & IBV_QP_TIMEOUT) &&
+		    (a.timeout == 0 || a.timeout > SV_ACK_TIMEOUT_MAX))
+			a.timeout = SV_ACK_TIMEOUT_MAX;
+	}
 	int r = ibv_modify_qp(v->qp, &a, mask);
 	if (r) {
 		r = neg_err(r);

@@ -20,6 +20,20 @@ struct rdma_cm_id;
  * has one more scatter/gather entry for the header in the send buffer. */
 #define SV_XPORT_MAX_SGE SV_ZCOPY_MAX_IOV
 
+/* RNR retries of our QPs: finite. Credits mean a peer that follows the
+ * protocol always has a buffer posted for each message, so an RNR NAK comes
+ * only from one that withholds its buffers; 7 would retry for ever and
+ * block a zero-copy write whatever O_NONBLOCK, SO_SNDTIMEO or signals say.
+ * After 6 the QP fails and the connection resumes over TCP (docs/protocol.md,
+ * 11). We ask it of the peer in rdma_conn_param; the count our own QP uses
+ * is the one the peer asked of us, so sv_verbs_connected caps it too. */
+#define SV_RNR_RETRY 6
+/* Transport retries (a lost packet, no ACK): 7 is the most, and finite. */
+#define SV_TRANSPORT_RETRY 7
+/* The local ACK timeout of our QPs, 4.096 us * 2^20 = 4.3 s per try: the
+ * passive side's comes from the peer's request, and 0 there means none. */
+#define SV_ACK_TIMEOUT_MAX 20
+
 /* One connection's verbs resources. */
 struct sv_verbs;
 
