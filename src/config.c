@@ -33,7 +33,7 @@ static const struct setting settings[] = {
 	{"SOVIA_LOG", SETTING_LEVEL, U32(log_level), SV_LOG_WARN, SV_LOG_ERROR, SV_LOG_DEBUG,
 	 "log level (error, warn, info, debug)"},
 	{"SOVIA_STATS", SETTING_BOOL, U32(stats), 0, 0, 1, "print statistics at exit"},
-	{"SOVIA_WINDOW", SETTING_U32, U32(window), 8, 4, 1024, "receive descriptors (credits)"},
+	{"SOVIA_WINDOW", SETTING_U32, U32(window), 8, 4, SV_WINDOW_MAX, "receive descriptors (credits)"},
 	{"SOVIA_BUF_SIZE", SETTING_BYTES, U32(buf_size), 131072, 1024, 1u << 20,
 	 "payload bytes per message (a descriptor holds these and the 24-byte header)"},
 	{"SOVIA_BUF_START", SETTING_BYTES, U32(buf_start), 1024, 1024, 1u << 20,
@@ -63,6 +63,10 @@ static const struct setting settings[] = {
 	 "writes for its RDMA connection, in milliseconds (0: never)"},
 	{"SOVIA_SPIN_US", SETTING_U32, U32(spin_us), 4000, 0, 1000000,
 	 "the longest a wait polls before it sleeps, in microseconds (it adapts below)"},
+	{"SOVIA_PRIVILEGED_PORTS", SETTING_BOOL, U32(privileged_ports), 0, 0, 1,
+	 "upgrade a client's connection only when the server's port is below 1024, where "
+	 "rdma_cm lets only a privileged process listen: no other user on the server's host "
+	 "can answer for the server"},
 };
 
 static void store(struct sv_config *cfg, const struct setting *s, uint32_t v)

@@ -29,6 +29,13 @@
 #define SV_HDR_SIZE 24
 #define SV_CHALLENGE_SIZE 8 /* bytes of the upgrade challenge echoed on TCP */
 #define SV_RESERVE 4        /* control-message reserve, the same on every peer */
+/* The most data receive buffers (credits) a peer may have: SOVIA_WINDOW's
+ * largest. A peer that says it posted more is no libsovia's, and each
+ * buffer it claims widens what it may hold unread (proto_back.c). */
+#define SV_WINDOW_MAX 1024
+/* The most of our bytes a peer may hold unread when it gives them back
+ * (BACK): they come back to us and wait in memory for TCP. */
+#define SV_BACK_UNREAD_MAX (64u << 20)
 
 enum sv_msg_type {
 	SV_MSG_DATA = 1,       /* stream bytes; payload = the bytes */

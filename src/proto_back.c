@@ -38,11 +38,15 @@ int sv_pr_owed_tail(struct sv_proto *p)
  * at most the largest size a buffer grows to; from TCP, bytes before our
  * switch point that its reads ahead took, which the switch's bound
  * limits. A BACK claiming less consumed would have us write again, on
- * TCP, bytes it long had. */
+ * TCP, bytes it long had, and hold them meanwhile: never more than
+ * SV_BACK_UNREAD_MAX, whatever buffers the peer claims (only a window of
+ * hundreds of MiB-sized buffers, pinned, lags that far honestly). */
 static bool back_x_plausible(const struct sv_proto *p, uint64_t x, uint64_t ack)
 {
 	uint64_t qp_from = x > p->tx_qp_from ? x : p->tx_qp_from;
 	uint64_t window = (uint64_t)p->peer_nrecv << (SV_SIZE_CODE_MAX + 1);
+	if (window > SV_BACK_UNREAD_MAX)
+		window = SV_BACK_UNREAD_MAX;
 	if (ack > qp_from && ack - qp_from > window)
 		return false;
 	return x >= p->tx_qp_from || p->tx_qp_from - x <= p->tcp_ahead_max;

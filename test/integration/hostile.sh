@@ -12,8 +12,11 @@
 #                   client afterwards still reaches RDMA
 #   to-rdma-max     a genuine upgrade, then TO_RDMA at 2^64-1: the challenge
 #                   fails, TCP carries both ways intact
-#   back0           a genuine upgrade, MBs both ways, then BACK with X = 0:
-#                   reset as malformed, the stream is not written again on TCP
+#   back0           a genuine upgrade, MBs both ways, then BACK with X = 0
+#                   after more than its buffers can hold unread (16 of 64
+#                   KiB: 2 x 16 x 1 MiB, the most a libsovia peer with 16
+#                   buffers lags): reset as malformed, the stream is not
+#                   written again on TCP
 #   ignore-back     the server detaches (fork) and the peer keeps sending
 #                   DATA: the give-back buffer is bounded, fork() returns
 #   ignore-back-silent  the same peer goes silent instead: the detach ends
@@ -229,7 +232,7 @@ case_to_rdma_max() {
 
 case_back0() {
 	local port=$1
-	head -c $((8 * 1048576)) /dev/urandom >"$WORK/srv.in"
+	head -c $((40 * 1048576)) /dev/urandom >"$WORK/srv.in"
 	head -c 262144 /dev/urandom >"$WORK/cli.in"
 	"$H" pattern -n $((1048576)) >"$WORK/want"
 	# Connection 1 is the attacker's, connection 2 a real client's.
@@ -240,7 +243,7 @@ case_back0() {
 	wait_port "$port"
 	mem_watch "$(child_of $vic)" "$WORK/mem" "$RSS_MB"
 	run_logged "$WORK/hostile.out" "$WORK/hostile.err" \
-		"$H" back0 -a "$IP" -p "$port" -n $((4 * 1048576)) -o "$WORK/got" -t 240
+		"$H" back0 -a "$IP" -p "$port" -n $((36 * 1048576)) -o "$WORK/got" -t 240
 	wait_line "$WORK/victim.out" "conn 1: read" 180 || fail "the victim is stuck on the attacked connection"
 	local crc=0 vrc=0
 	LD_PRELOAD=$LIB timeout 300 nc -N "$IP" "$port" <"$WORK/cli.in" >"$WORK/client.out" \
@@ -254,7 +257,7 @@ case_back0() {
 	local got_qp rew ended
 	got_qp=$(field "$f" got_qp BACK0_RESULT) rew=$(field "$f" rewritten BACK0_RESULT)
 	ended=$(field "$f" ended BACK0_RESULT)
-	[ "$got_qp" -ge $((4 * 1048576)) ] || fail "only $got_qp bytes of the server's came over the QP before the BACK"
+	[ "$got_qp" -gt $((32 * 1048576)) ] || fail "only $got_qp bytes of the server's came over the QP before the BACK"
 	assert_prefix "$WORK/got" "$WORK/srv.in" "back0: the server's stream before the BACK"
 	assert_prefix "$WORK/vout.1" "$WORK/want" "back0: the victim's application"
 	[ "$rew" = 0 ] || fail "the server wrote $rew bytes of its stream again on TCP, from X = 0"

@@ -4216,6 +4216,56 @@ ParameterizedTest(uint64_t *unread, proto, back_x_bounded)
 	}
 }
 
+/* The QP part of what a peer may give back is bounded by SV_BACK_UNREAD_MAX
+ * whatever its buffers: with the most a libsovia peer posts (SV_WINDOW_MAX
+ * data buffers), twice its buffers at 2^20 each would be 2 GiB, all of it
+ * ours to hold until TCP takes it. B's stream is moved on as if the QP had
+ * carried the bytes (the test's streams are 1 MiB). */
+ParameterizedTestParameters(proto, back_x_bounded_whatever_the_buffers)
+{
+	static uint64_t unread[] = {1000, SV_BACK_UNREAD_MAX, SV_BACK_UNREAD_MAX + 1,
+				    (uint64_t)SV_BACK_UNREAD_MAX * 4};
+	return cr_make_param_array(uint64_t, unread, sizeof(unread) / sizeof(unread[0]));
+}
+
+ParameterizedTest(uint64_t *unread, proto, back_x_bounded_whatever_the_buffers)
+{
+	struct sv_proto_params pa = prm_default(), pb = prm_default();
+	pa.window = SV_WINDOW_MAX;
+	conn_up2(&pa, &pb);
+	open_both();
+	cr_assert_eq(P[SB].peer_nrecv, SV_WINDOW_MAX + pa.reserve);
+	uint64_t qp_from = P[SB].tx_qp_from;
+	uint64_t moved = (uint64_t)SV_BACK_UNREAD_MAX * 4 + 4096;
+	P[SB].snd_nxt += moved;
+	P[SB].snd_una = P[SB].snd_nxt;
+	uint64_t x = qp_from + moved - *unread;
+	uint8_t pl[8];
+	for (int i = 0; i < 8; i++)
+		pl[i] = (uint8_t)(x >> (8 * i));
+	struct sv_hdr h = {.type = SV_MSG_BACK, .len = 8, .seq = P[SB].rcv_nxt, .ack = P[SB].snd_nxt};
+	cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h, pl, 8, SV_HDR_SIZE + 8), 0);
+	int r = fake_poll(&FP.ep[SB], &P[SB], NOW);
+	if (*unread <= SV_BACK_UNREAD_MAX) {
+		cr_assert_geq(r, 0, "%llu unread: refused (%d)", (unsigned long long)*unread, r);
+		cr_assert(P[SB].peer_back);
+	} else {
+		cr_assert_eq(r, -ECONNRESET, "%llu unread: got %d", (unsigned long long)*unread, r);
+		cr_assert_not(P[SB].peer_back);
+	}
+}
+
+/* A peer that says it posted more receive buffers than a libsovia can is
+ * refused at set-up: each one would widen what it may hold unread. */
+Test(proto, a_peer_with_more_buffers_than_libsovia_has_is_refused)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	cr_assert_eq(sv_proto_set_peer(&P[SA], SV_WINDOW_MAX + SV_RESERVE, 4096), 0);
+	cr_assert_eq(sv_proto_set_peer(&P[SA], SV_WINDOW_MAX + SV_RESERVE + 1, 4096), -EINVAL);
+	cr_assert_eq(sv_proto_set_peer(&P[SA], 65535, 4096), -EINVAL);
+}
+
 /* After our BACK, DATA comes only on the credits the peer held when it
  * saw it: one receive buffer each. A peer that sends on regardless would
  * fill the give-back buffer without end: the message past them resets. */
