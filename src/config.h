@@ -27,6 +27,8 @@ struct sv_config {
 	uint32_t peer_hold_ms;        /* SOVIA_PEER_HOLD_MS: a known peer's connection holds
 				       * its first writes for its QP at most this long */
 	uint32_t spin_us;             /* SOVIA_SPIN_US: poll before sleeping in the kernel */
+	bool privileged_ports;        /* SOVIA_PRIVILEGED_PORTS: clients upgrade only to
+				       * server ports below 1024 */
 };
 
 typedef char *(*sv_getenv_fn)(const char *name);

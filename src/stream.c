@@ -16,6 +16,8 @@
 #include "upgrade.h"
 
 #include <errno.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -145,9 +147,31 @@ static bool no_rdma(struct sv_stream *s)
 	return true;
 }
 
+/* With SOVIA_PRIVILEGED_PORTS, a server port of 1024 or above stays on
+ * TCP: anyone on the server's host may listen there with rdma_cm (its port
+ * space is not TCP's) before the server's libsovia, answer for the server
+ * and be handed the client's echo, 8 bytes the client then writes into the
+ * real server's stream. Below 1024 rdma_cm asks for CAP_NET_BIND_SERVICE. */
+static bool port_unprivileged(struct sv_stream *s, const struct sockaddr *peer)
+{
+	if (!sv_cfg.privileged_ports)
+		return false;
+	in_port_t port = 0;
+	if (peer->sa_family == AF_INET)
+		port = ntohs(((const struct sockaddr_in *)(const void *)peer)->sin_port);
+	else if (peer->sa_family == AF_INET6)
+		port = ntohs(((const struct sockaddr_in6 *)(const void *)peer)->sin6_port);
+	if (port && port < 1024)
+		return false;
+	sv_lock(&s->lock);
+	sv_stream_fall_back(s, SV_FB_UNPRIVILEGED);
+	sv_unlock(&s->lock);
+	return true;
+}
+
 void sv_stream_start_client(struct sv_stream *s)
 {
-	if (no_rdma(s))
+	if (port_unprivileged(s, (const struct sockaddr *)&s->tuple.peer) || no_rdma(s))
 		return;
 	/* A peer known to speak libsovia gets its upgrade at once: the first
 	 * writes wait for it. */
@@ -172,7 +196,7 @@ void sv_stream_start_client(struct sv_stream *s)
 
 void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, socklen_t len)
 {
-	if (no_rdma(s))
+	if (port_unprivileged(s, to) || no_rdma(s))
 		return;
 	sv_lock(&s->lock);
 	s->sw.connect_pending = true;

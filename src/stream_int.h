@@ -69,6 +69,8 @@ enum sv_fallback {
 			     * opened by the parent before a fork) */
 	SV_FB_MEMLOCK,      /* its buffers do not fit the locked-memory budget
 			     * (pinned.h) */
+	SV_FB_UNPRIVILEGED, /* SOVIA_PRIVILEGED_PORTS, and the server's port is
+			     * 1024 or above */
 };
 
 /* Why a connection on RDMA resumed over TCP (its statistics say it). */

@@ -70,6 +70,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 		return "credentials";
 	case SV_FB_MEMLOCK:
 		return "memlock";
+	case SV_FB_UNPRIVILEGED:
+		return "unprivileged-port";
 	}
 	return "?";
 }

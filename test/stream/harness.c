@@ -46,17 +46,29 @@ void h_teardown(void)
 
 void h_listen(struct pair *p, bool rdma)
 {
+	cr_assert_eq(h_listen_at(p, rdma, 0), 0);
+}
+
+int h_listen_at(struct pair *p, bool rdma, uint16_t port)
+{
 	memset(p, 0, sizeof(*p));
 	p->cfd = p->sfd = -1;
 	p->lfd = socket(AF_INET, SOCK_STREAM, 0);
 	cr_assert_geq(p->lfd, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	cr_assert_eq(bind(p->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	if (bind(p->lfd, (struct sockaddr *)&a, sizeof(a)) < 0) {
+		int e = errno;
+		close(p->lfd);
+		p->lfd = -1;
+		return -e;
+	}
 	cr_assert_eq(listen(p->lfd, 16), 0);
 	if (rdma) {
 		p->l = sv_upgrade_listen(p->lfd);
 		cr_assert_not_null(p->l, "no RDMA listener");
 	}
+	return 0;
 }
 
 void h_connect_sockets(struct pair *p)

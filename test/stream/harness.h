@@ -30,6 +30,8 @@ struct pair {
 /* A listening socket on 127.0.0.1 (any port), with an RDMA listener
  * beside it unless `rdma` is false. */
 void h_listen(struct pair *p, bool rdma);
+/* The same on loopback port `port` (0: any): 0, or -errno of bind. */
+int h_listen_at(struct pair *p, bool rdma, uint16_t port);
 /* Connect a client to it and accept; both become streams and start their
  * upgrade (the client's on its own, the server's waiting for a request). */
 void h_connect(struct pair *p);

@@ -387,3 +387,41 @@ Test(fallback, a_reply_with_our_own_challenge_is_refused)
 	cr_assert_eq(memcmp(got, msg, sizeof(msg)), 0, "the server read other bytes first");
 	h_pair_free(&p);
 }
+
+/* SOVIA_PRIVILEGED_PORTS: a server port of 1024 or above, where any local
+ * user may listen with rdma_cm first, stays on TCP; the client never
+ * writes an echo there. */
+Test(fallback, privileged_ports_keep_an_unprivileged_port_on_tcp)
+{
+	sv_cfg.privileged_ports = true;
+	sv_cfg.upgrade_timeout_ms = 300;
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(p.c)));
+	cr_assert_eq(h_fallback(p.c), SV_FB_UNPRIVILEGED, "fallback=%s",
+		     sv_fallback_name(h_fallback(p.c)));
+	exchange(&p, 31, false);
+	cr_assert_eq(fake_net_qps_created(), 0, "the client asked for RDMA");
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	h_pair_free(&p);
+}
+
+/* ... and a port below 1024 is upgraded as ever. */
+Test(fallback, privileged_ports_upgrade_a_port_below_1024)
+{
+	sv_cfg.privileged_ports = true;
+	struct pair p;
+	int r = -EADDRINUSE;
+	for (uint16_t port = 900; port < 1000 && r == -EADDRINUSE; port++)
+		r = h_listen_at(&p, true, port);
+	if (r == -EACCES)
+		cr_skip_test("binding a port below 1024 needs CAP_NET_BIND_SERVICE");
+	cr_assert_eq(r, 0, "no free port below 1024: %s", strerror(-r));
+	h_connect(&p);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
+		     sv_conn_state_name(h_state(p.c)));
+	exchange(&p, 32, true);
+	h_pair_free(&p);
+}
