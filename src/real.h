@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <wordexp.h>
 
 #define SV_REAL_SYMBOLS(X)                                                                  \
 	X(socket, int, (int, int, int))                                                     \
@@ -63,6 +64,8 @@
 			      const posix_spawnattr_t *, char *const[], char *const[]))      \
 	X(system, int, (const char *))                                                      \
 	X(popen, FILE *, (const char *, const char *))                                      \
+	X(wordexp, int, (const char *, wordexp_t *, int))                                   \
+	X(daemon, int, (int, int))                                                          \
 	X(dup, int, (int))                                                                  \
 	X(dup2, int, (int, int))                                                            \
 	X(dup3, int, (int, int, int))                                                       \
