@@ -13,6 +13,7 @@
  *   wordexp                the same, for a command substitution's shell
  *   daemon                 every one: glibc forks with its internal fork
  *                          and the parent leaves by its internal _exit
+ *   forkpty                every one: glibc forks with its internal fork
  *   sendfile, splice       the socket(s) involved
  *   sendmsg, sendmmsg      every socket passed in SCM_RIGHTS (the receiver
  *                          gets the kernel's socket) */
@@ -22,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pty.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -302,6 +304,16 @@ SV_EXPORT int daemon(int nochdir, int noclose)
 {
 	HAND_OVER("daemon", false, -1);
 	return SV_REAL(daemon)(nochdir, noclose);
+}
+
+/* forkpty forks with glibc's internal fork too (since 2.34, in libc): the
+ * child's entries become the kernel's, so the shell it usually execs
+ * would get served sockets raw. As fork(). */
+SV_EXPORT pid_t forkpty(int *master, char *name, const struct termios *tp,
+			const struct winsize *wp)
+{
+	HAND_OVER("forkpty", false, -1);
+	return SV_REAL(forkpty)(master, name, tp, wp);
 }
 
 /* ---- Descriptors -------------------------------------------------------- */

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/epoll.h>
@@ -66,6 +67,7 @@
 	X(popen, FILE *, (const char *, const char *))                                      \
 	X(wordexp, int, (const char *, wordexp_t *, int))                                   \
 	X(daemon, int, (int, int))                                                          \
+	X(forkpty, pid_t, (int *, char *, const struct termios *, const struct winsize *))  \
 	X(dup, int, (int))                                                                  \
 	X(dup2, int, (int, int))                                                            \
 	X(dup3, int, (int, int, int))                                                       \

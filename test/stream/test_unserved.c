@@ -3,12 +3,14 @@
  * whole connection in the kernel's socket. Here the descriptors passed
  * over a Unix socket (SCM_RIGHTS), the children of system(), popen() and
  * wordexp(), which glibc spawns past the interposed fork and exec, those
- * of posix_spawn(), and daemon(), whose fork is glibc's internal one. */
+ * of posix_spawn(), and daemon() and forkpty(), whose fork is glibc's
+ * internal one. */
 #include "preload_harness.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
+#include <pty.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,6 +187,25 @@ static int run_posix_spawn(const char *cmd)
 	return st;
 }
 
+/* A shell on a terminal of its own, as terminal emulators and expect
+ * start theirs. */
+static int run_forkpty(const char *cmd)
+{
+	char quiet[128];
+	snprintf(quiet, sizeof(quiet), "%s >/dev/null", cmd);
+	int master;
+	pid_t pid = forkpty(&master, NULL, NULL, NULL);
+	cr_assert_geq(pid, 0, "forkpty: %s", strerror(errno));
+	if (pid == 0) {
+		execl("/bin/sh", "sh", "-c", quiet, (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	close(master);
+	return st;
+}
+
 /* The client's socket survives into the shell (no FD_CLOEXEC), which
  * writes to it: the server reads the client's bytes that went over the
  * QP, then the shell's, then the client's again, in order. A second
@@ -256,6 +277,11 @@ Test(unserved, wordexp_without_a_command_leaves_the_connections_alone)
 	cr_assert_eq(wordexp("$(echo no)", &we, WRDE_NOCMD), WRDE_CMDSUB);
 	cr_assert_eq(h_state(a.c), SV_CONN_RDMA, "%s", sv_conn_state_name(h_state(a.c)));
 	ph_pair_close(&a);
+}
+
+Test(unserved, forkpty_takes_every_connection_back_first)
+{
+	spawn_with_a_connection_of(run_forkpty, true);
 }
 
 Test(unserved, posix_spawn_takes_every_connection_back_first)
