@@ -95,6 +95,10 @@ SV_EXPORT int dup(int fd)
 
 SV_EXPORT int dup2(int fd, int fd2)
 {
+	/* Onto itself: the kernel only checks fd and makes no copy, so the
+	 * stream must not be shared (moved to a private descriptor) either. */
+	if (fd == fd2)
+		return SV_REAL(dup2)(fd, fd2);
 	if (dup_refused(fd, fd2))
 		return sv_refuse(fd, "dup2", EBUSY);
 	struct sv_fd *f = share_begin(fd);
@@ -104,6 +108,16 @@ SV_EXPORT int dup2(int fd, int fd2)
 
 SV_EXPORT int dup3(int fd, int fd2, int flags)
 {
+	/* The kernel refuses these (EINVAL) before it touches fd2: fd2's
+	 * connection must not be closed first, nor fd's stream shared. An
+	 * unknown flag is refused here as the kernel does today, since closing
+	 * fd2 first and then failing would lose its connection. */
+	if (fd == fd2)
+		return SV_REAL(dup3)(fd, fd2, flags);
+	if (flags & ~O_CLOEXEC) {
+		errno = EINVAL;
+		return -1;
+	}
 	if (dup_refused(fd, fd2))
 		return sv_refuse(fd, "dup3", EBUSY);
 	struct sv_fd *f = share_begin(fd);

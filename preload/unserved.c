@@ -10,6 +10,10 @@
  *   system, popen          those that survive into the shell (no
  *                          FD_CLOEXEC): glibc spawns it with its internal
  *                          posix_spawn, past the interposed one
+ *   wordexp                the same, for a command substitution's shell
+ *   daemon                 every one: glibc forks with its internal fork
+ *                          and the parent leaves by its internal _exit
+ *   forkpty                every one: glibc forks with its internal fork
  *   sendfile, splice       the socket(s) involved
  *   sendmsg, sendmmsg      every socket passed in SCM_RIGHTS (the receiver
  *                          gets the kernel's socket) */
@@ -19,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pty.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -26,6 +31,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <wordexp.h>
 
 /* ---- Going back to plain TCP ---------------------------------------------- */
 
@@ -274,6 +280,40 @@ SV_EXPORT FILE *popen(const char *cmd, const char *type)
 {
 	HAND_OVER("popen", true, NULL);
 	return SV_REAL(popen)(cmd, type);
+}
+
+/* A command substitution, $(...) or `...`, runs in /bin/sh -c, spawned by
+ * glibc's internal posix_spawn: the shell inherits the connections without
+ * FD_CLOEXEC, as system()'s does. Nothing else wordexp expands starts a
+ * process, so only words that can hold one take them back (an arithmetic
+ * $(( )) too, harmlessly); WRDE_NOCMD refuses substitutions unrun. */
+SV_EXPORT int wordexp(const char *words, wordexp_t *we, int flags)
+{
+	if (words && !(flags & WRDE_NOCMD) && (strchr(words, '`') || strstr(words, "$(")))
+		HAND_OVER("wordexp", true, WRDE_NOSPACE); /* its only error for "could not" */
+	return SV_REAL(wordexp)(words, we, flags);
+}
+
+/* daemon() forks with glibc's internal fork, so this file's fork() never
+ * runs (the fork handlers do: the child's libsovia is reset), and the
+ * parent leaves by glibc's internal _exit, past quick_exit_flush: what the
+ * parent's QPs carried or held would be lost, and the child would find
+ * only the kernel's sockets. Every connection goes back to TCP first, as
+ * for fork(). */
+SV_EXPORT int daemon(int nochdir, int noclose)
+{
+	HAND_OVER("daemon", false, -1);
+	return SV_REAL(daemon)(nochdir, noclose);
+}
+
+/* forkpty forks with glibc's internal fork too (since 2.34, in libc): the
+ * child's entries become the kernel's, so the shell it usually execs
+ * would get served sockets raw. As fork(). */
+SV_EXPORT pid_t forkpty(int *master, char *name, const struct termios *tp,
+			const struct winsize *wp)
+{
+	HAND_OVER("forkpty", false, -1);
+	return SV_REAL(forkpty)(master, name, tp, wp);
 }
 
 /* ---- Descriptors -------------------------------------------------------- */

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/epoll.h>
@@ -16,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <wordexp.h>
 
 #define SV_REAL_SYMBOLS(X)                                                                  \
 	X(socket, int, (int, int, int))                                                     \
@@ -63,6 +65,9 @@
 			      const posix_spawnattr_t *, char *const[], char *const[]))      \
 	X(system, int, (const char *))                                                      \
 	X(popen, FILE *, (const char *, const char *))                                      \
+	X(wordexp, int, (const char *, wordexp_t *, int))                                   \
+	X(daemon, int, (int, int))                                                          \
+	X(forkpty, pid_t, (int *, char *, const struct termios *, const struct winsize *))  \
 	X(dup, int, (int))                                                                  \
 	X(dup2, int, (int, int))                                                            \
 	X(dup3, int, (int, int, int))                                                       \

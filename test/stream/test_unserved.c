@@ -1,18 +1,26 @@
 /* Calls that hand a connection to something libsovia does not serve take it
  * back to plain TCP first (preload/unserved.c): the receiver then has the
  * whole connection in the kernel's socket. Here the descriptors passed
- * over a Unix socket (SCM_RIGHTS), and the children of system() and
- * popen(), which glibc spawns past the interposed fork and exec. */
+ * over a Unix socket (SCM_RIGHTS), the children of system(), popen() and
+ * wordexp(), which glibc spawns past the interposed fork and exec, those
+ * of posix_spawn(), and daemon() and forkpty(), whose fork is glibc's
+ * internal one. */
 #include "preload_harness.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <pty.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <wordexp.h>
+
+extern char **environ;
 
 TestSuite(unserved, .init = h_setup, .fini = h_teardown, .timeout = 60);
 
@@ -152,12 +160,59 @@ static int run_popen(const char *cmd)
 	return pclose(f);
 }
 
+/* The shell of a command substitution: its output is wordexp's word. */
+static int run_wordexp(const char *cmd)
+{
+	char words[128];
+	snprintf(words, sizeof(words), "$(%s)", cmd);
+	wordexp_t we;
+	int r = wordexp(words, &we, 0);
+	cr_assert_eq(r, 0, "wordexp: %d", r);
+	cr_assert_eq(we.we_wordc, 1);
+	cr_assert_str_eq(we.we_wordv[0], "done", "the substitution's output");
+	wordfree(&we);
+	return 0;
+}
+
+static int run_posix_spawn(const char *cmd)
+{
+	char quiet[128];
+	snprintf(quiet, sizeof(quiet), "%s >/dev/null", cmd);
+	char *argv[] = {"sh", "-c", quiet, NULL};
+	pid_t pid;
+	int r = posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, environ);
+	cr_assert_eq(r, 0, "posix_spawn: %d", r);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	return st;
+}
+
+/* A shell on a terminal of its own, as terminal emulators and expect
+ * start theirs. */
+static int run_forkpty(const char *cmd)
+{
+	char quiet[128];
+	snprintf(quiet, sizeof(quiet), "%s >/dev/null", cmd);
+	int master;
+	pid_t pid = forkpty(&master, NULL, NULL, NULL);
+	cr_assert_geq(pid, 0, "forkpty: %s", strerror(errno));
+	if (pid == 0) {
+		execl("/bin/sh", "sh", "-c", quiet, (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	close(master);
+	return st;
+}
+
 /* The client's socket survives into the shell (no FD_CLOEXEC), which
  * writes to it: the server reads the client's bytes that went over the
  * QP, then the shell's, then the client's again, in order. A second
  * connection whose sockets have FD_CLOEXEC is not the shell's and stays
- * on RDMA. */
-static void spawn_with_a_connection(spawn_fn run)
+ * on RDMA, unless `every` (posix_spawn: its file actions may hand any fd
+ * over, so all go back). */
+static void spawn_with_a_connection_of(spawn_fn run, bool every)
 {
 	struct pair a, b;
 	ph_pair_rdma(&a);
@@ -176,14 +231,23 @@ static void spawn_with_a_connection(spawn_fn run)
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the shell: status %d", st);
 	cr_assert(sv_stream_kernel_only(a.c), "the shell's connection is still libsovia's (%s)",
 		  sv_conn_state_name(h_state(a.c)));
-	cr_assert_eq(h_state(b.c), SV_CONN_RDMA, "a close-on-exec connection stays on RDMA (%s)",
-		     sv_conn_state_name(h_state(b.c)));
+	if (every)
+		cr_assert(sv_stream_kernel_only(b.c), "a close-on-exec connection is still "
+			  "libsovia's (%s)", sv_conn_state_name(h_state(b.c)));
+	else
+		cr_assert_eq(h_state(b.c), SV_CONN_RDMA, "a close-on-exec connection stays on "
+			     "RDMA (%s)", sv_conn_state_name(h_state(b.c)));
 	cr_assert_eq(write(a.cfd, "after", 5), 5);
 	cr_assert_eq(ph_read_all(a.sfd, in, LEN + 10), LEN + 10);
 	cr_assert(h_pattern_ok(in, LEN, 31, 0), "the client's bytes before the shell's");
 	cr_assert_eq(memcmp(in + LEN, "childafter", 10), 0, "then the shell's, then the client's");
 	ph_pair_close(&a);
 	ph_pair_close(&b);
+}
+
+static void spawn_with_a_connection(spawn_fn run)
+{
+	spawn_with_a_connection_of(run, false);
 }
 
 Test(unserved, system_takes_the_shells_connections_back_first)
@@ -194,4 +258,104 @@ Test(unserved, system_takes_the_shells_connections_back_first)
 Test(unserved, popen_takes_the_shells_connections_back_first)
 {
 	spawn_with_a_connection(run_popen);
+}
+
+Test(unserved, wordexp_takes_the_substitutions_connections_back_first)
+{
+	spawn_with_a_connection(run_wordexp);
+}
+
+/* Words with no command substitution start no shell: the connections
+ * stay on RDMA. */
+Test(unserved, wordexp_without_a_command_leaves_the_connections_alone)
+{
+	struct pair a;
+	ph_pair_rdma(&a);
+	wordexp_t we;
+	cr_assert_eq(wordexp("~ $HOME x", &we, 0), 0);
+	wordfree(&we);
+	cr_assert_eq(wordexp("$(echo no)", &we, WRDE_NOCMD), WRDE_CMDSUB);
+	cr_assert_eq(h_state(a.c), SV_CONN_RDMA, "%s", sv_conn_state_name(h_state(a.c)));
+	ph_pair_close(&a);
+}
+
+Test(unserved, forkpty_takes_every_connection_back_first)
+{
+	spawn_with_a_connection_of(run_forkpty, true);
+}
+
+Test(unserved, posix_spawn_takes_every_connection_back_first)
+{
+	spawn_with_a_connection_of(run_posix_spawn, true);
+}
+
+/* The daemon's own checks (no Criterion there, and no one waits for it):
+ * 0 when the rest of the client's bytes, then what it writes now, come
+ * through the inherited sockets in order, else the number of the check
+ * that failed. */
+static char daemon_checks(struct pair *p, size_t len, size_t consumed, uint64_t seed)
+{
+	if (ph_stream(p->sfd) || ph_stream(p->cfd))
+		return 1; /* the parent's streams are not this process's */
+	/* A read that never gets its bytes ends instead of hanging. */
+	struct timeval tv = {.tv_sec = 10};
+	if (setsockopt(p->sfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0)
+		return 2;
+	uint8_t *in = malloc(len + 5);
+	if (!in)
+		return 3;
+	char r = 0;
+	if (write(p->cfd, "after", 5) != 5)
+		r = 4;
+	else if (ph_read_all(p->sfd, in, len - consumed + 5) != len - consumed + 5)
+		r = 5;
+	else if (!h_pattern_ok(in, len - consumed, seed, consumed))
+		r = 6;
+	else if (memcmp(in + len - consumed, "after", 5) != 0)
+		r = 7;
+	free(in);
+	return r;
+}
+
+/* The application (a child of the test, so that daemon's parent may
+ * leave): a connection of its own on RDMA, part read, then daemon(). */
+static void daemon_app(int report)
+{
+	enum { LEN = 6000, READ = 100, SEED = 41 };
+	struct pair a;
+	ph_pair_rdma(&a);
+	uint8_t out[LEN], in[READ];
+	h_pattern(out, LEN, SEED, 0);
+	if (ph_write_all(a.cfd, out, LEN) != LEN || h_counts(a.c).rdma_tx == 0)
+		_exit(20);
+	if (ph_read_all(a.sfd, in, READ) != READ || !h_pattern_ok(in, READ, SEED, 0))
+		_exit(21);
+	if (daemon(1, 1) != 0)
+		_exit(22);
+	char v = daemon_checks(&a, LEN, READ, SEED);
+	(void)!write(report, &v, 1);
+	_exit(0);
+}
+
+/* daemon() forks past the interposed fork and its parent leaves at once
+ * by glibc's own _exit: the daemon carries on with the connections, which
+ * went back to plain TCP first with nothing lost. */
+Test(unserved, daemon_takes_every_connection_back_first)
+{
+	int rep[2];
+	cr_assert_eq(pipe(rep), 0);
+	pid_t pid = fork(); /* no connection yet: nothing goes back */
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(rep[0]);
+		daemon_app(rep[1]);
+	}
+	close(rep[1]);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the application: status %#x", st);
+	char v = -1;
+	cr_assert_eq(read(rep[0], &v, 1), 1, "the daemon reported nothing");
+	cr_assert_eq(v, 0, "the daemon's check %d failed", v);
+	close(rep[0]);
 }

@@ -1,0 +1,162 @@
+/* dup2, dup3 and fcntl(F_DUPFD*) at their edges on a connection libsovia
+ * serves (preload/descriptors.c): onto the same number they copy nothing
+ * and change nothing, a copy onto a served fd ends that connection as
+ * close() would (its bytes delivered, then the end), a call the kernel
+ * refuses leaves both fds as they were, and F_DUPFD copies are the same
+ * stream. */
+#include "preload_harness.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+TestSuite(dup, .init = h_setup, .fini = h_teardown, .timeout = 60);
+
+/* `len` bytes of pattern `seed` written on `wfd` arrive on `rfd`, in order. */
+static void bytes_arrive(int wfd, int rfd, size_t len, uint64_t seed)
+{
+	uint8_t *out = malloc(len), *in = malloc(len);
+	h_pattern(out, len, seed, 0);
+	cr_assert_eq(ph_write_all(wfd, out, len), (long)len);
+	cr_assert_eq(ph_read_all(rfd, in, len), len);
+	cr_assert(h_pattern_ok(in, len, seed, 0), "the bytes of pattern %lu", (unsigned long)seed);
+	free(out);
+	free(in);
+}
+
+/* The peer of a closed connection reads its end: EOF, nothing more. */
+static void peer_sees_the_end(int fd)
+{
+	char b;
+	cr_assert_eq(read(fd, &b, 1), 0, "the peer reads the end");
+}
+
+Test(dup, dup2_onto_itself_returns_it_and_changes_nothing)
+{
+	struct pair a;
+	ph_pair_rdma(&a);
+	struct sv_stream *s = ph_stream(a.cfd);
+	int before = h_open_fds();
+	cr_assert_eq(dup2(a.cfd, a.cfd), a.cfd);
+	cr_assert_eq(h_open_fds(), before, "dup2(fd, fd) opened a descriptor");
+	cr_assert_eq(ph_stream(a.cfd), s);
+	cr_assert_eq(h_state(s), SV_CONN_RDMA, "%s", sv_conn_state_name(h_state(s)));
+	bytes_arrive(a.cfd, a.sfd, 5000, 51);
+	/* One close still ends the connection: no copy was made. */
+	cr_assert_eq(close(a.cfd), 0);
+	a.cfd = -1;
+	peer_sees_the_end(a.sfd);
+	ph_pair_close(&a);
+}
+
+Test(dup, dup3_onto_itself_is_einval_and_changes_nothing)
+{
+	struct pair a;
+	ph_pair_rdma(&a);
+	struct sv_stream *s = ph_stream(a.cfd);
+	int before = h_open_fds();
+	errno = 0;
+	cr_assert_eq(dup3(a.cfd, a.cfd, 0), -1);
+	cr_assert_eq(errno, EINVAL);
+	cr_assert_eq(dup3(a.cfd, a.cfd, O_CLOEXEC), -1);
+	cr_assert_eq(errno, EINVAL);
+	cr_assert_eq(h_open_fds(), before, "a refused dup3 opened a descriptor");
+	cr_assert_eq(ph_stream(a.cfd), s);
+	bytes_arrive(a.cfd, a.sfd, 5000, 52);
+	ph_pair_close(&a);
+}
+
+/* A dup3 the kernel refuses for its flags must not have closed fd2's
+ * connection first. */
+Test(dup, dup3_with_a_bad_flag_leaves_the_target_connection_open)
+{
+	struct pair a;
+	ph_pair_rdma(&a);
+	int other = open("/dev/null", O_RDWR);
+	cr_assert_geq(other, 0);
+	struct sv_stream *s = ph_stream(a.sfd);
+	errno = 0;
+	cr_assert_eq(dup3(other, a.sfd, 0x40000000), -1);
+	cr_assert_eq(errno, EINVAL);
+	cr_assert_eq(ph_stream(a.sfd), s, "the target's connection was closed");
+	cr_assert_eq(h_state(s), SV_CONN_RDMA, "%s", sv_conn_state_name(h_state(s)));
+	bytes_arrive(a.cfd, a.sfd, 5000, 53);
+	bytes_arrive(a.sfd, a.cfd, 5000, 54);
+	close(other);
+	ph_pair_close(&a);
+}
+
+/* dup2 onto a served fd closes its connection as close() does: the bytes
+ * written before (still coalesced, or in flight) reach the peer, then the
+ * end; the number is the other file's afterwards. */
+static void dup_onto_served(bool three)
+{
+	struct pair a;
+	ph_pair_rdma(&a);
+	enum { LEN = 3000, TAIL = 100 };
+	uint8_t out[LEN + TAIL], in[LEN + TAIL];
+	h_pattern(out, LEN + TAIL, 55, 0);
+	cr_assert_eq(ph_write_all(a.cfd, out, LEN), LEN);
+	/* Below the coalescing size: held by libsovia when the copy comes. */
+	cr_assert_eq(ph_write_all(a.cfd, out + LEN, TAIL), TAIL);
+	int other = open("/dev/null", O_RDWR);
+	cr_assert_geq(other, 0);
+	if (three)
+		cr_assert_eq(dup3(other, a.cfd, O_CLOEXEC), a.cfd);
+	else
+		cr_assert_eq(dup2(other, a.cfd), a.cfd);
+	cr_assert_null(ph_stream(a.cfd), "the number is /dev/null's now");
+	cr_assert_eq(write(a.cfd, "x", 1), 1, "/dev/null takes it");
+	cr_assert_eq(ph_read_all(a.sfd, in, LEN + TAIL), LEN + TAIL);
+	cr_assert(h_pattern_ok(in, LEN + TAIL, 55, 0), "the bytes written before the dup");
+	peer_sees_the_end(a.sfd);
+	close(other);
+	ph_pair_close(&a);
+}
+
+Test(dup, dup2_onto_a_served_fd_delivers_its_bytes_then_the_end)
+{
+	dup_onto_served(false);
+}
+
+Test(dup, dup3_onto_a_served_fd_delivers_its_bytes_then_the_end)
+{
+	dup_onto_served(true);
+}
+
+/* fcntl(F_DUPFD, F_DUPFD_CLOEXEC): a copy at or above the number asked,
+ * the same stream, its own FD_CLOEXEC; the connection lives until the
+ * last copy is closed, and the bytes of all copies arrive in order. */
+static void fcntl_dup(int cmd)
+{
+	struct pair a;
+	ph_pair_rdma(&a);
+	int c = fcntl(a.cfd, cmd, 200);
+	cr_assert_geq(c, 200);
+	cr_assert_eq(ph_stream(c), ph_stream(a.cfd), "the copy is the same stream");
+	cr_assert_eq(fcntl(c, F_GETFD) & FD_CLOEXEC, cmd == F_DUPFD_CLOEXEC ? FD_CLOEXEC : 0);
+	cr_assert_eq(fcntl(a.cfd, F_GETFD) & FD_CLOEXEC, 0);
+	bytes_arrive(a.cfd, a.sfd, 3000, 56);
+	bytes_arrive(c, a.sfd, 3000, 57);
+	cr_assert_eq(close(a.cfd), 0);
+	a.cfd = -1;
+	bytes_arrive(c, a.sfd, 3000, 58);
+	bytes_arrive(a.sfd, c, 3000, 59);
+	cr_assert_eq(h_state(ph_stream(c)), SV_CONN_RDMA);
+	cr_assert_eq(close(c), 0);
+	peer_sees_the_end(a.sfd);
+	ph_pair_close(&a);
+}
+
+Test(dup, fcntl_dupfd_makes_the_same_stream)
+{
+	fcntl_dup(F_DUPFD);
+}
+
+Test(dup, fcntl_dupfd_cloexec_makes_the_same_stream)
+{
+	fcntl_dup(F_DUPFD_CLOEXEC);
+}
