@@ -29,6 +29,11 @@
 #                   injected); what we guarantee is asserted
 #   rogue-reflect   the same rogue hands the client its own challenge, to an
 #                   echo server that hands it back: it must not pass
+#   rogue-privileged  clients with SOVIA_PRIVILEGED_PORTS=1: on the rogue's
+#                   port they stay on TCP and the server's stream is the
+#                   client's alone; a rogue run as nobody cannot listen below
+#                   1024, where the real server's libsovia takes the client
+#                   to RDMA
 #
 # SOVIA_HOSTILE_CASES picks cases (default: all). SOVIA_HOSTILE_RSS_MB is
 # the bound of a victim's memory (default 128; the victims' peaks in these
@@ -409,6 +414,46 @@ case_rogue_listener() {
 	rogue_run $(($1 + 1)) preloaded
 }
 
+case_rogue_privileged() {
+	local port=$1 low=$((900 + $1 % 100))
+	# The rogue's port is not privileged: the client never asks for RDMA
+	# there, so it writes no echo at all.
+	SOVIA_PRIVILEGED_PORTS=1 rogue_run "$port" plain
+	grep -q ROGUECHL "$WORK/server.plain.out" && fail "rogue-privileged: 8 bytes injected"
+	local fb
+	fb=$(fallback_of "$WORK/client.plain.err" client)
+	[ "$fb" = unprivileged-port ] || fail "rogue-privileged: the client's fallback is '$fb'"
+	grep -q "^rogue: request " "$WORK/rogue.plain.out" &&
+		fail "rogue-privileged: the client's request reached the rogue"
+	# Below 1024 a user without CAP_NET_BIND_SERVICE cannot listen first;
+	# the same user can above (so it is the port that is refused).
+	local nobody="setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all"
+	$nobody "$H" rogue -a "$IP" -p $((port + 50)) -t 1 >"$WORK/rogue.high.out" 2>&1 || true
+	$nobody "$H" rogue -a "$IP" -p "$low" -t 5 >"$WORK/rogue.low.out" 2>&1 || true
+	cat "$WORK/rogue.high.out" "$WORK/rogue.low.out"
+	grep -q "rogue: listening" "$WORK/rogue.high.out" ||
+		fail "rogue-privileged: a user without privilege cannot use rdma_cm at all here"
+	grep -q "cannot listen.*Permission denied" "$WORK/rogue.low.out" ||
+		fail "rogue-privileged: a user without privilege was not refused port $low"
+	head -c $((4 * 1048576)) /dev/urandom >"$WORK/in"
+	# The server writes once the client's bytes are in (a server done
+	# writing before the switch has nothing to prove itself with).
+	(sleep 15; printf 'ok\n') |
+		LD_PRELOAD=$LIB timeout 120 nc -N -l "$IP" "$low" >"$WORK/low.out" 2>"$WORK/low.srv.err" &
+	local srv=$! crc=0 src=0
+	wait_port "$low"
+	# The first MiB on TCP, the rest once the client is on RDMA; it stays
+	# until the server's reply is in.
+	{ gated "$WORK/low.cli.err"; sleep 20; } | SOVIA_PRIVILEGED_PORTS=1 LD_PRELOAD=$LIB timeout 120 \
+		nc -N "$IP" "$low" >"$WORK/low.back" 2>"$WORK/low.cli.err" || crc=$?
+	wait "$srv" || src=$?
+	[ "$crc" = 0 ] && [ "$src" = 0 ] || fail "rogue-privileged: port $low: client $crc, server $src"
+	cmp "$WORK/in" "$WORK/low.out" || fail "rogue-privileged: port $low: other bytes"
+	printf 'ok\n' | cmp - "$WORK/low.back" || fail "rogue-privileged: port $low: the client got other bytes"
+	assert_rdma_carried "$WORK/low.cli.err" client $((2 * 1048576)) $((2 * 1048576))
+	echo "PASS rogue-privileged: no request to the rogue's port; below 1024 the rogue is refused and the client is on RDMA"
+}
+
 # The rogue answers with the client's own challenge and an echo server
 # hands it back at the offset the client's TO_RDMA names: the client would
 # take it for the server's proof. Its third line goes once its switch is
@@ -461,7 +506,7 @@ case_rogue_reflect() {
 
 port=5600
 failed=
-for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-reflect}; do
+for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-reflect rogue-privileged}; do
 	note "$c"
 	rm -f /dev/shm/libsovia-peers.*
 	# Not in an || list: errexit would be off inside.
