@@ -369,8 +369,9 @@ void sv_stream_drain(struct sv_stream *s);
 /* The QP is connected (rdma_cm ESTABLISHED, or the client's
  * CONNECT_RESPONSE): start moving our sending to it. */
 void sv_stream_established(struct sv_stream *s);
-/* Client: give up waiting for the server's proof; sending goes back to TCP. */
-void sv_stream_unhold(struct sv_stream *s, const char *why);
+/* Client: give up waiting for the server's proof; sending goes back to TCP
+ * and the connection stays there, for the reason fb. */
+void sv_stream_unhold(struct sv_stream *s, const char *why, enum sv_fallback fb);
 /* Detaching, and the peer has not given back everything by its deadline
  * (SV_PEER_SILENCE_US after our BACK): the connection is reset, true. With
  * the lock. */

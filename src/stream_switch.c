@@ -124,23 +124,41 @@ static void server_switch_tx(struct sv_stream *s)
 	s->st.switches_to_rdma++;
 }
 
-void sv_stream_unhold(struct sv_stream *s, const char *why)
+/* A client's sending, held since its TO_RDMA for the server's proof, is
+ * TCP's again. Held writes never reach the core, so nothing of ours went
+ * over the QP after the TO_RDMA: TCP carries on from the same byte, and
+ * ends there if the application shut its sending down meanwhile (its FIN
+ * went over the QP, TCP's waited). Call after the state left the switch. */
+static void held_to_tcp(struct sv_stream *s)
 {
 	if (!s->sw.tx_held)
 		return;
+	s->sw.tx_held = false;
+	if (sv_proto_tx_retract(s->proto) < 0) {
+		sv_stream_fail(s, -ECONNRESET); /* bytes on the QP: a gap on TCP */
+		return;
+	}
+	s->st.switches_to_tcp++;
+	sv_stream_kernel_shut(s);
+}
+
+void sv_stream_unhold(struct sv_stream *s, const char *why, enum sv_fallback fb)
+{
+	if (!s->sw.tx_held || s->state != SV_CONN_SWITCHING)
+		return; /* broken meanwhile: the connection failed */
 	/* The server cannot prove itself any more: our sending goes back to
 	 * TCP with TO_TCP (it carries no data, so even an impostor learns
-	 * nothing) and the connection carries on there. */
+	 * nothing) and the connection carries on there. After our FIN over
+	 * the QP there is nothing more to announce. */
 	sv_info("fd %d: the server did not prove itself (%s): sending stays on TCP", s->fd, why);
 	struct sv_clock clk = SV_CLOCK_INIT;
-	if (sv_proto_send_to_tcp(s->proto, &clk) < 0) {
+	if (sv_proto_tx_state(s->proto) == SV_TX_OPEN && sv_proto_send_to_tcp(s->proto, &clk) < 0) {
 		sv_stream_break(s, -ECONNRESET);
 		return;
 	}
-	s->sw.tx_held = false;
-	s->st.switches_to_tcp++;
-	s->fallback = SV_FB_CHALLENGE;
+	s->fallback = fb;
 	sv_stream_set_state(s, SV_CONN_FALLBACK);
+	held_to_tcp(s);
 	sv_stream_wake(s);
 }
 
@@ -166,6 +184,10 @@ void sv_stream_challenge_failed(struct sv_stream *s, const char *why)
 	sv_proto_rx_refuse(s->proto);
 	s->fallback = SV_FB_CHALLENGE;
 	sv_stream_set_state(s, SV_CONN_FALLBACK);
+	/* A client's writes waited for this proof: they go on TCP. The RESET
+	 * is all the QP says (a TO_TCP after it could not go): a real server
+	 * that verified our echo reads TCP again from our switch point. */
+	held_to_tcp(s);
 	/* What we took for an echo is the TCP peer's data: it goes in front. */
 	if (sv_stream_tcpbuf_append(s, s->sw.chal_got, s->sw.chal_len) < 0)
 		sv_stream_break(s, -ENOMEM);
