@@ -9,6 +9,8 @@
 #include "real.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,15 +76,36 @@ void sv_stream_end_hold(struct sv_stream *s, uint64_t now)
 	}
 }
 
+/* The server's sending ended on TCP: its FIN arrived (whether or not our
+ * application has read up to it), so no echo of it can follow. */
+static bool peer_tcp_done(const struct sv_stream *s)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	if (s->fd < 0 || SV_REAL(getsockopt)(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+		return false;
+	switch (ti.tcpi_state) {
+	case TCP_CLOSE_WAIT:
+	case TCP_LAST_ACK:
+	case TCP_CLOSING:
+	case TCP_TIME_WAIT:
+	case TCP_CLOSE:
+		return true;
+	default:
+		return false;
+	}
+}
+
 void sv_stream_established(struct sv_stream *s)
 {
 	if (s->state == SV_CONN_FALLBACK || s->state == SV_CONN_BROKEN ||
 	    s->state == SV_CONN_RESUMING || s->error)
 		return;
-	if (s->cl.tx_shut && s->is_client) {
-		/* The client finished sending on TCP before the QP came up:
-		 * the echo can no longer follow TCP's FIN, so this connection
-		 * stays on TCP (nothing in-band happened yet). */
+	if (s->is_client && (s->cl.tx_shut || peer_tcp_done(s))) {
+		/* Either end finished sending on TCP before the QP came up: an
+		 * echo can no longer follow its TCP FIN (ours, or the server's
+		 * that would prove it), so this connection stays on TCP
+		 * (nothing in-band happened yet). */
 		sv_upgrade_disconnect(s);
 		s->fallback = SV_FB_SHUTDOWN;
 		sv_stream_fall_back(s, SV_FB_SHUTDOWN);
@@ -160,6 +183,19 @@ void sv_stream_unhold(struct sv_stream *s, const char *why, enum sv_fallback fb)
 	sv_stream_set_state(s, SV_CONN_FALLBACK);
 	held_to_tcp(s);
 	sv_stream_wake(s);
+}
+
+void sv_stream_hold_check_peer(struct sv_stream *s, struct sv_clock *clk)
+{
+	if (!s->sw.tx_held || s->sw.echo_owed || s->error || !s->proto ||
+	    sv_proto_peer_switch(s->proto, NULL) || !peer_tcp_done(s))
+		return;
+	/* TCP first, then the CQ: a server that switched wrote its echo, and
+	 * any FIN after it, only once its TO_RDMA had completed (protocol.md,
+	 * section 3, step 5). Its TO_RDMA not there now: it never switched. */
+	sv_stream_progress(s, clk, 0);
+	if (s->sw.tx_held && !s->error && !sv_proto_peer_switch(s->proto, NULL))
+		sv_stream_unhold(s, "its sending ended on TCP", SV_FB_SHUTDOWN);
 }
 
 /* A verified challenge moved the peer's sending to the QP. */

@@ -26,7 +26,8 @@ static void wait_in_flight(unsigned n)
 	cr_assert_geq(fake_net_in_flight(), n, "the client's TO_RDMA was never sent");
 }
 
-/* Wait (bounded) until the kernel has the peer's FIN on fd. */
+/* Wait (bounded) until the kernel has the peer's FIN on fd (after both
+ * FINs Linux hands the connection to a time-wait socket: CLOSE). */
 static void wait_peer_fin(int fd)
 {
 	uint64_t until = h_ms() + 10000;
@@ -34,7 +35,9 @@ static void wait_peer_fin(int fd)
 		struct tcp_info ti;
 		socklen_t tl = sizeof(ti);
 		cr_assert_eq(getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl), 0);
-		if (ti.tcpi_state == TCP_CLOSE_WAIT)
+		if (ti.tcpi_state == TCP_CLOSE_WAIT || ti.tcpi_state == TCP_TIME_WAIT ||
+		    ti.tcpi_state == TCP_CLOSING || ti.tcpi_state == TCP_LAST_ACK ||
+		    ti.tcpi_state == TCP_CLOSE)
 			return;
 		cr_assert_lt(h_ms(), until, "the peer's FIN never came (TCP state %u)",
 			     (unsigned)ti.tcpi_state);
@@ -173,5 +176,88 @@ Test(held, a_failed_check_after_a_shutdown_ends_tcp)
 	wait_peer_fin(p.sfd); /* the client's FIN, on TCP */
 	server_reads(&p, sizeof(out), 41);
 	cr_assert_eq(h_write(p.c, "x", 1, MSG_DONTWAIT), -EPIPE);
+	h_pair_free(&p);
+}
+
+/* When the server's sending finished on TCP: before the client's QP came
+ * up, or while the client's TO_RDMA was on its way. */
+enum server_end { FIN_BEFORE_QP, FIN_WHILE_SWITCHING };
+
+ParameterizedTestParameters(held, a_server_done_on_tcp_does_not_hold_the_client)
+{
+	static enum server_end when[] = {FIN_BEFORE_QP, FIN_WHILE_SWITCHING};
+	return cr_make_param_array(enum server_end, when, 2);
+}
+
+/* A server that wrote everything and shut its sending down on TCP (`nc -N
+ * -l` serving a small file) can never write its echo after TCP's FIN. The
+ * client, whose application has not read the file yet, must not hold its
+ * writes for the upgrade's deadline: it stays on TCP ("shut down before
+ * the upgrade"), its bytes reach the server, and it reads the file and
+ * TCP's end. A FIN that came before the client's QP did: no switch
+ * begins at all. */
+ParameterizedTest(enum server_end *when, held, a_server_done_on_tcp_does_not_hold_the_client)
+{
+	struct pair p;
+	streams(&p, *when == FIN_WHILE_SWITCHING ? FAKE_CLIENT : FAKE_NONE);
+	uint8_t file[3000], out[4000], in[3000];
+	h_pattern(file, sizeof(file), 42, 0);
+	h_pattern(out, sizeof(out), 43, 0);
+	if (*when == FIN_WHILE_SWITCHING) {
+		start(&p);
+		wait_in_flight(1); /* the client's TO_RDMA: its writes are held */
+	}
+	cr_assert_eq(h_write_all(p.s, file, sizeof(file)), (long)sizeof(file));
+	cr_assert_eq(sv_stream_shutdown(p.s, SHUT_WR), 0);
+	wait_peer_fin(p.cfd);
+	if (*when == FIN_BEFORE_QP)
+		start(&p);
+	else
+		fake_net_release();
+	client_on_tcp(&p, SV_FB_SHUTDOWN);
+	if (*when == FIN_BEFORE_QP)
+		cr_assert_eq(fake_net_delivered(), 0, "a switch began: nothing in-band was due");
+	long w = h_write(p.c, out, sizeof(out), MSG_DONTWAIT);
+	cr_assert_eq(w, (long)sizeof(out), "the client's write: %ld", w);
+	cr_assert_eq(sv_stream_shutdown(p.c, SHUT_WR), 0);
+	server_reads(&p, sizeof(out), 43);
+	long end;
+	cr_assert_eq(h_read_all(p.c, in, sizeof(in), &end), sizeof(in), "client: end %ld", end);
+	cr_assert(h_pattern_ok(in, sizeof(in), 42, 0), "the client read other bytes");
+	cr_assert_eq(h_read_all(p.c, in, 1, &end), 0);
+	cr_assert_eq(end, 0);
+	struct h_counts c = h_counts(p.c), s = h_counts(p.s);
+	cr_assert_eq(c.rdma_tx + s.rdma_tx, 0, "bytes went over the QP");
+	h_pair_free(&p);
+}
+
+/* Both ends finish around the switch (`nc -N` against `nc -N -l`): the
+ * client shut its sending down while held (its FIN went over the QP), the
+ * server had finished on TCP. The client's sending ends on TCP too, no
+ * TO_TCP after its FIN, and neither end is reset: each reads the other's
+ * bytes and the end. */
+Test(held, a_client_shut_down_while_held_by_a_server_done_on_tcp)
+{
+	struct pair p;
+	streams(&p, FAKE_CLIENT);
+	uint8_t file[3000], out[2000], in[3000];
+	h_pattern(file, sizeof(file), 44, 0);
+	h_pattern(out, sizeof(out), 45, 0);
+	cr_assert_eq(h_write_all(p.c, out, sizeof(out)), (long)sizeof(out));
+	start(&p);
+	wait_in_flight(1);
+	cr_assert_eq(sv_stream_shutdown(p.c, SHUT_WR), 0);
+	cr_assert_eq(h_write_all(p.s, file, sizeof(file)), (long)sizeof(file));
+	cr_assert_eq(sv_stream_shutdown(p.s, SHUT_WR), 0);
+	wait_peer_fin(p.cfd);
+	fake_net_release();
+	client_on_tcp(&p, SV_FB_SHUTDOWN);
+	wait_peer_fin(p.sfd); /* the client's FIN, on TCP */
+	server_reads(&p, sizeof(out), 45);
+	long end;
+	cr_assert_eq(h_read_all(p.c, in, sizeof(in), &end), sizeof(in), "client: end %ld", end);
+	cr_assert(h_pattern_ok(in, sizeof(in), 44, 0), "the client read other bytes");
+	cr_assert_eq(h_read_all(p.c, in, 1, &end), 0);
+	cr_assert_eq(end, 0, "the client's end: %ld", end);
 	h_pair_free(&p);
 }
