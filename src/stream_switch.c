@@ -220,6 +220,10 @@ void sv_stream_challenge_failed(struct sv_stream *s, const char *why)
 	sv_proto_rx_refuse(s->proto);
 	s->fallback = SV_FB_CHALLENGE;
 	sv_stream_set_state(s, SV_CONN_FALLBACK);
+	/* An echo of ours not written yet never will be (a peer that answers
+	 * our TO_RDMA before its completion came is not the TCP peer): TCP
+	 * carries the application's bytes, and its FIN, without it. */
+	s->sw.echo_owed = false;
 	/* A client's writes waited for this proof: they go on TCP. The RESET
 	 * is all the QP says (a TO_TCP after it could not go): a real server
 	 * that verified our echo reads TCP again from our switch point. */

@@ -261,3 +261,36 @@ Test(held, a_client_shut_down_while_held_by_a_server_done_on_tcp)
 	cr_assert_eq(end, 0, "the client's end: %ld", end);
 	h_pair_free(&p);
 }
+
+/* A rogue that answers the client's TO_RDMA at once: its switch fails the
+ * client's check (here its point lies behind what TCP delivered) before
+ * the client's own TO_RDMA completed, so the client's echo was never
+ * written, and never will be. Nothing waits for it: the client's bytes
+ * and its TCP FIN reach the TCP peer, which reads exactly what the
+ * client's application wrote. */
+Test(held, a_failed_check_before_our_echo_leaves_nothing_owed)
+{
+	struct pair p;
+	streams(&p, FAKE_CLIENT); /* its TO_RDMA stays in flight */
+	uint8_t out[3000], in[100];
+	h_pattern(out, sizeof(out), 46, 0);
+	h_pattern(in, sizeof(in), 47, 0);
+	cr_assert_eq(h_write_all(p.s, in, sizeof(in)), (long)sizeof(in));
+	long end;
+	cr_assert_eq(h_read_all(p.c, in, sizeof(in), &end), sizeof(in)); /* TCP: 100 read */
+	cr_assert_eq(h_write_all(p.c, out, 1000), 1000);
+	start(&p);
+	wait_in_flight(1);
+	/* The "server" switches at 0: behind the 100 bytes the client read. */
+	sv_lock(&p.s->lock);
+	struct sv_clock clk = SV_CLOCK_INIT;
+	cr_assert_eq(sv_proto_send_to_rdma(p.s->proto, 0, &clk), 0);
+	sv_unlock(&p.s->lock);
+	client_on_tcp(&p, SV_FB_CHALLENGE);
+	long w = h_write(p.c, out + 1000, sizeof(out) - 1000, MSG_DONTWAIT);
+	cr_assert_eq(w, (long)(sizeof(out) - 1000), "the client's write: %ld", w);
+	cr_assert_eq(sv_stream_shutdown(p.c, SHUT_WR), 0);
+	wait_peer_fin(p.sfd);
+	server_reads(&p, sizeof(out), 46);
+	h_pair_free(&p);
+}
