@@ -158,8 +158,9 @@ void hc_close(struct hc *c);
  * private data (garbage); answers counted for up to wait_s seconds. */
 int cm_flood(const char *ip, int port, int n, int wait_s, bool garbage);
 /* A listener on ip:port before the real server's: accepts every request
- * with its own challenge (or, with reflect, the client's own), and tells
- * what the client did, for secs seconds. */
-int cm_rogue(const char *ip, int port, int secs, bool reflect);
+ * with its own challenge (or, with reflect, the client's own) and tells
+ * what the client did, for secs seconds. With switch_back it answers the
+ * client's TO_RDMA with its own at the same offset, then DATA of its own. */
+int cm_rogue(const char *ip, int port, int secs, bool reflect, bool switch_back);
 
 #endif

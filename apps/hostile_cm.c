@@ -313,9 +313,10 @@ static void rogue_request(struct rdma_cm_event *ev, struct rg_conn *c, int n, bo
 		    reflect ? "the client sent us" : "'" ROGUE_CHALLENGE "'");
 }
 
-/* Reflecting: once the client switched, we "switch" at the same offset
- * of the server's stream (an echo server's copy of the client's bytes, the
- * challenge right after) and put our own bytes in front of the client. */
+/* Once the client switched, we "switch" at the same offset of the
+ * server's stream (an echo server's copy of the client's bytes, the
+ * challenge the client wrote right after) and put our own bytes in front
+ * of the client. */
 static void rogue_reply(struct rg_conn *c)
 {
 	if (!c->q || !c->client_switch || c->replied)
@@ -330,7 +331,7 @@ static void rogue_reply(struct rg_conn *c)
 	    (unsigned long long)c->client_switch_seq, (unsigned long long)c->injected);
 }
 
-int cm_rogue(const char *ip, int port, int secs, bool reflect)
+int cm_rogue(const char *ip, int port, int secs, bool reflect, bool switch_back)
 {
 	struct sockaddr_storage a;
 	struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -349,14 +350,19 @@ int cm_rogue(const char *ip, int port, int secs, bool reflect)
 		for (int i = 0; i < n; i++)
 			if (conns[i].q) {
 				hq_poll(conns[i].q);
-				if (reflect)
+				if (switch_back)
 					rogue_reply(&conns[i]);
 				hq_update(conns[i].q);
 			}
 		struct rdma_cm_event *ev;
 		if (rdma_get_cm_event(ch, &ev) < 0) {
+			/* The newest connection's completions wake us at once: a
+			 * switch back must beat the client's echo round trip. */
 			struct pollfd p = {.fd = ch->fd, .events = POLLIN};
-			poll(&p, 1, 10);
+			if (n && conns[n - 1].q)
+				hq_sleep(conns[n - 1].q, &p, 1, 10);
+			else
+				poll(&p, 1, 10);
 			continue;
 		}
 		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST && n < ROGUE_CONNS) {

@@ -11,13 +11,14 @@
  *   sovia-hostile back0 -a IP -p PORT [-n SERVER_BYTES] [-o FILE] [-t SECS]
  *   sovia-hostile ignore-back -a IP -p PORT [-n BYTES] [-t SECS]
  *   sovia-hostile withhold -a IP -p PORT [-R RNR_RETRY] [-o FILE] [-t SECS]
- *   sovia-hostile rogue -a IP -p PORT [-x] [-t SECS]
+ *   sovia-hostile rogue -a IP -p PORT [-x | -s] [-t SECS]
  *
  * -o FILE: the server's stream as it reached us. ignore-back -n: our DATA
  * in all (default 4 GiB), then silence. -R: the RNR retries our
  * upgrade request asks of the server's QP (default 7, "for ever": an
- * attacker asks what it likes). -x: the rogue hands the client its own
- * challenge back. Exit status 1 only when the attack could not be made. */
+ * attacker asks what it likes). -s: the rogue answers the client's
+ * TO_RDMA with its own at the same offset, and DATA; -x: the same, and its
+ * challenge is the client's own. Exit status 1 only when the attack could not be made. */
 #include "hostile.h"
 
 #include "le.h"
@@ -107,7 +108,7 @@ struct args {
 	const char *mode, *ip, *out;
 	int port, secs, rnr;
 	long long n;
-	bool reflect;
+	bool reflect, switch_back;
 };
 
 static struct hc_opts opts(const struct args *a)
@@ -409,7 +410,7 @@ static int mode_pattern(const struct args *a)
 static void usage(void)
 {
 	fprintf(stderr, "usage: sovia-hostile pattern|flood|garbage|to-rdma-max|back0|ignore-back|"
-			"withhold|rogue -a IP -p PORT [-n N] [-t SECS] [-o FILE] [-R RNR] [-x]\n");
+			"withhold|rogue -a IP -p PORT [-n N] [-t SECS] [-o FILE] [-R RNR] [-x|-s]\n");
 	exit(2);
 }
 
@@ -420,7 +421,7 @@ static void parse(int argc, char **argv, struct args *a)
 	*a = (struct args){.mode = argv[1], .secs = 120, .rnr = 7};
 	int o;
 	optind = 2;
-	while ((o = getopt(argc, argv, "a:p:n:t:o:R:x")) != -1) {
+	while ((o = getopt(argc, argv, "a:p:n:t:o:R:xs")) != -1) {
 		switch (o) {
 		case 'a': a->ip = optarg; break;
 		case 'p': a->port = atoi(optarg); break;
@@ -428,7 +429,8 @@ static void parse(int argc, char **argv, struct args *a)
 		case 't': a->secs = atoi(optarg); break;
 		case 'o': a->out = optarg; break;
 		case 'R': a->rnr = atoi(optarg); break;
-		case 'x': a->reflect = true; break;
+		case 'x': a->reflect = a->switch_back = true; break;
+		case 's': a->switch_back = true; break;
 		default: usage();
 		}
 	}
@@ -455,6 +457,6 @@ int main(int argc, char **argv)
 	if (!strcmp(a.mode, "withhold"))
 		return mode_withhold(&a);
 	if (!strcmp(a.mode, "rogue"))
-		return cm_rogue(a.ip, a.port, a.secs, a.reflect);
+		return cm_rogue(a.ip, a.port, a.secs, a.reflect, a.switch_back);
 	usage();
 }

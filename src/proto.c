@@ -283,6 +283,17 @@ int sv_proto_tx_lost_qp(struct sv_proto *p, const void **buf, size_t *len)
 	return 0;
 }
 
+int sv_proto_tx_retract(struct sv_proto *p)
+{
+	if (p->tx_state == SV_TX_TCP)
+		return 0;
+	if (p->tx_state == SV_TX_BACK || p->snd_nxt != p->tx_qp_from || p->pending_slot >= 0)
+		return -EINVAL;
+	p->tx_state = SV_TX_TCP;
+	p->fin_wanted = false;
+	return 0;
+}
+
 /* ---- What the stream layer may ask ---------------------------------------- */
 
 enum sv_tx_state sv_proto_tx_state(const struct sv_proto *p)

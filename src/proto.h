@@ -390,6 +390,13 @@ void sv_proto_rx_lost_qp(struct sv_proto *p);
  * QP failed (they may be lost): the caller fails the connection. -EINVAL
  * when our sending is not the QP's (TCP, BACK). */
 int sv_proto_tx_lost_qp(struct sv_proto *p, const void **buf, size_t *len);
+/* Our TO_RDMA is taken back: no byte of ours went over the QP after it, nor
+ * waits coalesced for it (a client holds its writes until the server proves
+ * itself), so our sending is TCP's again from the same offset, whether the
+ * QP still works, was reset, or carried our FIN (the stream then ends TCP
+ * there). No message: the caller tells the peer (TO_TCP, or RESET). -EINVAL
+ * when bytes went to the QP, or after BACK. */
+int sv_proto_tx_retract(struct sv_proto *p);
 
 /* ---- Resuming over TCP (docs/protocol.md, section 11) -------------------- */
 

@@ -59,7 +59,7 @@ enum sv_fallback {
 	SV_FB_CHALLENGE,    /* the RDMA peer failed to prove it is the TCP peer */
 	SV_FB_RESOURCES,    /* creating the QP or its buffers failed */
 	SV_FB_UNSUPPORTED,  /* a call libsovia cannot serve moved it back */
-	SV_FB_SHUTDOWN,     /* the sender shut down before the QP was up */
+	SV_FB_SHUTDOWN,     /* a sender finished on TCP before it could switch */
 	SV_FB_QP_LOST,      /* the QP died before any data went over it */
 	SV_FB_CALLED_OFF,   /* the QP was disconnected before any data went over
 			     * it: the peer's client had finished on TCP (or
@@ -371,8 +371,14 @@ void sv_stream_drain(struct sv_stream *s);
 /* The QP is connected (rdma_cm ESTABLISHED, or the client's
  * CONNECT_RESPONSE): start moving our sending to it. */
 void sv_stream_established(struct sv_stream *s);
-/* Client: give up waiting for the server's proof; sending goes back to TCP. */
-void sv_stream_unhold(struct sv_stream *s, const char *why);
+/* Client: give up waiting for the server's proof; sending goes back to TCP
+ * and the connection stays there, for the reason fb. */
+void sv_stream_unhold(struct sv_stream *s, const char *why, enum sv_fallback fb);
+/* Client, held: the server's TCP FIN arrived and no switch of its came
+ * before it, so it can never prove itself: unhold at once ("shut down
+ * before the upgrade") rather than at the upgrade's deadline. A system
+ * call; the helper asks at each look during the switch. With the lock. */
+void sv_stream_hold_check_peer(struct sv_stream *s, struct sv_clock *clk);
 /* Detaching, and the peer has not given back everything by its deadline
  * (SV_PEER_SILENCE_US after our BACK): the connection is reset, true. With
  * the lock. */

@@ -106,7 +106,7 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 		/* TCP ended without the server's switch: it cannot prove
 		 * itself any more, so we stop waiting for it. */
 		if (s->sw.tx_held && !s->sw.echo_owed)
-			sv_stream_unhold(s, "TCP ended");
+			sv_stream_unhold(s, "TCP ended", SV_FB_CHALLENGE);
 		return 0;
 	}
 	if (!announced && s->proto && s->qp)

@@ -178,9 +178,10 @@ static void service_on_qp(struct sv_stream *s, struct sv_service *sv, struct sv_
 	 * channel's event to us. */
 	sv_stream_wake(s);
 	sv_stream_pump_tcp(s); /* the switch completes even if nobody reads */
+	sv_stream_hold_check_peer(s, clk);
 	uint64_t dl = s->sw.deadline_us;
 	if (s->sw.tx_held && dl && sv->now >= dl && !s->sw.echo_owed)
-		sv_stream_unhold(s, "timeout");
+		sv_stream_unhold(s, "timeout", SV_FB_CHALLENGE);
 	if (s->state == SV_CONN_SWITCHING && dl && sv->now >= dl && s->proto &&
 	    !sv_proto_qp_used(s->proto)) {
 		/* Connected, yet nothing moved: nothing in-band happened, so

@@ -9,6 +9,8 @@
 #include "real.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,15 +76,36 @@ void sv_stream_end_hold(struct sv_stream *s, uint64_t now)
 	}
 }
 
+/* The server's sending ended on TCP: its FIN arrived (whether or not our
+ * application has read up to it), so no echo of it can follow. */
+static bool peer_tcp_done(const struct sv_stream *s)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	if (s->fd < 0 || SV_REAL(getsockopt)(s->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0)
+		return false;
+	switch (ti.tcpi_state) {
+	case TCP_CLOSE_WAIT:
+	case TCP_LAST_ACK:
+	case TCP_CLOSING:
+	case TCP_TIME_WAIT:
+	case TCP_CLOSE:
+		return true;
+	default:
+		return false;
+	}
+}
+
 void sv_stream_established(struct sv_stream *s)
 {
 	if (s->state == SV_CONN_FALLBACK || s->state == SV_CONN_BROKEN ||
 	    s->state == SV_CONN_RESUMING || s->error)
 		return;
-	if (s->cl.tx_shut && s->is_client) {
-		/* The client finished sending on TCP before the QP came up:
-		 * the echo can no longer follow TCP's FIN, so this connection
-		 * stays on TCP (nothing in-band happened yet). */
+	if (s->is_client && (s->cl.tx_shut || peer_tcp_done(s))) {
+		/* Either end finished sending on TCP before the QP came up: an
+		 * echo can no longer follow its TCP FIN (ours, or the server's
+		 * that would prove it), so this connection stays on TCP
+		 * (nothing in-band happened yet). */
 		sv_upgrade_disconnect(s);
 		s->fallback = SV_FB_SHUTDOWN;
 		sv_stream_fall_back(s, SV_FB_SHUTDOWN);
@@ -124,24 +147,55 @@ static void server_switch_tx(struct sv_stream *s)
 	s->st.switches_to_rdma++;
 }
 
-void sv_stream_unhold(struct sv_stream *s, const char *why)
+/* A client's sending, held since its TO_RDMA for the server's proof, is
+ * TCP's again. Held writes never reach the core, so nothing of ours went
+ * over the QP after the TO_RDMA: TCP carries on from the same byte, and
+ * ends there if the application shut its sending down meanwhile (its FIN
+ * went over the QP, TCP's waited). Call after the state left the switch. */
+static void held_to_tcp(struct sv_stream *s)
 {
 	if (!s->sw.tx_held)
 		return;
+	s->sw.tx_held = false;
+	if (sv_proto_tx_retract(s->proto) < 0) {
+		sv_stream_fail(s, -ECONNRESET); /* bytes on the QP: a gap on TCP */
+		return;
+	}
+	s->st.switches_to_tcp++;
+	sv_stream_kernel_shut(s);
+}
+
+void sv_stream_unhold(struct sv_stream *s, const char *why, enum sv_fallback fb)
+{
+	if (!s->sw.tx_held || s->state != SV_CONN_SWITCHING)
+		return; /* broken meanwhile: the connection failed */
 	/* The server cannot prove itself any more: our sending goes back to
 	 * TCP with TO_TCP (it carries no data, so even an impostor learns
-	 * nothing) and the connection carries on there. */
+	 * nothing) and the connection carries on there. After our FIN over
+	 * the QP there is nothing more to announce. */
 	sv_info("fd %d: the server did not prove itself (%s): sending stays on TCP", s->fd, why);
 	struct sv_clock clk = SV_CLOCK_INIT;
-	if (sv_proto_send_to_tcp(s->proto, &clk) < 0) {
+	if (sv_proto_tx_state(s->proto) == SV_TX_OPEN && sv_proto_send_to_tcp(s->proto, &clk) < 0) {
 		sv_stream_break(s, -ECONNRESET);
 		return;
 	}
-	s->sw.tx_held = false;
-	s->st.switches_to_tcp++;
-	s->fallback = SV_FB_CHALLENGE;
+	s->fallback = fb;
 	sv_stream_set_state(s, SV_CONN_FALLBACK);
+	held_to_tcp(s);
 	sv_stream_wake(s);
+}
+
+void sv_stream_hold_check_peer(struct sv_stream *s, struct sv_clock *clk)
+{
+	if (!s->sw.tx_held || s->sw.echo_owed || s->error || !s->proto ||
+	    sv_proto_peer_switch(s->proto, NULL) || !peer_tcp_done(s))
+		return;
+	/* TCP first, then the CQ: a server that switched wrote its echo, and
+	 * any FIN after it, only once its TO_RDMA had completed (protocol.md,
+	 * section 3, step 5). Its TO_RDMA not there now: it never switched. */
+	sv_stream_progress(s, clk, 0);
+	if (s->sw.tx_held && !s->error && !sv_proto_peer_switch(s->proto, NULL))
+		sv_stream_unhold(s, "its sending ended on TCP", SV_FB_SHUTDOWN);
 }
 
 /* A verified challenge moved the peer's sending to the QP. */
@@ -166,6 +220,14 @@ void sv_stream_challenge_failed(struct sv_stream *s, const char *why)
 	sv_proto_rx_refuse(s->proto);
 	s->fallback = SV_FB_CHALLENGE;
 	sv_stream_set_state(s, SV_CONN_FALLBACK);
+	/* An echo of ours not written yet never will be (a peer that answers
+	 * our TO_RDMA before its completion came is not the TCP peer): TCP
+	 * carries the application's bytes, and its FIN, without it. */
+	s->sw.echo_owed = false;
+	/* A client's writes waited for this proof: they go on TCP. The RESET
+	 * is all the QP says (a TO_TCP after it could not go): a real server
+	 * that verified our echo reads TCP again from our switch point. */
+	held_to_tcp(s);
 	/* What we took for an echo is the TCP peer's data: it goes in front. */
 	if (sv_stream_tcpbuf_append(s, s->sw.chal_got, s->sw.chal_len) < 0)
 		sv_stream_break(s, -ENOMEM);

@@ -27,8 +27,11 @@
 #                   (plain and preloaded): what the client writes into the
 #                   server's stream is measured (KNOWN-HOLE when 8 bytes are
 #                   injected); what we guarantee is asserted
-#   rogue-reflect   the same rogue hands the client its own challenge, to an
-#                   echo server that hands it back: it must not pass
+#   rogue-switch    the same rogue answers the client's TO_RDMA with its own,
+#                   against an echo server: the wrong echo sends the client
+#                   back to TCP, its bytes intact, and nothing hangs
+#   rogue-reflect   the same, with the client's own challenge as the rogue's:
+#                   the echo server hands it back, and it must not pass
 #   rogue-privileged  clients with SOVIA_PRIVILEGED_PORTS=1: on the rogue's
 #                   port they stay on TCP and the server's stream is the
 #                   client's alone; a rogue run as nobody cannot listen below
@@ -454,13 +457,14 @@ case_rogue_privileged() {
 	echo "PASS rogue-privileged: no request to the rogue's port; below 1024 the rogue is refused and the client is on RDMA"
 }
 
-# The rogue answers with the client's own challenge and an echo server
-# hands it back at the offset the client's TO_RDMA names: the client would
-# take it for the server's proof. Its third line goes once its switch is
-# settled, one way or the other.
-case_rogue_reflect() {
-	local port=$1
-	"$H" rogue -x -a "$IP" -p "$port" -t 60 >"$WORK/rogue.out" 2>"$WORK/rogue.err" &
+# The rogue switches back at the offset the client's TO_RDMA names and
+# sends DATA, to a preloaded client of an echo server, which hands back
+# what the client wrote there: the rogue's challenge (-s), or with -x the
+# client's own, which the rogue gave it as its challenge. The client's
+# second line goes once its switch is settled, one way or the other.
+rogue_echo_run() { # port rogue-flag name
+	local port=$1 flag=$2 name=$3
+	"$H" rogue "$flag" -a "$IP" -p "$port" -t 60 >"$WORK/rogue.out" 2>"$WORK/rogue.err" &
 	local rg=$!
 	wait_line "$WORK/rogue.out" "listening" 60 || fail "the rogue could not listen"
 	timeout 120 "$V" -a "$IP" -p "$port" -e -o "$WORK/vout" >"$WORK/victim.out" \
@@ -478,8 +482,6 @@ case_rogue_reflect() {
 	wait "$vic" || vrc=$?
 	wait "$rg" || true
 	cat "$WORK/rogue.out" "$WORK/victim.out"
-	assert_ended "the client" "$crc"
-	assert_ended "the echo server" "$vrc"
 	local leaked sw
 	leaked=$(field "$WORK/rogue.out" client_data ROGUE_RESULT)
 	sw=$(field "$WORK/rogue.out" client_switch_seq ROGUE_RESULT)
@@ -487,26 +489,36 @@ case_rogue_reflect() {
 	grep -q "INJECTED BY ROGUE" "$WORK/client.out" &&
 		fail "the rogue's bytes reached the client's application (hijacked; it read $leaked bytes of the client's): $(cat -A "$WORK/client.out" | tr '\n' ' ')"
 	[ "$leaked" = 0 ] || fail "the rogue read $leaked bytes of the client's over the QP (hijacked)"
+	assert_ended "the client" "$crc"
+	assert_ended "the echo server" "$vrc"
 	# What the client read is the echo of what it wrote: its lines, and
 	# the 8 challenge bytes if it wrote them at its switch point.
 	local fb
 	fb=$(fallback_of "$WORK/client.err" client)
 	printf 'part1\npart2\n' >"$WORK/want"
 	if cmp -s "$WORK/want" "$WORK/client.out"; then
-		echo "PASS rogue-reflect: the client wrote no challenge into the stream (fallback ${fb:-none})"
+		echo "PASS $name: the client wrote no challenge into the stream (fallback ${fb:-none})"
 		return 0
 	fi
 	head -c "$sw" "$WORK/client.out" >"$WORK/got"
 	tail -c +$((sw + 9)) "$WORK/client.out" >>"$WORK/got"
 	cmp -s "$WORK/want" "$WORK/got" || fail "the client got other bytes: $(cat -A "$WORK/client.out")"
-	echo "KNOWN-HOLE rogue-reflect: the client's own 8 challenge bytes came back to its application at $sw (fallback ${fb:-none})"
+	echo "KNOWN-HOLE $name: the 8 challenge bytes the client wrote came back to its application at $sw (fallback ${fb:-none})"
+}
+
+case_rogue_reflect() {
+	rogue_echo_run "$1" -x rogue-reflect
+}
+
+case_rogue_switch() {
+	rogue_echo_run "$1" -s rogue-switch
 }
 
 # ---- the cases ------------------------------------------------------------------
 
 port=5600
 failed=
-for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-reflect rogue-privileged}; do
+for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-switch rogue-reflect rogue-privileged}; do
 	note "$c"
 	rm -f /dev/shm/libsovia-peers.*
 	# Not in an || list: errexit would be off inside.

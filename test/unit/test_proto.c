@@ -1877,6 +1877,36 @@ Test(proto, a_lost_qp_with_nothing_in_flight_goes_on_over_tcp)
 	cr_assert_eq(sv_proto_tx_state(&P[SA]), SV_TX_TCP);
 }
 
+/* A TO_RDMA taken back (a held client whose server did not prove itself):
+ * its direction is TCP's again whether the QP still works, carried our FIN
+ * or was reset. */
+Test(proto, a_to_rdma_with_nothing_after_it_is_taken_back)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 100, NOW), 0);
+	cr_assert_eq(sv_proto_send_fin(&P[SA], NOW), 0);
+	cr_assert_eq(sv_proto_send_reset(&P[SA]), 0);
+	cr_assert_eq(sv_proto_tx_state(&P[SA]), SV_TX_RESET);
+	cr_assert_eq(sv_proto_tx_retract(&P[SA]), 0);
+	cr_assert_eq(sv_proto_tx_state(&P[SA]), SV_TX_TCP);
+	cr_assert_eq(sv_proto_tx_retract(&P[SA]), 0);
+}
+
+/* ... but never once bytes went to the QP after it, sent or coalesced:
+ * TCP would carry them again, or skip them. */
+Test(proto, a_to_rdma_with_bytes_after_it_stays)
+{
+	struct sv_proto_params prm = prm_coalesce();
+	conn_up(&prm);
+	cr_assert_eq(sv_proto_send_to_rdma(&P[SA], 0, NOW), 0);
+	put_all(SA, 10, MSG_MORE); /* coalesced, held */
+	cr_assert_eq(sv_proto_tx_retract(&P[SA]), -EINVAL);
+	cr_assert_eq(sv_proto_flush(&P[SA], SV_FLUSH_CLOSE, NOW), 0);
+	cr_assert_eq(sv_proto_tx_retract(&P[SA]), -EINVAL);
+	cr_assert_eq(sv_proto_tx_state(&P[SA]), SV_TX_OPEN);
+}
+
 /* A TO_RDMA whose completion comes after the QP failed is not known to
  * have arrived: its echo must never be written. */
 Test(proto, to_rdma_completing_after_an_abort_stays_pending)
