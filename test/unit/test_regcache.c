@@ -453,13 +453,16 @@ Test(regcache, destroy_deregisters_cached_entries)
 }
 
 /* Threads sending from overlapping buffers while another remaps pages: an
- * entry is never deregistered while held, and everything ends balanced. */
-static atomic_bool stop;
+ * entry is never deregistered while held, and everything ends balanced.
+ * The senders go on until the remapper has done all its remaps, so that
+ * they overlap however the threads are scheduled. */
+#define REMAPS 2000
+static atomic_bool remaps_done;
 
 static void *sender(void *arg)
 {
 	unsigned int seed = (unsigned int)(uintptr_t)arg;
-	for (int i = 0; i < 3000; i++) {
+	for (int i = 0; i < 3000 || !atomic_load(&remaps_done); i++) {
 		unsigned int p = (unsigned int)rand_r(&seed) % 60;
 		size_t len = 1 + (size_t)rand_r(&seed) % (3 * PS);
 		const char *a = AT(p, rand_r(&seed) % PS);
@@ -482,12 +485,13 @@ static void *sender(void *arg)
 static void *remapper(void *arg)
 {
 	unsigned int seed = 7;
-	while (!atomic_load(&stop)) {
+	for (int i = 0; i < REMAPS; i++) {
 		remap((unsigned int)rand_r(&seed) % 64);
 		if (rand_r(&seed) % 16 == 0)
 			sv_regcache_invalidate(rc, AT(rand_r(&seed) % 64, 0), PS);
 		sched_yield();
 	}
+	atomic_store(&remaps_done, true);
 	return NULL;
 }
 
@@ -501,7 +505,6 @@ Test(regcache, concurrent_gets_puts_and_remaps)
 		cr_assert_eq(pthread_create(&t[i], NULL, sender, (void *)(i + 1)), 0);
 	for (int i = 0; i < 4; i++)
 		pthread_join(t[i], NULL);
-	atomic_store(&stop, true);
 	pthread_join(m, NULL);
 	cr_assert_eq(atomic_load(&bad_held), 0, "a held registration was not usable");
 	struct sv_regcache_stats st = stats();
