@@ -269,6 +269,10 @@ int sv_proto_tx_lost_qp(struct sv_proto *p, const void **buf, size_t *len)
 		return -EINVAL;
 	if (p->tx_lost || !sv_proto_sends_done(p))
 		return -EIO; /* messages in flight may be lost */
+	/* A peer that reset refuses what arrived: our bytes over the QP
+	 * (DATA past our switch point) are not known to be its. */
+	if (p->reset_by_peer && p->snd_nxt != p->tx_qp_from)
+		return -EIO;
 	if (p->tx_state == SV_TX_FIN)
 		return 0; /* everything arrived, the FIN too: nothing moves */
 	if (p->pending_slot >= 0) {

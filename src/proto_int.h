@@ -166,6 +166,7 @@ struct sv_proto {
 	enum sv_tx_state tx_state_at_break; /* before the abort made it RESET */
 	bool peer_reset;         /* the peer sent RESET or a malformed message: the
 				  * connection is aborted, not lost */
+	bool reset_by_peer;      /* ... RESET: it refuses what arrived over the QP */
 
 	int error; /* -errno once the connection is broken, else 0 */
 	struct sv_proto_stats st;

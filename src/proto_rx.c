@@ -315,6 +315,7 @@ static int on_message(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 		return sv_pr_on_return(p, h, buf);
 	case SV_MSG_RESET:
 		p->peer_reset = true;
+		p->reset_by_peer = true;
 		return sv_proto_abort(p, -ECONNRESET);
 	case SV_MSG_DRAIN:
 		if (h->len != 0)

@@ -2044,6 +2044,26 @@ Test(proto, peer_reset)
 	cr_assert_eq(FP.ep[SB].violations, 0, "%s", FP.ep[SB].why);
 }
 
+/* Our DATA arrived, then the peer reset (its check of us failed, or it
+ * found a message of ours malformed): it refuses what came over the QP, so
+ * going on over TCP from our next byte would leave a gap in its stream. */
+Test(proto, data_the_peer_reset_is_not_taken_for_delivered)
+{
+	struct sv_proto_params prm = prm_default();
+	conn_up(&prm);
+	open_both();
+	put_all(SB, 10, 0);
+	pump();
+	cr_assert(sv_proto_sends_done(&P[SB]), "B's DATA completed");
+	cr_assert_eq(sv_proto_send_reset(&P[SA]), 0);
+	fake_poll(&FP.ep[SB], &P[SB], NOW);
+	cr_assert_eq(P[SB].error, -ECONNRESET);
+	const void *buf;
+	size_t len;
+	cr_assert_lt(sv_proto_tx_lost_qp(&P[SB], &buf, &len), 0,
+		     "B's bytes over the QP count as delivered to a peer that reset");
+}
+
 /* ---- Two full windows ----------------------------------------------------------- */
 
 ParameterizedTestParameters(proto, two_full_windows)
