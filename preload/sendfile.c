@@ -144,11 +144,11 @@ static long send_file(struct sv_fd *f, int in, off_t *off, size_t count, enum un
 	if (count == 0)
 		return 0;
 	long r = file_to_stream(f, in, pos, count > MAX_RW ? MAX_RW : count);
-	if (r > 0) {
+	if (r > 0) { /* the bytes are out: the count is the answer */
 		if (off)
 			*off = pos + r;
-		else if (lseek(in, pos + r, SEEK_SET) < 0)
-			return -errno;
+		else
+			(void)lseek(in, pos + r, SEEK_SET);
 	}
 	return r;
 }
@@ -157,10 +157,11 @@ static ssize_t sendfile_common(const char *name, int out, int in, off_t *off, si
 {
 	if (sv_reentered() && sv_fd_claimed(out, SV_MARK_SERVED))
 		return sv_refuse(out, name, EAGAIN);
+	int saved = errno;
 	struct sv_fd *f = sv_passthrough() ? NULL : served(out);
+	errno = saved;
 	if (!f)
 		return SV_REAL(sendfile)(out, in, off, count);
-	int saved = errno;
 	enum unserved un = SERVED;
 	long r = send_file(f, in, off, count, &un);
 	sv_fd_put(f);
@@ -289,11 +290,12 @@ SV_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_
 	if (sv_reentered() && (sv_fd_claimed(in, SV_MARK_SERVED) ||
 			       sv_fd_claimed(out, SV_MARK_SERVED)))
 		return sv_refuse(sv_fd_claimed(in, SV_MARK_SERVED) ? in : out, "splice", EAGAIN);
+	int saved = errno;
 	struct sv_fd *fi = sv_passthrough() ? NULL : served(in);
 	struct sv_fd *fo = sv_passthrough() ? NULL : served(out);
+	errno = saved;
 	if (!fi && !fo)
 		return SV_REAL(splice)(in, off_in, out, off_out, len, flags);
-	int saved = errno;
 	enum unserved un = SERVED;
 	long r = splice_served(fi, in, off_in, fo, out, off_out, len, flags, &un);
 	sv_fd_put(fi);
