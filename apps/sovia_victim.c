@@ -10,9 +10,10 @@
  * second thread writes FILE meanwhile (once BYTES were read, with -g: a
  * libsovia peer's bytes then go over its QP), then shuts down its sending; with
  * -e every byte read is written back (an echo server). With -k, once BYTES
- * were read on a connection, it calls fork() (the child exits at once) or
- * sendfile() of FILE's first 16 bytes, the calls that take a libsovia
- * connection back to TCP, and says how long the call took. After the last
+ * were read on a connection, it calls fork() (the child exits at once),
+ * which takes a libsovia connection back to TCP, or sendfile() of FILE's
+ * first 16 bytes (back to TCP only when FILE is not a regular file: from
+ * one libsovia serves it), and says how long the call took. After the last
  * connection it prints its peak memory (VmHWM) and exits 0; 1 if it could
  * not serve. */
 #include <arpa/inet.h>
@@ -101,7 +102,7 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
-/* The call that takes the connection back to TCP, timed. */
+/* The call (fork, or sendfile), timed. */
 static void detach_call(const struct opts *o, int c, int n, unsigned long long at)
 {
 	uint64_t t0 = now_ms();

@@ -14,9 +14,11 @@
  *   daemon                 every one: glibc forks with its internal fork
  *                          and the parent leaves by its internal _exit
  *   forkpty                every one: glibc forks with its internal fork
- *   sendfile, splice       the socket(s) involved
  *   sendmsg, sendmmsg      every socket passed in SCM_RIGHTS (the receiver
- *                          gets the kernel's socket) */
+ *                          gets the kernel's socket)
+ *
+ * sendfile and splice are served (sendfile.c), but for a sendfile from
+ * what is not a regular file, which takes its connection back first. */
 #include "log.h"
 #include "preload.h"
 #include "real.h"
@@ -28,7 +30,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <wordexp.h>
@@ -143,7 +144,6 @@ static bool handover_refused(bool surviving_exec)
 		}                                                                           \
 	} while (0)
 #define ENTER_DETACH_ALL(surviving_exec) ENTER_DETACHING(sv_fd_detach_all(surviving_exec))
-#define ENTER_DETACH(fd) ENTER_DETACHING(sv_fd_detach(fd))
 
 /* ---- Processes ------------------------------------------------------------ */
 
@@ -314,38 +314,4 @@ SV_EXPORT pid_t forkpty(int *master, char *name, const struct termios *tp,
 {
 	HAND_OVER("forkpty", false, -1);
 	return SV_REAL(forkpty)(master, name, tp, wp);
-}
-
-/* ---- Descriptors -------------------------------------------------------- */
-
-/* From inside libsovia (reentry.c), a connection libsovia serves cannot go
- * back to TCP first. */
-#define REFUSE_SERVED(fd, name)                                                             \
-	do {                                                                                \
-		if (sv_reentered() && sv_fd_claimed(fd, SV_MARK_SERVED))                    \
-			return sv_refuse(fd, name, EAGAIN);                                 \
-	} while (0)
-
-SV_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
-{
-	REFUSE_SERVED(out, "sendfile");
-	ENTER_DETACH(out);
-	return SV_REAL(sendfile)(out, in, off, count);
-}
-
-SV_EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t count)
-{
-	REFUSE_SERVED(out, "sendfile64");
-	ENTER_DETACH(out);
-	return SV_REAL(sendfile64)(out, in, off, count);
-}
-
-SV_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len,
-			 unsigned int flags)
-{
-	REFUSE_SERVED(in, "splice");
-	REFUSE_SERVED(out, "splice");
-	ENTER_DETACH(in);
-	ENTER_DETACH(out);
-	return SV_REAL(splice)(in, off_in, out, off_out, len, flags);
 }

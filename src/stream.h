@@ -81,7 +81,7 @@ void sv_stream_opened(struct sv_stream *s);
 
 /* The way back: make the kernel's socket carry the whole connection again,
  * with nothing held by libsovia, for a call libsovia cannot serve (fork,
- * exec, sendfile, ...). Blocks, bounded by SOVIA_UPGRADE_TIMEOUT_MS, while
+ * exec, SCM_RIGHTS, ...). Blocks, bounded by SOVIA_UPGRADE_TIMEOUT_MS, while
  * an upgrade in progress settles and the peer gives back what we sent and
  * it did not read. 0 when the fd is plain TCP now (also when it always
  * was); -EBUSY when bytes libsovia holds cannot be given back (the QP is

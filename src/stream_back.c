@@ -1,6 +1,6 @@
 /* The way back: an upgraded connection becomes plain TCP again, with nothing
  * held by libsovia, so that a call libsovia cannot serve (fork, exec,
- * sendfile, ...) can go straight to the kernel and be right.
+ * SCM_RIGHTS, ...) can go straight to the kernel and be right.
  *
  * Both ends send BACK over the QP: "my bytes went over the QP up to here;
  * your application consumed X of yours". Each gives the other back, in

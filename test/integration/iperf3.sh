@@ -6,6 +6,8 @@
 # the sender sent went on the QP by its statistics, the receiver's show the
 # bytes arriving there, and the rxe device counted the packets. iperf3 does
 # not check its payload; its own byte count and exit status are checked.
+# A third test sends with -Z: the client's sendfile() from its buffer's
+# file, which libsovia serves on the QP (preload/sendfile.c).
 #
 # A test of a duration, not of a byte count: the bytes written before the
 # upgrade completes go over TCP (nothing waits for it), and how many that
@@ -20,8 +22,8 @@ SECS=${SOVIA_IT_IPERF_SECS:-4}
 # ftruncate of an unlinked file fails ("unable to create a new stream").
 export TMPDIR=$WORK
 
-run() { # $1: up (the client sends) or down (-R: the server sends), $2: port
-	local dir=$1 port=$2 rev=""
+run() { # $1: up (the client sends) or down (-R: the server sends), $2: port, $3: -Z or none
+	local dir=$1 port=$2 rev="" zc=${3:-}
 	[ "$dir" = down ] && rev=-R
 	rm -f "$WORK/"*.err
 	hang_watch 200 iperf3 # a run takes seconds: stacks if it is still there
@@ -31,7 +33,7 @@ run() { # $1: up (the client sends) or down (-R: the server sends), $2: port
 	local p0 t0
 	p0=$(rxe_pkts) t0=$(date +%s.%N)
 	LD_PRELOAD=$LIB run_logged "$WORK/client.out" "$WORK/client.err" \
-		timeout 600 iperf3 -c "$IP" -p "$port" -t "$SECS" -f m $rev
+		timeout 600 iperf3 -c "$IP" -p "$port" -t "$SECS" -f m $rev $zc
 	wait "$srv" || { cat "$WORK/server.out" >&2; fail "$dir: the iperf3 server failed"; }
 	local t1 dp
 	t1=$(date +%s.%N) dp=$(($(rxe_pkts) - p0))
@@ -57,9 +59,10 @@ run() { # $1: up (the client sends) or down (-R: the server sends), $2: port
 	rr=$(stat_of "$WORK/stats" rdma_rx_bytes $receiver)
 	[ "$rr" -ge $((sent / 2)) ] || fail "$dir: the $receiver received only $rr bytes over RDMA"
 	[ "$dp" -ge $((sent / 2 / 4096)) ] || fail "$dir: rxe sent only $dp packets"
-	printf '%s: %d bytes in %.1f s; %s rdma_rx_bytes=%d; rxe packets +%d\n' "$dir" "$sent" \
+	printf '%s%s: %d bytes in %.1f s; %s rdma_rx_bytes=%d; rxe packets +%d\n' "$dir" "$zc" "$sent" \
 		"$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" $receiver "$rr" "$dp"
 }
 run up 5201
 run down 5202
+run up 5203 -Z
 echo "iperf3: OK"
