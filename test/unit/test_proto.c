@@ -4237,6 +4237,25 @@ Test(proto, a_failed_post_keeps_the_coalesced_bytes)
  * hold unread (here: all our TCP bytes, more than its reads ahead can
  * take) would have us write again, on TCP, bytes it long had: it resets.
  * One that claims a plausible amount is taken. */
+/* A's BACK saying it consumed B's stream up to x, `unread` behind what B
+ * sent: B takes it when that is at most `bound`, and resets otherwise. */
+static void back_x_judged(uint64_t x, uint64_t unread, uint64_t bound)
+{
+	uint8_t pl[8];
+	for (int i = 0; i < 8; i++)
+		pl[i] = (uint8_t)(x >> (8 * i));
+	struct sv_hdr h = {.type = SV_MSG_BACK, .len = 8, .seq = P[SB].rcv_nxt, .ack = P[SB].snd_nxt};
+	cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h, pl, 8, SV_HDR_SIZE + 8), 0);
+	int r = fake_poll(&FP.ep[SB], &P[SB], NOW);
+	if (unread <= bound) {
+		cr_assert_geq(r, 0, "%llu unread: refused (%d)", (unsigned long long)unread, r);
+		cr_assert(P[SB].peer_back);
+	} else {
+		cr_assert_eq(r, -ECONNRESET, "%llu unread: got %d", (unsigned long long)unread, r);
+		cr_assert_not(P[SB].peer_back);
+	}
+}
+
 ParameterizedTestParameters(proto, back_x_bounded)
 {
 	static uint64_t unread[] = {1000, SV_TCP_AHEAD_DEFAULT, SV_TCP_AHEAD_DEFAULT + 1,
@@ -4250,20 +4269,8 @@ ParameterizedTest(uint64_t *unread, proto, back_x_bounded)
 	conn_up(&prm);
 	TXO[SB] = SV_TCP_AHEAD_DEFAULT + 1000; /* TCP carried that much of B's stream */
 	open_both();
-	uint8_t pl[8];
 	uint64_t x = TXO[SB] - *unread; /* A claims it consumed x of B's bytes */
-	for (int i = 0; i < 8; i++)
-		pl[i] = (uint8_t)(x >> (8 * i));
-	struct sv_hdr h = {.type = SV_MSG_BACK, .len = 8, .seq = P[SB].rcv_nxt, .ack = P[SB].snd_nxt};
-	cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h, pl, 8, SV_HDR_SIZE + 8), 0);
-	int r = fake_poll(&FP.ep[SB], &P[SB], NOW);
-	if (*unread <= SV_TCP_AHEAD_DEFAULT) {
-		cr_assert_geq(r, 0, "%llu unread: refused (%d)", (unsigned long long)*unread, r);
-		cr_assert(P[SB].peer_back);
-	} else {
-		cr_assert_eq(r, -ECONNRESET, "%llu unread: got %d", (unsigned long long)*unread, r);
-		cr_assert_not(P[SB].peer_back);
-	}
+	back_x_judged(x, *unread, SV_TCP_AHEAD_DEFAULT);
 }
 
 /* The QP part of what a peer may give back is bounded by SV_BACK_UNREAD_MAX
@@ -4290,19 +4297,7 @@ ParameterizedTest(uint64_t *unread, proto, back_x_bounded_whatever_the_buffers)
 	P[SB].snd_nxt += moved;
 	P[SB].snd_una = P[SB].snd_nxt;
 	uint64_t x = qp_from + moved - *unread;
-	uint8_t pl[8];
-	for (int i = 0; i < 8; i++)
-		pl[i] = (uint8_t)(x >> (8 * i));
-	struct sv_hdr h = {.type = SV_MSG_BACK, .len = 8, .seq = P[SB].rcv_nxt, .ack = P[SB].snd_nxt};
-	cr_assert_eq(fake_inject_msg(&FP.ep[SB], &h, pl, 8, SV_HDR_SIZE + 8), 0);
-	int r = fake_poll(&FP.ep[SB], &P[SB], NOW);
-	if (*unread <= SV_BACK_UNREAD_MAX) {
-		cr_assert_geq(r, 0, "%llu unread: refused (%d)", (unsigned long long)*unread, r);
-		cr_assert(P[SB].peer_back);
-	} else {
-		cr_assert_eq(r, -ECONNRESET, "%llu unread: got %d", (unsigned long long)*unread, r);
-		cr_assert_not(P[SB].peer_back);
-	}
+	back_x_judged(x, *unread, SV_BACK_UNREAD_MAX);
 }
 
 /* A peer that says it posted more receive buffers than a libsovia can is
