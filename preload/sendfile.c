@@ -36,6 +36,8 @@
 #include "real.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
@@ -76,6 +78,50 @@ static void *buf_get(size_t len)
 	return b == MAP_FAILED ? NULL : b;
 }
 
+/* The calls that only copy through their buffer use their thread's own,
+ * mapped at its first such call and unmapped when the thread ends: a call
+ * (nginx makes one per response) then costs no mmap, page faults and
+ * munmap. A signal handler that calls in while its thread's buffer is in
+ * use gets one of its own for the call. */
+enum { TBUF = 2 * CHUNK };
+static __thread uint8_t *tbuf __attribute__((tls_model("initial-exec")));
+static __thread bool tbuf_busy __attribute__((tls_model("initial-exec")));
+static pthread_key_t tbuf_key;
+static pthread_once_t tbuf_once = PTHREAD_ONCE_INIT;
+
+static void tbuf_free(void *b)
+{
+	munmap(b, TBUF);
+}
+
+static void tbuf_init(void)
+{
+	(void)pthread_key_create(&tbuf_key, tbuf_free);
+}
+
+static uint8_t *tbuf_take(void)
+{
+	if (tbuf_busy)
+		return buf_get(TBUF);
+	if (!tbuf) {
+		pthread_once(&tbuf_once, tbuf_init);
+		tbuf = buf_get(TBUF);
+		if (!tbuf)
+			return NULL;
+		(void)pthread_setspecific(tbuf_key, tbuf);
+	}
+	tbuf_busy = true;
+	return tbuf;
+}
+
+static void tbuf_give(uint8_t *b)
+{
+	if (b == tbuf)
+		tbuf_busy = false;
+	else
+		munmap(b, TBUF);
+}
+
 static long stream_send(struct sv_fd *f, void *buf, size_t n, int flags)
 {
 	struct iovec iov = {buf, n};
@@ -97,7 +143,7 @@ static long stream_recv(struct sv_fd *f, void *buf, size_t n, int flags)
 static long file_to_stream(struct sv_fd *f, int in, off_t pos, size_t count)
 {
 	size_t blen = count < CHUNK ? count : CHUNK;
-	uint8_t *buf = buf_get(blen);
+	uint8_t *buf = tbuf_take();
 	if (!buf)
 		return -ENOMEM;
 	size_t done = 0;
@@ -118,7 +164,7 @@ static long file_to_stream(struct sv_fd *f, int in, off_t pos, size_t count)
 		if (w < n) /* a partial write: the call ends with it, as the kernel's */
 			break;
 	}
-	munmap(buf, blen);
+	tbuf_give(buf);
 	return done || !err ? (long)done : err;
 }
 
@@ -222,7 +268,7 @@ static long pipe_to_stream(struct sv_fd *f, int in, size_t len, unsigned int fla
 		*un = DETACH;
 		return 0;
 	}
-	uint8_t *buf = buf_get(2 * CHUNK);
+	uint8_t *buf = tbuf_take();
 	if (!buf) {
 		sv_real.close(tmp[0]);
 		sv_real.close(tmp[1]);
@@ -239,7 +285,7 @@ static long pipe_to_stream(struct sv_fd *f, int in, size_t len, unsigned int fla
 		if (r > 0)
 			take(in, NULL, buf + CHUNK, (size_t)r);
 	}
-	munmap(buf, 2 * CHUNK);
+	tbuf_give(buf);
 	sv_real.close(tmp[0]);
 	sv_real.close(tmp[1]);
 	return r;
@@ -249,6 +295,7 @@ static long pipe_to_stream(struct sv_fd *f, int in, size_t len, unsigned int fla
 static long stream_to_pipe(struct sv_fd *f, int out, size_t len, unsigned int flags,
 			   enum unserved *un)
 {
+	/* A mapping of its own: the pipe keeps a reference to its pages. */
 	uint8_t *buf = buf_get(2 * CHUNK);
 	if (!buf) {
 		*un = DETACH;

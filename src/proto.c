@@ -129,7 +129,8 @@ void sv_proto_set_tcp_ahead(struct sv_proto *p, uint64_t bytes)
 
 int sv_proto_set_peer(struct sv_proto *p, uint32_t peer_nrecv, uint32_t peer_buf_size)
 {
-	if (peer_nrecv <= p->prm.reserve || peer_nrecv > SV_WINDOW_MAX + SV_RESERVE || peer_buf_size <= SV_HDR_SIZE)
+	if (peer_nrecv <= p->prm.reserve || peer_nrecv > SV_WINDOW_MAX + SV_RESERVE ||
+	    peer_buf_size <= SV_HDR_SIZE)
 		return -EINVAL;
 	p->credits = peer_nrecv;
 	p->peer_nrecv = peer_nrecv;
