@@ -214,13 +214,16 @@ int sv_pr_malformed(struct sv_proto *p)
  * it). Either way a disconnect is the normal end, and the flushed work
  * requests carry nothing anyone needs: an UPDATE, our FIN after the peer no
  * longer cared, receive buffers no message will fill. The data the peer
- * sent stays readable up to its EOF: this is no reset. */
+ * sent stays readable up to its EOF: this is no reset.
+ *
+ * Our FIN may still be in flight: both ends closed at once, and the peer,
+ * done first, disconnected. Only the FIN is in question then, never a
+ * byte: a peer that closed needs none, and one whose QP failed while it
+ * still read resumes over TCP and is answered there (fin_unsure). */
 static bool nothing_lost(const struct sv_proto *p)
 {
-	/* Our FIN still in flight may be lost: the peer then resumes over
-	 * TCP (proto_resume.c), and so must we. */
 	return p->rx_fin && p->inflight == 0 &&
-	       ((p->tx_state == SV_TX_FIN && p->fin_done) || p->tx_state == SV_TX_TCP ||
+	       (p->tx_state == SV_TX_FIN || p->tx_state == SV_TX_TCP ||
 		p->tx_state == SV_TX_OPEN);
 }
 
@@ -234,10 +237,17 @@ bool sv_proto_peer_ended(struct sv_proto *p)
 	 * and order after it. */
 	if (!p->qp_ended && !nothing_lost(p))
 		return false;
+	if (!p->qp_ended)
+		p->fin_unsure = p->tx_state == SV_TX_FIN && !p->fin_done;
 	p->qp_ended = true;
 	if (p->tx_state == SV_TX_OPEN)
 		p->tx_state = SV_TX_RESET; /* no QP to send on: EPIPE (tx_check) */
 	return true;
+}
+
+bool sv_proto_fin_unsure(const struct sv_proto *p)
+{
+	return p->qp_ended && p->fin_unsure;
 }
 
 bool sv_proto_flush_is_end(struct sv_proto *p)

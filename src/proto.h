@@ -296,6 +296,9 @@ bool sv_proto_flush_is_end(struct sv_proto *p);
  * true, with the same effects, when the peer's FIN arrived over the QP and
  * none of our DATA is in flight, or a flush was judged so before. */
 bool sv_proto_peer_ended(struct sv_proto *p);
+/* The QP ended so while our FIN was in flight: the peer may not have it.
+ * A peer that resumes over TCP then reads our end there. */
+bool sv_proto_fin_unsure(const struct sv_proto *p);
 
 /* ---- Sending ------------------------------------------------------------ */
 

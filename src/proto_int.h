@@ -95,6 +95,8 @@ struct sv_proto {
 				  * delivered stays readable, error or not */
 	bool qp_ended;           /* a flushed work request was the normal end
 				  * (sv_proto_peer_ended): so is every later one */
+	bool fin_unsure;         /* the QP ended so with our FIN in flight: the
+				  * peer may lack it (sv_proto_fin_unsure) */
 	bool peer_to_rdma;       /* TO_RDMA arrived: TCP carries the peer's bytes up to
 				  * peer_to_rdma_seq, then our challenge, then
 				  * nothing; QP data after it waits for

@@ -229,6 +229,8 @@ struct sv_resume {
 			      * record goes before our next TCP byte, or in
 			      * answer to the peer's */
 	bool announced;      /* our record went after the QP's normal end */
+	bool fin_owed;       /* ... with our FIN in flight: TCP's FIN follows
+			      * our record (sv_proto_fin_unsure) */
 	uint64_t deadline_us;
 	int outcome;         /* 0 while resuming or resumed; -errno when it failed */
 };

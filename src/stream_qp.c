@@ -18,11 +18,18 @@ static void break_tx(struct sv_stream *s, int err);
  * sending still reads what we write. */
 static void tx_after_end(struct sv_stream *s)
 {
-	if (sv_proto_tx_state(s->proto) == SV_TX_RESET && !sv_proto_error(s->proto) && !s->error) {
+	if (sv_proto_error(s->proto) || s->error)
+		return;
+	if (sv_proto_tx_state(s->proto) == SV_TX_RESET) {
 		/* A peer that only shut its sending down resumes, and reads
 		 * our record before our bytes (stream_resume.c). */
 		sv_stream_resume_normal_end(s);
 		break_tx(s, -ECONNRESET);
+	} else if (sv_proto_fin_unsure(s->proto) && !s->fo.fin_owed && !s->fo.out_sent) {
+		/* Our FIN was in flight: a peer that still reads resumes, and
+		 * reads our record, then TCP's FIN. */
+		sv_stream_resume_normal_end(s);
+		s->fo.fin_owed = s->fo.announce_due;
 	}
 }
 

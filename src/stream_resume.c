@@ -118,8 +118,14 @@ void sv_stream_resume_announce(struct sv_stream *s)
 	ssize_t n = SV_REAL(send)(s->fd, s->fo.out, SV_RESUME_SIZE, MSG_DONTWAIT | MSG_NOSIGNAL);
 	s->fo.out_sent = n > 0 ? (uint32_t)n : SV_RESUME_SIZE;
 	s->fo.announced = true;
-	if (n > 0 && n < SV_RESUME_SIZE)
+	if (n > 0 && n < SV_RESUME_SIZE) {
 		sv_stream_fail(s, -ECONNRESET); /* cannot happen on a quiet socket */
+	} else if (s->fo.fin_owed) {
+		/* Our stream ended at the record's offset: TCP says so. */
+		s->fo.fin_owed = false;
+		s->cl.shut_deferred = false;
+		SV_REAL(shutdown)(s->fd, SHUT_WR);
+	}
 }
 
 /* The exchange could not finish: the connection fails (a reset for both). */

@@ -294,6 +294,79 @@ Test(qp_break, a_normal_close_is_no_reset)
 	h_pair_free(&p);
 }
 
+/* Until `cond` holds for the stream, or ms pass. */
+static bool wait_fo(struct sv_stream *s, bool (*cond)(struct sv_stream *), int ms)
+{
+	uint64_t end = h_ms() + (uint64_t)ms;
+	for (;;) {
+		sv_lock(&s->lock);
+		bool ok = cond(s);
+		sv_unlock(&s->lock);
+		if (ok || h_ms() >= end)
+			return ok;
+		usleep(1000);
+	}
+}
+
+static bool qp_over(struct sv_stream *s)
+{
+	return s->fo.announce_due || s->fo.announced || s->fo.started;
+}
+
+/* Both ends close at once: the server's FIN came over the QP and the
+ * server, done, disconnected while our FIN was still in flight. Only our
+ * FIN is in question, never a byte, and the peer closed: the QP's normal
+ * end, no failover (the statistics would tell one that never happened). */
+Test(qp_break, closing_together_is_a_normal_end)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	fake_net_hold(FAKE_CLIENT); /* the client's FIN stays in flight */
+	cr_assert_eq(sv_stream_shutdown(p.c, SHUT_WR), 0);
+	uint8_t b[100];
+	h_pattern(b, sizeof(b), 3, 0);
+	cr_assert_eq(h_write_all(p.s, b, sizeof(b)), (long)sizeof(b));
+	cr_assert_eq(sv_stream_close(p.s, p.sfd), 0); /* lingers until its FIN is in */
+	long end;
+	cr_assert_eq(h_read_all(p.c, b, sizeof(b), &end), sizeof(b));
+	cr_assert(h_pattern_ok(b, sizeof(b), 3, 0));
+	cr_assert_eq(h_read(p.c, b, 1, 0), 0, "EOF");
+	cr_assert(wait_fo(p.c, qp_over, 5000), "the client never saw the QP end");
+	cr_expect_not(p.c->fo.started, "the client resumed (%s) after a normal close",
+		      sv_failover_name(p.c->fo.cause));
+	cr_expect_eq(p.c->fo.cause, SV_FO_NONE, "failover=%s", sv_failover_name(p.c->fo.cause));
+	cr_expect_eq(h_state(p.c), SV_CONN_RDMA, "client %s", sv_conn_state_name(h_state(p.c)));
+	cr_expect_eq(p.c->error, 0);
+	cr_assert_eq(sv_stream_close(p.c, p.cfd), 0);
+	h_pair_free(&p);
+}
+
+/* Both shut their sending down, the server's FIN arrived, ours was in
+ * flight when the QP failed: the server still reads, so it resumes. The
+ * client answers its record with its own, then TCP's FIN: the server
+ * reads its EOF at once, not when the client closes. */
+Test(qp_break, a_peer_that_lacks_our_fin_reads_it_over_tcp)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	fake_net_hold(FAKE_CLIENT);
+	cr_assert_eq(sv_stream_shutdown(p.c, SHUT_WR), 0);
+	cr_assert_eq(sv_stream_shutdown(p.s, SHUT_WR), 0);
+	uint8_t b[16];
+	cr_assert_eq(h_read(p.c, b, 1, 0), 0, "the server's FIN");
+	fake_net_break_all(); /* the client's FIN is lost */
+	uint64_t t0 = h_ms();
+	long r = h_read(p.s, b, 1, 0);
+	cr_assert_eq(r, 0, "the server read %ld instead of EOF", r);
+	cr_expect_lt(h_ms() - t0, 30000, "EOF only after %llu ms",
+		     (unsigned long long)(h_ms() - t0));
+	cr_assert_eq(h_state(p.s), SV_CONN_BROKEN, "the server resumed");
+	cr_assert_eq(p.s->error, 0);
+	cr_assert_eq(p.c->error, 0);
+	cr_assert_eq(h_read(p.c, b, 1, 0), 0, "the client still reads EOF");
+	h_pair_free(&p);
+}
+
 /* A receiver that pauses (flow control) after the resume, while the kept
  * bytes do not fit in TCP's buffers: the exchange's deadline is for a
  * peer that never answers, not for one that reads slowly. */
