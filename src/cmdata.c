@@ -18,7 +18,7 @@
  *  24  client addr, server addr: 4+4 (IPv4) or 16+16 (IPv6)   -> 32 or 56 bytes */
 
 /* The address as 16 bytes (IPv4 mapped) and the port; -1 if not IP. */
-static int addr16(const struct sockaddr_storage *ss, uint8_t out[16], uint16_t *port, int *v4)
+int sv_addr16(const struct sockaddr_storage *ss, uint8_t out[16], uint16_t *port, int *v4)
 {
 	if (ss->ss_family == AF_INET) {
 		const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
@@ -60,7 +60,7 @@ int sv_cm_req_encode(const struct sv_cm_req *r, uint8_t *out)
 	uint8_t c[16], s[16];
 	uint16_t cp, sp;
 	int cv4, sv4;
-	if (addr16(&r->client, c, &cp, &cv4) < 0 || addr16(&r->server, s, &sp, &sv4) < 0)
+	if (sv_addr16(&r->client, c, &cp, &cv4) < 0 || sv_addr16(&r->server, s, &sp, &sv4) < 0)
 		return -EAFNOSUPPORT;
 	int v4 = cv4 && sv4;
 	memset(out, 0, SV_CM_REQ_MAX);
@@ -149,6 +149,19 @@ void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN])
 	out[5] = (uint8_t)why;
 }
 
+void sv_cm_rej_encode_redirect(uint16_t port, uint8_t out[SV_CM_REJ_LEN])
+{
+	sv_cm_rej_encode(SV_CM_REJ_REDIRECT, out);
+	sv_put16(out + 6, port);
+}
+
+uint16_t sv_cm_rej_port(const uint8_t *in, size_t len)
+{
+	if (len < SV_CM_REJ_LEN || sv_cm_rej_decode(in, len) != SV_CM_REJ_REDIRECT)
+		return 0;
+	return sv_get16(in + 6);
+}
+
 int sv_cm_rej_decode(const uint8_t *in, size_t len)
 {
 	if (!in || len < 6 || sv_get32(in) != SV_CM_MAGIC)
@@ -165,7 +178,7 @@ static bool addr_cmp(const struct sockaddr_storage *a, const struct sockaddr_sto
 	uint8_t x[16], y[16];
 	uint16_t px, py;
 	int vx, vy;
-	if (addr16(a, x, &px, &vx) < 0 || addr16(b, y, &py, &vy) < 0)
+	if (sv_addr16(a, x, &px, &vx) < 0 || sv_addr16(b, y, &py, &vy) < 0)
 		return false;
 	return (!with_port || px == py) && memcmp(x, y, 16) == 0;
 }

@@ -38,7 +38,8 @@ int sv_cm_req_encode(const struct sv_cm_req *r, uint8_t *out);
 int sv_cm_req_decode(const uint8_t *in, size_t len, struct sv_cm_req *r);
 
 /* A rejection's private data (8 bytes): magic u32, version u8, reason u8,
- * 2 bytes of zero. Without it (no private data) the reason is "no". */
+ * u16: a redirect's port, else zero. Without it (no private data) the
+ * reason is "no". */
 enum sv_cm_rej {
 	SV_CM_REJ_NO = 0,          /* refused (or another version: see version) */
 	SV_CM_REJ_WRITE_FIRST = 1, /* the server's accept() waits for the client's
@@ -46,17 +47,26 @@ enum sv_cm_rej {
 				    * TCP and ask again */
 	SV_CM_REJ_BUSY = 2,        /* the server holds as many requests waiting
 				    * for their accept() as it keeps: ask again */
+	SV_CM_REJ_REDIRECT = 3,    /* another process of the server holds the
+				    * connection: ask at the port in bytes 6-7 */
 };
 #define SV_CM_REJ_LEN 8
 void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN]);
 /* The reason a rejection gives: SV_CM_REJ_*, -EPROTONOSUPPORT for ours of
  * another version, -EPROTO for none or a foreign one. */
 int sv_cm_rej_decode(const uint8_t *in, size_t len);
+/* A redirect to `port` (host order), and the port a rejection redirects
+ * to (0: none). */
+void sv_cm_rej_encode_redirect(uint16_t port, uint8_t out[SV_CM_REJ_LEN]);
+uint16_t sv_cm_rej_port(const uint8_t *in, size_t len);
 
 #define SV_CM_REP_LEN 20
 void sv_cm_rep_encode(const struct sv_cm_rep *r, uint8_t out[SV_CM_REP_LEN]);
 int sv_cm_rep_decode(const uint8_t *in, size_t len, struct sv_cm_rep *r);
 
+/* The address as 16 bytes (IPv4 as IPv4-mapped IPv6) and its port (network
+ * order); *v4 says which it was. -1 for another family. */
+int sv_addr16(const struct sockaddr_storage *ss, uint8_t out[16], uint16_t *port, int *v4);
 /* Same address and port? (IPv4 and IPv4-mapped IPv6 compare equal.) */
 bool sv_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
 /* Same address, ports ignored. */

@@ -105,3 +105,16 @@ Test(cmdata, mapped_ipv4_equals_ipv4)
 	cr_assert_not(sv_addr_equal(&a, &c));
 	cr_assert(sv_addr_same_host(&a, &c));
 }
+
+/* A redirect names the port to ask at; any other rejection names none. */
+Test(cmdata, a_redirect_carries_its_port)
+{
+	uint8_t pd[SV_CM_REJ_LEN];
+	sv_cm_rej_encode_redirect(60957, pd);
+	cr_assert_eq(sv_cm_rej_decode(pd, sizeof(pd)), SV_CM_REJ_REDIRECT);
+	cr_assert_eq(sv_cm_rej_port(pd, sizeof(pd)), 60957);
+	cr_assert_eq(pd[6], 60957 & 0xff, "the port is little-endian at offset 6");
+	cr_assert_eq(sv_cm_rej_port(pd, 6), 0, "a short rejection names no port");
+	sv_cm_rej_encode(SV_CM_REJ_BUSY, pd);
+	cr_assert_eq(sv_cm_rej_port(pd, sizeof(pd)), 0, "busy is no redirect");
+}

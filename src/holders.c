@@ -1,0 +1,157 @@
+/* The holders' table: see holders.h.
+ *
+ * Processes of one family share it without a lock. Each entry has a state
+ * word: its generation, and whether it is free, being written, or ready.
+ * A writer claims a free entry by compare-and-swap, fills it, then marks it
+ * ready; a reader copies a ready entry and keeps the copy only if the state
+ * word did not change meanwhile. Only the process that entered a
+ * connection removes it (or, once that process has exited, whoever finds
+ * it). The fields are atomic words, so a reader racing a writer reads a
+ * mix that the state word then rejects, never undefined behaviour. */
+#include "holders.h"
+
+#include "cmdata.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* As many as an accept queue's default (net.core.somaxconn): a
+ * full table costs the connections past it their upgrade, nothing else. */
+#define SV_HOLDERS_SLOTS 4096u
+
+enum { SLOT_FREE = 0, SLOT_WRITING = 1, SLOT_READY = 2 };
+#define PHASE(st) ((st) & 3u)
+#define GEN(st) ((st) >> 2)
+
+/* server address, server port, client address, client port: 36 bytes. */
+#define KEY_WORDS 9
+
+struct slot {
+	_Atomic uint64_t state;
+	_Atomic uint32_t pid;
+	_Atomic uint32_t port;
+	_Atomic uint32_t key[KEY_WORDS];
+};
+
+struct sv_holders {
+	_Atomic bool forked;
+	struct slot slot[SV_HOLDERS_SLOTS];
+};
+
+static _Atomic(struct sv_holders *) table;
+
+struct sv_holders *sv_holders_get(void)
+{
+	struct sv_holders *h = atomic_load(&table);
+	if (h)
+		return h;
+	/* Shared with the children this process forks; never unmapped (they
+	 * and late requests may use it until the process ends). Untouched
+	 * pages cost nothing. */
+	void *m = mmap(NULL, sizeof(struct sv_holders), PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	struct sv_holders *none = NULL;
+	if (!atomic_compare_exchange_strong(&table, &none, m)) {
+		munmap(m, sizeof(struct sv_holders));
+		return none;
+	}
+	return m;
+}
+
+void sv_holders_mark_forked(struct sv_holders *h)
+{
+	atomic_store(&h->forked, true);
+}
+
+bool sv_holders_forked(const struct sv_holders *h)
+{
+	return atomic_load(&((struct sv_holders *)h)->forked);
+}
+
+static int make_key(const struct sockaddr_storage *server, const struct sockaddr_storage *client,
+		    uint32_t key[KEY_WORDS])
+{
+	uint8_t b[KEY_WORDS * 4];
+	uint16_t sp, cp;
+	int v4;
+	if (sv_addr16(server, b, &sp, &v4) < 0 || sv_addr16(client, b + 18, &cp, &v4) < 0)
+		return -EAFNOSUPPORT;
+	memcpy(b + 16, &sp, 2);
+	memcpy(b + 34, &cp, 2);
+	memcpy(key, b, sizeof(b));
+	return 0;
+}
+
+int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
+		   const struct sockaddr_storage *client, uint16_t port)
+{
+	uint32_t key[KEY_WORDS];
+	int r = make_key(server, client, key);
+	if (r < 0)
+		return r;
+	for (unsigned i = 0; i < SV_HOLDERS_SLOTS; i++) {
+		struct slot *e = &h->slot[i];
+		uint64_t st = atomic_load(&e->state);
+		if (PHASE(st) != SLOT_FREE)
+			continue;
+		uint64_t mine = ((GEN(st) + 1) << 2) | SLOT_WRITING;
+		if (!atomic_compare_exchange_strong(&e->state, &st, mine))
+			continue;
+		atomic_store_explicit(&e->pid, (uint32_t)getpid(), memory_order_relaxed);
+		atomic_store_explicit(&e->port, port, memory_order_relaxed);
+		for (unsigned w = 0; w < KEY_WORDS; w++)
+			atomic_store_explicit(&e->key[w], key[w], memory_order_relaxed);
+		atomic_store(&e->state, (mine & ~3ull) | SLOT_READY);
+		return (int)i;
+	}
+	return -ENOSPC;
+}
+
+/* Free a ready entry, if it is still the one seen as `st`. */
+static void free_slot(struct slot *e, uint64_t st)
+{
+	atomic_compare_exchange_strong(&e->state, &st, st & ~3ull);
+}
+
+void sv_holders_remove(struct sv_holders *h, int slot)
+{
+	if (slot < 0 || (unsigned)slot >= SV_HOLDERS_SLOTS)
+		return;
+	struct slot *e = &h->slot[slot];
+	uint64_t st = atomic_load(&e->state);
+	if (PHASE(st) == SLOT_READY && atomic_load(&e->pid) == (uint32_t)getpid())
+		free_slot(e, st);
+}
+
+uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *server,
+			 const struct sockaddr_storage *client)
+{
+	uint32_t key[KEY_WORDS];
+	if (make_key(server, client, key) < 0)
+		return 0;
+	for (unsigned i = 0; i < SV_HOLDERS_SLOTS; i++) {
+		struct slot *e = &h->slot[i];
+		uint64_t st = atomic_load(&e->state);
+		if (PHASE(st) != SLOT_READY)
+			continue;
+		bool same = true;
+		for (unsigned w = 0; w < KEY_WORDS && same; w++)
+			same = atomic_load_explicit(&e->key[w], memory_order_relaxed) == key[w];
+		uint32_t pid = atomic_load_explicit(&e->pid, memory_order_relaxed);
+		uint32_t port = atomic_load_explicit(&e->port, memory_order_relaxed);
+		if (!same || atomic_load(&e->state) != st)
+			continue;
+		if (kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
+			free_slot(e, st); /* its process exited without removing it */
+			continue;
+		}
+		return (uint16_t)port;
+	}
+	return 0;
+}

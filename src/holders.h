@@ -1,0 +1,50 @@
+/* Which process of a server holds an accepted connection that the port's
+ * owner cannot match (docs/protocol.md, section 3, "Redirects").
+ *
+ * The RDMA listener on a port belongs to the process that called listen()
+ * (rdma_cm's port space has one listener per port). Prefork servers (nginx,
+ * Apache, gunicorn) accept in children that inherited the listening
+ * socket, so the client's upgrade request reaches a process that does not
+ * hold the connection. The listening process makes this table in shared
+ * memory (MAP_SHARED | MAP_ANONYMOUS) before it forks; each child that
+ * accepts on the inherited socket opens an RDMA listener of its own on the
+ * same address, any port, and enters its connections with that port. The
+ * owner answers a request it cannot match by telling the client to ask at
+ * that port instead.
+ *
+ * The table is a hint, never trusted for correctness: the process at the
+ * port still matches the request to a connection it accepted, and the echo
+ * on TCP still proves the peer. A wrong or stale entry costs one upgrade. */
+#ifndef SV_HOLDERS_H
+#define SV_HOLDERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct sv_holders;
+
+/* The process's table, made at its first call (by a process that listens,
+ * before it forks); NULL when it cannot be had (the caller does without). */
+struct sv_holders *sv_holders_get(void);
+
+/* A child of the table's process inherited a listening socket: the owner
+ * looks for holders from now on (sv_holders_forked). */
+void sv_holders_mark_forked(struct sv_holders *h);
+bool sv_holders_forked(const struct sv_holders *h);
+
+/* Enter the accepted connection (server, client) as held by this process,
+ * whose RDMA listener for it is at `port` (of the server's address). The
+ * entry's index, or -ENOSPC when the table is full. */
+int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
+		   const struct sockaddr_storage *client, uint16_t port);
+/* Remove this process's entry. */
+void sv_holders_remove(struct sv_holders *h, int slot);
+/* The port of the process holding (server, client), or 0. Entries of
+ * processes that exited are dropped on the way. */
+uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *server,
+			 const struct sockaddr_storage *client);
+
+/* In a fork's child: the table stays (the family shares it). */
+
+#endif
