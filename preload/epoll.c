@@ -420,6 +420,8 @@ static int ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		 * once the kernel's epoll watches it (sv_socket_connected). */
 		if (f->ops->connected && op == EPOLL_CTL_ADD)
 			atomic_store(&f->in_epoll, true);
+		if (f->ops->will_accept && op == EPOLL_CTL_ADD)
+			f->ops->will_accept(f);
 		sv_fd_put(f);
 		return SV_REAL(epoll_ctl)(epfd, op, fd, ev);
 	}

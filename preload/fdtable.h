@@ -67,6 +67,9 @@ struct sv_fd_ops {
 	void (*listened)(struct sv_fd *f);
 	/* accept() on it returned nfd. */
 	void (*accepted)(struct sv_fd *f, int nfd);
+	/* The application is about to accept on it: accept() is called, or
+	 * an epoll set takes it. */
+	void (*will_accept)(struct sv_fd *f);
 	/* connect() on it to `to` succeeded, or is in progress. */
 	void (*connected)(struct sv_fd *f, const struct sockaddr *to, socklen_t len,
 			  bool in_progress);

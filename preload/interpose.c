@@ -175,11 +175,17 @@ SV_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 
 static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
+	int saved = errno;
+	struct sv_fd *f = sv_fd_get(fd);
+	if (f && f->ops->will_accept)
+		f->ops->will_accept(f);
+	sv_fd_put(f);
+	errno = saved;
 	int nfd = sv_real.accept4(fd, addr, len, flags);
 	if (nfd < 0)
 		return nfd;
-	int saved = errno;
-	struct sv_fd *f = sv_fd_get(fd);
+	saved = errno;
+	f = sv_fd_get(fd);
 	if (f && f->ops->accepted)
 		f->ops->accepted(f, nfd);
 	sv_fd_put(f);

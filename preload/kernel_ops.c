@@ -57,5 +57,6 @@ const struct sv_fd_ops sv_listen_ops = {
 	KERNEL_CALLS,
 	.release = sv_listen_release,
 	.accepted = sv_listen_accepted,
-	.atfork_child = sv_ours_atfork_child,
+	.will_accept = sv_listen_will_accept,
+	.atfork_child = sv_listen_atfork_child,
 };

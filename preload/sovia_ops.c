@@ -301,6 +301,24 @@ void sv_listen_release(struct sv_fd *f)
 	sv_leave();
 }
 
+void sv_listen_atfork_child(struct sv_fd *f)
+{
+	struct sv_listener *l = sv_upgrade_listen_inherited(f->priv, f->fd);
+	if (!l) {
+		sv_ours_atfork_child(f);
+		return;
+	}
+	struct sv_fd *nf = sv_fd_new(f->fd, &sv_listen_ops, l);
+	if (!nf) {
+		/* l is leaked: the upgrade's lock is not the child's yet. */
+		sv_ours_atfork_child(f);
+		return;
+	}
+	(void)sv_fd_remove(f->fd); /* the parent's: leaked on purpose */
+	sv_fd_install(nf);
+	sv_fd_put(nf);
+}
+
 void sv_socket_listened(struct sv_fd *f)
 {
 	sv_enter();
@@ -308,6 +326,13 @@ void sv_socket_listened(struct sv_fd *f)
 	sv_leave();
 	if (l)
 		(void)replace_entry(f->fd, &sv_listen_ops, l);
+}
+
+void sv_listen_will_accept(struct sv_fd *f)
+{
+	sv_enter();
+	sv_upgrade_will_accept(f->priv);
+	sv_leave();
 }
 
 void sv_listen_accepted(struct sv_fd *lf, int fd)

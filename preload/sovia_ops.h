@@ -16,9 +16,13 @@ void sv_socket_listened(struct sv_fd *f);
 void sv_socket_connected(struct sv_fd *f, const struct sockaddr *to, socklen_t len,
 			 bool in_progress);
 void sv_listen_accepted(struct sv_fd *f, int nfd);
+void sv_listen_will_accept(struct sv_fd *f);
 void sv_listen_release(struct sv_fd *f);
 /* An entry of ours in a fork's child: it becomes the kernel's. */
 void sv_ours_atfork_child(struct sv_fd *f);
+/* A listening socket in a fork's child: a listener of the child's, to
+ * which the parent redirects the requests for what the child accepts. */
+void sv_listen_atfork_child(struct sv_fd *f);
 
 /* fd's connection is plain TCP now: its entry (and its copies', the entries
  * with the same priv) become the kernel's. */

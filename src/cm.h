@@ -32,6 +32,7 @@ struct sv_cm_ops {
 	int (*get_event)(struct rdma_event_channel *ch, struct rdma_cm_event **ev);
 	int (*ack_event)(struct rdma_cm_event *ev);
 	struct sockaddr *(*peer_addr)(struct rdma_cm_id *id);
+	struct sockaddr *(*local_addr)(struct rdma_cm_id *id); /* the port a bind chose */
 	/* The queue pair for a connection on id (bound to a device: address
 	 * resolved, or a connect request's id), its buffers registered for
 	 * prm, in the INIT state. 0 or -errno (not the librdmacm convention). */

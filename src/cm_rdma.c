@@ -47,6 +47,7 @@ const struct sv_cm_ops sv_cm_rdma = {
 	.get_event = rdma_get_cm_event,
 	.ack_event = rdma_ack_cm_event,
 	.peer_addr = rdma_get_peer_addr,
+	.local_addr = rdma_get_local_addr,
 	.create_qp = create_qp,
 	.atfork_child = sv_verbs_atfork_child,
 };

@@ -145,6 +145,8 @@ struct sv_switch {
 			       * (SOVIA_UPGRADE_DELAY_MS, or a retry after "no
 			       * listener"); 0: not waiting */
 	uint8_t connect_retries; /* client: requests asked again after "no listener" */
+	uint16_t redirect_port;  /* client: the server's RDMA port to ask at instead
+				  * of the TCP one (SV_CM_REJ_REDIRECT), 0: none */
 	/* Its buffers (these bytes) did not fit the locked-memory budget
 	 * (pinned.h): it asks again when some is given back, until
 	 * deadline_us; then it stays on TCP with fallback "memlock". The

@@ -245,12 +245,18 @@ static void start_connect(struct sv_stream *s)
 		s->fallback = SV_FB_NONE; /* asked again (retry_connect) */
 	s->sw.deadline_us = sv_upgrade_deadline(sv_now_us());
 	struct sockaddr_storage src = s->tuple.local, dst = s->tuple.peer;
+	uint16_t redirected = s->sw.redirect_port;
 	sv_unlock(&s->lock);
-	/* The same interface as the TCP connection, any port. */
+	/* The same interface as the TCP connection, any port; the server's
+	 * port, or the one its owner sent us to. */
 	if (src.ss_family == AF_INET)
 		((struct sockaddr_in *)&src)->sin_port = 0;
 	else
 		((struct sockaddr_in6 *)&src)->sin6_port = 0;
+	if (redirected && dst.ss_family == AF_INET)
+		((struct sockaddr_in *)&dst)->sin_port = htons(redirected);
+	else if (redirected)
+		((struct sockaddr_in6 *)&dst)->sin6_port = htons(redirected);
 	int r = sv_cm->resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, 2000);
 	if (r < 0) {
 		sv_dbg("fd %d: rdma_resolve_addr: %s", s->fd, strerror(errno));
@@ -323,14 +329,15 @@ void sv_upgrade_retry_room(struct sv_stream *s)
 }
 
 /* The server had no RDMA listener (yet), its accept() waits for our
- * first bytes (SV_CM_REJ_WRITE_FIRST), or it had too many requests
- * waiting (SV_CM_REJ_BUSY): drop this attempt's QP and id and have the
- * helper ask again later (SV_CONNECT_RETRIES). Until then the
- * connection is on TCP, labelled with the reason it keeps if no retry gets
- * through. False when no retry is due: the caller falls back. The id is
- * the caller's to destroy (its event is not acknowledged yet). With
- * up_lock. */
-static bool retry_connect(struct sv_stream *s, int said)
+ * first bytes (SV_CM_REJ_WRITE_FIRST), it had too many requests waiting
+ * (SV_CM_REJ_BUSY), or another of its processes holds the connection
+ * (SV_CM_REJ_REDIRECT to port `to`): drop this attempt's QP and id and
+ * have the helper ask again, later or (redirected) at once, within
+ * SV_CONNECT_RETRIES. Until then the connection is on TCP, labelled with
+ * the reason it keeps if no retry gets through. False when no retry is
+ * due: the caller falls back. The id is the caller's to destroy (its event
+ * is not acknowledged yet). With up_lock. */
+static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 {
 	bool write_first = said == SV_CM_REJ_WRITE_FIRST, busy = said == SV_CM_REJ_BUSY;
 	sv_lock(&s->lock);
@@ -341,7 +348,10 @@ static bool retry_connect(struct sv_stream *s, int said)
 		s->id = NULL;
 		sv_stream_set_state(s, SV_CONN_TCP);
 		s->fallback = SV_FB_REJECTED;
-		uint32_t ms = SV_CONNECT_RETRY_MS << s->sw.connect_retries;
+		/* A redirect: that port's listener is up already. */
+		uint32_t ms = to ? 0 : SV_CONNECT_RETRY_MS << s->sw.connect_retries;
+		bool was_redirected = s->sw.redirect_port != 0;
+		s->sw.redirect_port = to;
 		s->sw.connect_retries++;
 		s->sw.upgrade_at = sv_now_us() + (uint64_t)ms * 1000u;
 		/* "No listener": a plain server, or one that has just called
@@ -354,11 +364,12 @@ static bool retry_connect(struct sv_stream *s, int said)
 		 * accept() waits for data gets our first bytes on TCP. */
 		if (write_first)
 			sv_stream_end_hold(s, UINT64_MAX);
-		else if (!busy)
+		else if (!busy && !to && !was_redirected)
 			sv_peers_plain_port(&s->tuple.peer);
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,
 			write_first ? "the server accepts once we wrote: our first bytes go on TCP"
 			: busy	    ? "the server has too many requests waiting"
+			: to	    ? "another process of the server holds it: at its port"
 				    : "no RDMA listener at the server (yet)",
 			ms);
 	}
@@ -448,14 +459,19 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 		break;
 	case RDMA_CM_EVENT_REJECTED: {
 		int said = reject_said(ev);
-		bool again = said == SV_CM_REJ_WRITE_FIRST || said == SV_CM_REJ_BUSY;
-		if ((ev->status == SV_REJ_NO_LISTENER || again) && retry_connect(s, said)) {
+		uint16_t to = said == SV_CM_REJ_REDIRECT
+				      ? sv_cm_rej_port(ev->param.conn.private_data,
+						       ev->param.conn.private_data_len)
+				      : 0;
+		bool again = said == SV_CM_REJ_WRITE_FIRST || said == SV_CM_REJ_BUSY || to;
+		if ((ev->status == SV_REJ_NO_LISTENER || again) && retry_connect(s, said, to)) {
 			*destroy = ev->id; /* once its event is acknowledged */
 			break;
 		}
 		/* No listener after the retries, or another version: no
 		 * libsovia of ours at that port. */
-		if (ev->status == SV_REJ_NO_LISTENER || said == -EPROTONOSUPPORT)
+		if ((ev->status == SV_REJ_NO_LISTENER && !s->sw.redirect_port) ||
+		    said == -EPROTONOSUPPORT)
 			sv_peers_plain_port(&s->tuple.peer);
 		sv_up_drop_qp(s, said == -EPROTONOSUPPORT ? SV_FB_VERSION : SV_FB_REJECTED);
 		break;

@@ -1,10 +1,14 @@
 /* The server's half of the upgrade: an RDMA listener beside each listening
  * socket, and connect requests matched to the connections the application
- * accepted (docs/protocol.md, section 3, step 3). */
+ * accepted (docs/protocol.md, section 3, step 3). A fork's child that
+ * accepts on a listening socket it inherited opens an RDMA listener of its
+ * own, on any port, and the port's owner redirects the requests for its
+ * connections there (holders.h). */
 #include "upgrade_int.h"
 
 #include "config.h"
 #include "helper.h"
+#include "holders.h"
 #include "log.h"
 #include "real.h"
 
@@ -26,12 +30,19 @@ struct sv_listener {
 	 * accepted must not suffer, so the RDMA listener outlives the fd. */
 	int refs;
 	bool failed; /* no RDMA listener could be had on its address */
+	struct sv_holders *holders; /* the family's table (NULL: none) */
+	/* A fork child's, for a listening socket it inherited: its RDMA
+	 * listener is on the same address, at side_port (once open). */
+	bool inherited;
+	atomic_bool side_started; /* its opening was asked for */
+	uint16_t side_port;
 };
 
 /* A connect request waiting for the application to accept its TCP side. */
 struct pending_req {
 	struct rdma_cm_id *id;
 	struct sv_cm_req req;
+	struct sv_listener *l; /* held */
 	uint64_t deadline;
 	struct pending_req *next;
 };
@@ -41,6 +52,7 @@ struct unmatched {
 	struct sv_stream *s;
 	struct sv_listener *l; /* held until the request came or the wait ended */
 	uint64_t deadline;
+	int slot; /* its entry in the holders' table, or -1 */
 	struct unmatched *next;
 };
 
@@ -90,6 +102,9 @@ static void listener_put(struct sv_listener *l)
 
 static void release_unmatched(struct unmatched *u)
 {
+	if (u->slot >= 0 && u->l->holders)
+		sv_holders_remove(u->l->holders, u->slot);
+	u->slot = -1;
 	u->next = release_later;
 	release_later = u;
 }
@@ -112,13 +127,38 @@ void sv_up_run_releases(void)
 
 /* ---- Listeners ------------------------------------------------------------- */
 
-/* Open the RDMA listener on l->addr. With up_lock. */
+/* An inherited listener's accepted connections go into the holders' table
+ * once its RDMA listener is open. With up_lock. */
+static void enter_holders(struct sv_listener *l)
+{
+	if (!l->inherited || !l->side_port || !l->holders)
+		return;
+	for (struct unmatched *u = unmatched; u; u = u->next) {
+		if (u->l != l || u->slot >= 0)
+			continue;
+		u->slot = sv_holders_add(l->holders, &u->s->tuple.local, &u->s->tuple.peer,
+					 l->side_port);
+		if (u->slot < 0)
+			sv_info("fd %d: the holders' table is full: its upgrade request will not "
+				"find us", u->s->fd);
+	}
+}
+
+/* Open the RDMA listener on l->addr (an inherited one's on any port).
+ * With up_lock. */
 static void create_listener(struct sv_listener *l)
 {
 	if (sv_cm->create_id(sv_helper_channel(), &l->id,
 			     (void *)((uintptr_t)l | SV_LISTENER_TAG), RDMA_PS_TCP) < 0)
 		goto failed;
-	if (sv_cm->bind_addr(l->id, (struct sockaddr *)&l->addr) < 0) {
+	struct sockaddr_storage at = l->addr;
+	if (l->inherited) {
+		if (at.ss_family == AF_INET6)
+			((struct sockaddr_in6 *)&at)->sin6_port = 0;
+		else
+			((struct sockaddr_in *)&at)->sin_port = 0;
+	}
+	if (sv_cm->bind_addr(l->id, (struct sockaddr *)&at) < 0) {
 		sv_info("fd %d: no RDMA listener on its address (%s); its connections stay on TCP",
 			l->fd, strerror(errno));
 		goto destroy_id;
@@ -126,6 +166,14 @@ static void create_listener(struct sv_listener *l)
 	if (sv_cm->listen(l->id, 128) < 0) {
 		sv_info("fd %d: rdma_listen: %s", l->fd, strerror(errno));
 		goto destroy_id;
+	}
+	if (l->inherited) {
+		struct sockaddr *a = sv_cm->local_addr(l->id);
+		l->side_port = ntohs(a->sa_family == AF_INET6 ? ((struct sockaddr_in6 *)a)->sin6_port
+							  : ((struct sockaddr_in *)a)->sin_port);
+		sv_dbg("fd %d: inherited: our RDMA listener is at port %u", l->fd, l->side_port);
+		enter_holders(l);
+		return;
 	}
 	sv_dbg("fd %d: RDMA listener up beside it", l->fd);
 	return;
@@ -162,6 +210,7 @@ struct sv_listener *sv_upgrade_listen(int fd)
 		free(l);
 		return NULL;
 	}
+	l->holders = sv_holders_get(); /* before any fork: the children share it */
 	l->refs = 2; /* the fd and the job */
 	int r = sv_helper_when_ready(listen_job, l);
 	if (r == 0)
@@ -178,6 +227,55 @@ struct sv_listener *sv_upgrade_listen(int fd)
 		listener_put(l);
 	sv_unlock(&sv_up_lock);
 	return failed ? NULL : l;
+}
+
+struct sv_listener *sv_upgrade_listen_inherited(const struct sv_listener *parent, int fd)
+{
+	/* The parent's object, as this child's memory holds it: read, never
+	 * released (its id is the parent's). */
+	if (!parent || parent->failed || !parent->holders)
+		return NULL;
+	struct sv_listener *l = calloc(1, sizeof(*l));
+	if (!l)
+		return NULL;
+	l->fd = fd;
+	l->addr = parent->addr;
+	l->holders = parent->holders;
+	l->inherited = true;
+	l->refs = 1; /* the fd; the RDMA listener opens at the first accept */
+	sv_holders_mark_forked(l->holders);
+	return l;
+}
+
+/* An inherited listener's own RDMA listener, at its first accept. */
+static void start_side_listener(struct sv_listener *l)
+{
+	/* Once: every accept() of the process asks. */
+	if (!l->inherited || atomic_load(&l->side_started))
+		return;
+	sv_lock(&sv_up_lock);
+	bool go = !atomic_exchange(&l->side_started, true);
+	if (go)
+		l->refs++; /* the job's */
+	sv_unlock(&sv_up_lock);
+	if (!go)
+		return;
+	int r = sv_helper_start() < 0 ? -1 : sv_helper_when_ready(listen_job, l);
+	if (r == 0)
+		return;
+	sv_lock(&sv_up_lock);
+	if (r < 0)
+		l->failed = true;
+	else
+		create_listener(l);
+	listener_put(l);
+	sv_unlock(&sv_up_lock);
+}
+
+void sv_upgrade_will_accept(struct sv_listener *l)
+{
+	if (l)
+		start_side_listener(l);
 }
 
 bool sv_upgrade_listener_usable(struct sv_listener *l)
@@ -216,11 +314,14 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 	u->s = s;
 	u->l = l;
 	u->deadline = deadline;
+	u->slot = -1;
 	sv_lock(&sv_up_lock);
 	l->refs++;
 	u->next = unmatched;
 	unmatched = u;
+	enter_holders(l);
 	sv_unlock(&sv_up_lock);
+	start_side_listener(l);
 	sv_dbg("fd %d accepted: waiting for its upgrade request", s->fd);
 	sv_helper_watch(s); /* wakes the helper to match it, and times it out */
 }
@@ -299,12 +400,14 @@ enum match_result {
 	MATCH_LATER /* its connection's buffers wait for room */
 };
 
-/* The accepted stream a request is for. With up_lock. */
-static struct unmatched **find_unmatched(const struct sv_cm_req *req)
+/* The accepted stream a request that came to listener l is for: one
+ * accepted on l's socket (a child's on the inherited socket are its own
+ * listener's). With up_lock. */
+static struct unmatched **find_unmatched(const struct sv_cm_req *req, const struct sv_listener *l)
 {
 	for (struct unmatched **pp = &unmatched; *pp; pp = &(*pp)->next) {
 		struct sv_stream *s = (*pp)->s;
-		if (sv_addr_equal(&s->tuple.local, &req->server) &&
+		if ((*pp)->l == l && sv_addr_equal(&s->tuple.local, &req->server) &&
 		    sv_addr_equal(&s->tuple.peer, &req->client))
 			return pp;
 	}
@@ -314,9 +417,9 @@ static struct unmatched **find_unmatched(const struct sv_cm_req *req)
 /* Try to match a request to an accepted connection. A refused id is left
  * in *destroy. */
 static enum match_result match_request(struct rdma_cm_id *id, const struct sv_cm_req *req,
-				       struct rdma_cm_id **destroy)
+				       struct sv_listener *l, struct rdma_cm_id **destroy)
 {
-	struct unmatched **pp = find_unmatched(req);
+	struct unmatched **pp = find_unmatched(req, l);
 	if (!pp)
 		return NO_MATCH;
 	struct unmatched *u = *pp;
@@ -342,6 +445,23 @@ static bool accept_waits_for_data(const struct sv_listener *l)
 	socklen_t len = sizeof(v);
 	return l && l->fd >= 0 &&
 	       SV_REAL(getsockopt)(l->fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &v, &len) == 0 && v > 0;
+}
+
+/* Another process of the server holds the connection: the client asks at
+ * its port. True when redirected (the id is the caller's to destroy). */
+static bool redirect(struct rdma_cm_id *id, const struct sv_cm_req *req, struct sv_listener *l)
+{
+	if (!l || l->inherited || !l->holders || !sv_holders_forked(l->holders))
+		return false;
+	uint16_t port = sv_holders_find(l->holders, &req->server, &req->client);
+	if (!port)
+		return false;
+	sv_dbg("upgrade request: another process holds its connection: redirected to port %u",
+	       port);
+	uint8_t pd[SV_CM_REJ_LEN];
+	sv_cm_rej_encode_redirect(port, pd);
+	sv_cm->reject(id, pd, sizeof(pd));
+	return true;
 }
 
 /* The request must come from the TCP peer's host. */
@@ -375,9 +495,21 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	}
 	struct sv_listener *l = (void *)((uintptr_t)id->context & ~SV_LISTENER_TAG);
 	id->context = NULL;
-	enum match_result m = match_request(id, &req, destroy);
+	enum match_result m = match_request(id, &req, l, destroy);
 	if (m == MATCHED)
 		return;
+	if (m == NO_MATCH && redirect(id, &req, l)) {
+		*destroy = id;
+		return;
+	}
+	if (m == NO_MATCH && l && l->inherited) {
+		/* Only a request its owner redirected comes here, for a
+		 * connection we entered: it is gone. */
+		sv_dbg("upgrade request at our own port: no such connection here: rejected");
+		sv_up_reject(id, false, SV_CM_REJ_NO);
+		*destroy = id;
+		return;
+	}
 	if (m == NO_MATCH && accept_waits_for_data(l)) {
 		/* It would wait for ever if the client holds its first
 		 * writes for RDMA: they go on TCP first, then it asks again. */
@@ -402,10 +534,18 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	}
 	p->id = id;
 	p->req = req;
+	p->l = l;
+	if (l)
+		l->refs++;
 	p->deadline = sv_upgrade_deadline(sv_now_us());
 	p->next = pending;
 	pending = p;
 }
+
+/* How often the owner of a listening socket its children inherited looks
+ * again at the requests it could not match: a child enters its connection
+ * only once its own RDMA listener is open, which nothing here hears of. */
+#define SV_HOLDERS_LOOK_US 5000u
 
 /* Requests that waited for their accept(), or for room in the locked-memory
  * budget: matched now, or timed out. At every wake-up of the helper (a
@@ -416,9 +556,14 @@ static uint64_t pending_timers(uint64_t now)
 	for (struct pending_req **pp = &pending; *pp;) {
 		struct pending_req *p = *pp;
 		struct rdma_cm_id *refused = NULL;
-		bool settled = match_request(p->id, &p->req, &refused) == MATCHED;
+		enum match_result m = match_request(p->id, &p->req, p->l, &refused);
+		bool settled = m == MATCHED;
 		if (refused)
 			sv_cm->destroy_id(refused); /* its event was acknowledged long ago */
+		if (m == NO_MATCH && redirect(p->id, &p->req, p->l)) {
+			sv_cm->destroy_id(p->id);
+			settled = true;
+		}
 		if (!settled && now >= p->deadline) {
 			sv_dbg("upgrade request: no matching accepted connection in time: rejected");
 			sv_up_reject(p->id, false, SV_CM_REJ_NO);
@@ -427,11 +572,17 @@ static uint64_t pending_timers(uint64_t now)
 		}
 		if (settled) {
 			*pp = p->next;
+			if (p->l)
+				listener_put(p->l);
 			free(p);
 			continue;
 		}
-		if (!next || p->deadline < next)
-			next = p->deadline;
+		uint64_t at = p->deadline;
+		if (p->l && p->l->holders && sv_holders_forked(p->l->holders) &&
+		    now + SV_HOLDERS_LOOK_US < at)
+			at = now + SV_HOLDERS_LOOK_US;
+		if (!next || at < next)
+			next = at;
 		pp = &p->next;
 	}
 	return next;

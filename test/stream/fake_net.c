@@ -774,10 +774,25 @@ static int f_disconnect(struct rdma_cm_id *id)
 
 static int f_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 {
+	static uint16_t next_port = 50000; /* rdma_cm's own port space */
 	struct fid *f = (struct fid *)id;
 	memcpy(&f->src, addr, addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
 							  : sizeof(struct sockaddr_in));
+	sv_lock(&net_lock);
+	if (port_of(&f->src) == 0) {
+		uint16_t port = htons(next_port++);
+		if (f->src.ss_family == AF_INET6)
+			((struct sockaddr_in6 *)&f->src)->sin6_port = port;
+		else
+			((struct sockaddr_in *)&f->src)->sin_port = port;
+	}
+	sv_unlock(&net_lock);
 	return 0;
+}
+
+static struct sockaddr *f_local_addr(struct rdma_cm_id *id)
+{
+	return (struct sockaddr *)&((struct fid *)id)->src;
 }
 
 static int f_listen(struct rdma_cm_id *id, int backlog)
@@ -884,6 +899,7 @@ static const struct sv_cm_ops fake_ops = {
 	.get_event = f_get_event,
 	.ack_event = f_ack_event,
 	.peer_addr = f_peer_addr,
+	.local_addr = f_local_addr,
 	.create_qp = f_create_qp,
 	.atfork_child = f_atfork_child,
 };
