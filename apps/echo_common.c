@@ -315,9 +315,61 @@ static int fork_server(const char *who, int port, int conns, int hold, int (*chi
 	return echo_reap(who, conns, what);
 }
 
+/* Prefork: WORKERS children inherit the listening socket and accept on
+ * it, one connection at a time, CONNS in all (a token each from a pipe the
+ * parent filled), while the parent keeps the socket and only waits, as
+ * nginx's master does. */
+static int prefork_server(const char *who, int workers, int port, int conns,
+			  int (*child)(int fd))
+{
+	int ls = echo_listen(who, port, 64);
+	int tokens[2];
+	if (pipe(tokens) < 0)
+		echo_die(who, "pipe");
+	for (int i = 0; i < conns; i++)
+		if (write(tokens[1], "t", 1) != 1)
+			echo_die(who, "write token");
+	if (close(tokens[1]) < 0)
+		echo_die(who, "close");
+	for (int w = 0; w < workers; w++) {
+		pid_t pid = fork();
+		if (pid < 0)
+			echo_die(who, "fork");
+		if (pid > 0)
+			continue;
+		int bad = 0;
+		char t;
+		while (read(tokens[0], &t, 1) == 1) {
+			int c;
+			while ((c = accept(ls, NULL, NULL)) < 0 && errno == EINTR)
+				;
+			if (c < 0)
+				echo_die(who, "accept");
+			bad |= child(c);
+		}
+		exit(bad);
+	}
+	close(tokens[0]);
+	int bad = 0, st;
+	for (int w = 0; w < workers; w++) {
+		if (wait(&st) < 0)
+			echo_die(who, "wait");
+		bad |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+	}
+	close(ls);
+	if (bad) {
+		fprintf(stderr, "%s: a worker failed\n", who);
+		return 1;
+	}
+	printf("OK %d connections\n", conns);
+	return 0;
+}
+
 int echo_fork_main(const char *who, int argc, char **argv, int (*child)(int fd),
 		   const char *what)
 {
+	if (argc == 5 && strcmp(argv[1], "-p") == 0)
+		return prefork_server(who, atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), child);
 	if (argc >= 4 && strcmp(argv[1], "-s") == 0) {
 		int hold = strcmp(argv[2], "-S") == 0;
 		if (argc == 4 + hold)
@@ -332,6 +384,7 @@ int echo_fork_main(const char *who, int argc, char **argv, int (*child)(int fd),
 		printf("OK %llu bytes echoed\n", (unsigned long long)echo_total(&s));
 		return 0;
 	}
-	fprintf(stderr, "usage: %s -s [-S] PORT CONNS | -c HOST PORT BYTES SEED\n", who);
+	fprintf(stderr, "usage: %s -s [-S] PORT CONNS | -p WORKERS PORT CONNS | -c HOST PORT BYTES SEED\n",
+		who);
 	return 2;
 }

@@ -68,7 +68,10 @@ int echo_reap(const char *who, int conns, const char *what);
  * connections on PORT and forks for each; the child closes the listener and
  * exits with child(fd). With -S the parent waits for SIGUSR1 after each
  * accept, before the fork. It then reaps the children (`what` names them).
- * `-c HOST PORT BYTES SEED` runs a checking client. */
+ * `-p WORKERS PORT CONNS` preforks WORKERS children that accept CONNS
+ * connections in all on the listening socket they inherited, each served
+ * by child(fd) in the worker. `-c HOST PORT BYTES SEED` runs a checking
+ * client. */
 int echo_fork_main(const char *who, int argc, char **argv, int (*child)(int fd),
 		   const char *what);
 

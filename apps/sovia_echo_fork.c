@@ -3,6 +3,7 @@
  * child serves. Nothing here knows about libsovia.
  *
  *   sovia-echo-fork -s [-S] PORT CONNS
+ *   sovia-echo-fork -p WORKERS PORT CONNS
  *   sovia-echo-fork -c HOST PORT BYTES SEED
  *
  * Server: listens on PORT (all IPv4 addresses); for each of CONNS
@@ -11,7 +12,9 @@
  * waits for SIGUSR1 after each accept, before the fork (so a test can let
  * the connection run for a while in the parent first). After all children
  * exited it prints "OK CONNS connections" and exits 0, or 1 if any child
- * saw a wrong byte.
+ * saw a wrong byte. With -p it preforks WORKERS children instead, which
+ * accept on the listening socket they inherited (nginx's model) and serve
+ * each connection themselves, CONNS in all, while the parent only waits.
  *
  * Client: one connection; sends a stream of BYTES payload bytes with seed
  * SEED and checks the echo (poll() and a non-blocking socket). Prints "OK"

@@ -17,7 +17,10 @@
 #    right after accept, so the upgrade is called off: bytes only.
 # 3. exec: a server that fork+execs cat with the socket as stdin/stdout;
 #    several concurrent clients. Bytes only, as for fork.
-# 4. fork and exec again, one connection each, the parent held (SIGUSR1)
+# 4. prefork: workers accept on the socket they inherited; the parent
+#    redirects each upgrade request to its worker, and the echo goes over
+#    RDMA (asserted per connection).
+# 5. fork and exec again, one connection each, the parent held (SIGUSR1)
 #    between accept and fork until the connection is on RDMA and the
 #    client's bytes came over the QP: the connection was upgraded before
 #    the fork, and goes back to TCP at it with every unread byte given back.
@@ -128,6 +131,47 @@ concurrent_case() {
 	echo "$name: $CLIENTS concurrent clients x $((BYTES / 2)) bytes echoed exactly"
 }
 
+# A prefork server (nginx's model): 2 workers accept on the listening
+# socket they inherited, the parent keeps it and owns the port's RDMA
+# listener. Clients one after the other, so each is accepted at once: the
+# parent redirects each request to its worker's own RDMA listener, and
+# every connection carries its echo over RDMA, both ways, from its switch
+# on. (What went on TCP before the switch is the fresh client process's
+# rdma_cm start-up: its share is printed, not judged.)
+prefork_case() {
+	local port=5046 n=4 i
+	rm -f "$WORK/"*.err
+	LD_PRELOAD=$LIB timeout 600 "$APPS/sovia-echo-fork" -p 2 $port $n \
+		>"$WORK/server.out" 2>"$WORK/server.err" &
+	local srv=$!
+	wait_port $port
+	for i in $(seq $n); do
+		LD_PRELOAD=$LIB run_logged "$WORK/client$i.out" "$WORK/client$i.err" \
+			timeout 600 "$APPS/sovia-echo-fork" -c "$IP" $port $((BYTES / 4)) "$i"
+		grep -q "^OK" "$WORK/client$i.out" || fail "prefork: client $i did not finish"
+		grep -q "another process of the server holds it" "$WORK/client$i.err" ||
+			fail "prefork: client $i was not redirected to its worker"
+		[ "$(state_of "$WORK/client$i.err" client)" = rdma ] ||
+			fail "prefork: client $i did not end on RDMA: $(grep "libsovia stats" "$WORK/client$i.err" | cut -c1-300)"
+		local rt rr tt
+		rt=$(stat_of "$WORK/client$i.err" rdma_tx_bytes client)
+		rr=$(stat_of "$WORK/client$i.err" rdma_rx_bytes client)
+		tt=$(stat_of "$WORK/client$i.err" tcp_tx_bytes client)
+		[ "$rt" -gt 0 ] && [ "$rr" -gt 0 ] ||
+			fail "prefork: client $i moved nothing over RDMA one way (sent $rt, received $rr)"
+		echo "prefork: client $i: rdma_tx_bytes=$rt rdma_rx_bytes=$rr tcp_tx_bytes=$tt" \
+			"($((rt * 100 / (rt + tt)))% of its bytes over RDMA)"
+	done
+	wait "$srv" || fail "prefork: the server failed"
+	grep -q "^OK $n connections" "$WORK/server.out" || fail "prefork: the server did not serve everyone"
+	local workers_rdma
+	workers_rdma=$(grep -c "libsovia stats.* server state=rdma " "$WORK/server.err" || true)
+	[ "$workers_rdma" -eq $n ] ||
+		fail "prefork: $workers_rdma of $n connections on RDMA at the workers"
+	echo "prefork: workers not ready for their first connection: $(grep -c "RDMA is not ready" "$WORK/server.err" || true)"
+	echo "prefork: $n clients x $((BYTES / 4)) bytes echoed exactly, each on RDMA through its worker"
+}
+
 # One connection, the server held between accept and fork until it is on
 # RDMA and the client's bytes came over the QP ($1: program, $2: port).
 held_case() {
@@ -169,6 +213,7 @@ held_case() {
 epoll_case
 concurrent_case sovia-echo-fork 5042
 concurrent_case sovia-execcat 5043
+prefork_case
 held_case sovia-echo-fork 5044
 held_case sovia-execcat 5045
 if [ ${#LATER[@]} -gt 0 ]; then
