@@ -1,5 +1,6 @@
 /* The rdma_cm private data of an upgrade: layout, limits, refusals. */
 #include "cmdata.h"
+#include "addr.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -8,25 +9,7 @@
 
 TestSuite(cmdata, .timeout = 10);
 
-static struct sockaddr_storage v4(const char *ip, uint16_t port)
-{
-	struct sockaddr_storage ss = {0};
-	struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-	in->sin_family = AF_INET;
-	in->sin_port = htons(port);
-	inet_pton(AF_INET, ip, &in->sin_addr);
-	return ss;
-}
 
-static struct sockaddr_storage v6(const char *ip, uint16_t port)
-{
-	struct sockaddr_storage ss = {0};
-	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
-	in6->sin6_family = AF_INET6;
-	in6->sin6_port = htons(port);
-	inet_pton(AF_INET6, ip, &in6->sin6_addr);
-	return ss;
-}
 
 Test(cmdata, ipv4_request_round_trip_and_layout)
 {

@@ -2,6 +2,7 @@
  * port's owner, removed once served, stale ones dropped, a full table
  * refused, and shared with a fork's child. */
 #include "holders.h"
+#include "addr.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -12,15 +13,6 @@
 
 TestSuite(holders, .timeout = 30);
 
-static struct sockaddr_storage v4(const char *ip, uint16_t port)
-{
-	struct sockaddr_storage ss = {0};
-	struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-	in->sin_family = AF_INET;
-	in->sin_port = htons(port);
-	inet_pton(AF_INET, ip, &in->sin_addr);
-	return ss;
-}
 
 Test(holders, an_entry_is_found_until_removed)
 {
