@@ -39,6 +39,12 @@ struct slot {
 
 struct sv_holders {
 	_Atomic bool forked;
+	/* Entries made so far: a waiting request is looked up again only
+	 * when it moved. */
+	_Atomic uint64_t adds;
+	/* Entries are taken lowest first: none at or above this index was
+	 * ever used, and a lookup stops there. */
+	_Atomic uint32_t high;
 	struct slot slot[SV_HOLDERS_SLOTS];
 };
 
@@ -72,6 +78,11 @@ void sv_holders_mark_forked(struct sv_holders *h)
 bool sv_holders_forked(const struct sv_holders *h)
 {
 	return atomic_load(&((struct sv_holders *)h)->forked);
+}
+
+uint64_t sv_holders_adds(const struct sv_holders *h)
+{
+	return atomic_load(&((struct sv_holders *)h)->adds);
 }
 
 static int make_key(const struct sockaddr_storage *server, const struct sockaddr_storage *client,
@@ -108,6 +119,10 @@ int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
 		for (unsigned w = 0; w < KEY_WORDS; w++)
 			atomic_store_explicit(&e->key[w], key[w], memory_order_relaxed);
 		atomic_store(&e->state, (mine & ~3ull) | SLOT_READY);
+		uint32_t hi = atomic_load(&h->high);
+		while (hi < i + 1 && !atomic_compare_exchange_weak(&h->high, &hi, i + 1))
+			;
+		atomic_fetch_add(&h->adds, 1);
 		return (int)i;
 	}
 	return -ENOSPC;
@@ -135,7 +150,8 @@ uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *se
 	uint32_t key[KEY_WORDS];
 	if (make_key(server, client, key) < 0)
 		return 0;
-	for (unsigned i = 0; i < SV_HOLDERS_SLOTS; i++) {
+	uint32_t high = atomic_load(&h->high);
+	for (unsigned i = 0; i < high && i < SV_HOLDERS_SLOTS; i++) {
 		struct slot *e = &h->slot[i];
 		uint64_t st = atomic_load(&e->state);
 		if (PHASE(st) != SLOT_READY)

@@ -32,6 +32,9 @@ struct sv_holders *sv_holders_get(void);
  * looks for holders from now on (sv_holders_forked). */
 void sv_holders_mark_forked(struct sv_holders *h);
 bool sv_holders_forked(const struct sv_holders *h);
+/* Entries made so far, by every process of the family: a lookup that
+ * failed cannot succeed before it changes. */
+uint64_t sv_holders_adds(const struct sv_holders *h);
 
 /* Enter the accepted connection (server, client) as held by this process,
  * whose RDMA listener for it is at `port` (of the server's address). The

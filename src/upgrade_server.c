@@ -43,6 +43,7 @@ struct pending_req {
 	struct rdma_cm_id *id;
 	struct sv_cm_req req;
 	struct sv_listener *l; /* held */
+	uint64_t holders_seen; /* the holders' table's adds at our last look */
 	uint64_t deadline;
 	struct pending_req *next;
 };
@@ -449,10 +450,18 @@ static bool accept_waits_for_data(const struct sv_listener *l)
 
 /* Another process of the server holds the connection: the client asks at
  * its port. True when redirected (the id is the caller's to destroy). */
-static bool redirect(struct rdma_cm_id *id, const struct sv_cm_req *req, struct sv_listener *l)
+static bool redirect(struct rdma_cm_id *id, const struct sv_cm_req *req, struct sv_listener *l,
+		     uint64_t *seen)
 {
 	if (!l || l->inherited || !l->holders || !sv_holders_forked(l->holders))
 		return false;
+	/* Nothing entered since the last look: a flood of waiting requests
+	 * costs no scans. */
+	uint64_t adds = sv_holders_adds(l->holders);
+	if (seen && *seen == adds)
+		return false;
+	if (seen)
+		*seen = adds;
 	uint16_t port = sv_holders_find(l->holders, &req->server, &req->client);
 	if (!port)
 		return false;
@@ -498,7 +507,8 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	enum match_result m = match_request(id, &req, l, destroy);
 	if (m == MATCHED)
 		return;
-	if (m == NO_MATCH && redirect(id, &req, l)) {
+	uint64_t seen = 0;
+	if (m == NO_MATCH && redirect(id, &req, l, &seen)) {
 		*destroy = id;
 		return;
 	}
@@ -535,6 +545,7 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	p->id = id;
 	p->req = req;
 	p->l = l;
+	p->holders_seen = seen;
 	if (l)
 		l->refs++;
 	p->deadline = sv_upgrade_deadline(sv_now_us());
@@ -560,7 +571,7 @@ static uint64_t pending_timers(uint64_t now)
 		bool settled = m == MATCHED;
 		if (refused)
 			sv_cm->destroy_id(refused); /* its event was acknowledged long ago */
-		if (m == NO_MATCH && redirect(p->id, &p->req, p->l)) {
+		if (m == NO_MATCH && redirect(p->id, &p->req, p->l, &p->holders_seen)) {
 			sv_cm->destroy_id(p->id);
 			settled = true;
 		}
