@@ -231,6 +231,17 @@ result() {
 	[ -n "$detail" ] && line+=" detail=${detail// /_}"
 	echo "$line" | tee -a "$RESULTS"
 }
+# "n/m": of the m processes given (still there), n have libsovia mapped:
+# the preload reached the server's processes.
+preloaded() {
+	local n=0 m=0 p
+	for p in "$@"; do
+		[ -r "/proc/$p/maps" ] || continue
+		m=$((m + 1))
+		grep -q libsovia "/proc/$p/maps" 2>/dev/null && n=$((n + 1))
+	done
+	echo "$n/$m"
+}
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", b - a}'; }
 per_s() { awk -v n="$1" -v t="$2" 'BEGIN {printf "%.1f", (t > 0 ? n / t : 0)}'; }
@@ -313,6 +324,9 @@ nginx_medium() { # medium
 	sleep 1
 	# The master and its workers (their users), for the log.
 	ps -o pid,ppid,user,args -g "$ngx" >"$RAW/nginx.$med.ps" 2>/dev/null
+	# shellcheck disable=SC2046
+	local pre
+	pre=$(preloaded $(pgrep -g "$ngx" -x nginx))
 
 	# Whole files: one curl each, the body compared with the file.
 	local f name size
@@ -341,7 +355,7 @@ nginx_medium() { # medium
 		secs=$(elapsed "$t0" "$t1")
 		server_delta "$RAW/nginx.$med.$name.srv" ""
 		result nginx "$name" "$med" "$st" "$bv" "$(mb_s "$bv" "$secs")" MiB/s "$secs" \
-			"$RAW/.cl" "$RAW/nginx.$med.$name.srv" "$s0" "$s1" "$why"
+			"$RAW/.cl" "$RAW/nginx.$med.$name.srv" "$s0" "$s1" "${why:+$why; }srv_preloaded=$pre"
 	done
 
 	# Small requests: SMALL_CONNS curl processes at once, each with its
@@ -383,7 +397,7 @@ nginx_medium() { # medium
 	fi
 	server_delta "$RAW/nginx.$med.small.srv" ""
 	result nginx "small${SMALL_SIZE}Bx$n" "$med" "$st" "$bv" "$(per_s "$ok" "$secs")" req/s "$secs" \
-		"$RAW/.cl" "$RAW/nginx.$med.small.srv" "$s0" "$s1" "${why:+$why; }conns=$conns"
+		"$RAW/.cl" "$RAW/nginx.$med.small.srv" "$s0" "$s1" "${why:+$why; }conns=$conns srv_preloaded=$pre"
 	rm -f "$SCRATCH"/curl.*.cfg
 
 	# A graceful stop (QUIT): the workers exit and print their lines.
@@ -512,7 +526,15 @@ pg_medium() { # medium
 	# shellcheck disable=SC2046
 	timeout -k 5 $((PGBENCH_SECS + 240)) env $(medium_env "$med") pgbench "${conn[@]}" \
 		-c "$PGBENCH_CLIENTS" -T "$PGBENCH_SECS" postgres \
-		>"$RAW/pg.$med.bench.out" 2>"$RAW/pg.$med.bench.err"
+		>"$RAW/pg.$med.bench.out" 2>"$RAW/pg.$med.bench.err" &
+	local pgb=$! pm pre
+	# The postmaster and its children (the 8 backends among them) a few
+	# seconds in: has the preload reached them?
+	sleep $((PGBENCH_SECS / 2))
+	pm=$(head -1 "$PGDATA_DIR/postmaster.pid" 2>/dev/null)
+	# shellcheck disable=SC2046
+	pre=$(preloaded $pm $(pgrep -P "${pm:-1}" 2>/dev/null))
+	wait "$pgb"
 	rc=$?
 	t1=$(now)
 	sleep 0.5
@@ -527,7 +549,7 @@ pg_medium() { # medium
 	st=failed why="pgbench exit $rc"
 	[ "$rc" = 0 ] && [ -n "$tps" ] && [ "${fails:-0}" = 0 ] && st=ok why=""
 	result postgres "pgbench-c$PGBENCH_CLIENTS" "$med" "$st" 0 "${tps:-0}" tps "$secs" "$RAW/.cl" \
-		"$RAW/pg.$med.bench.srv" "$s0" "$s1" "${why:+$why; }transactions=${txs:-0} failed=${fails:-NA}"
+		"$RAW/pg.$med.bench.srv" "$s0" "$s1" "${why:+$why; }transactions=${txs:-0} failed=${fails:-NA} srv_preloaded=$pre"
 
 	# COPY big TO STDOUT through psql: size and md5 against the server's.
 	local got="$SCRATCH/copy.out"
@@ -571,6 +593,7 @@ inetd_medium() { # medium
 	cat >"$d/svc" <<EOF
 #!/bin/sh
 exec 2>>"$RAW/inetd.$med.svc.\$\$.err"
+echo "svc_libsovia_maps=\$(grep -c libsovia /proc/\$\$/maps)" >&2
 exec cat
 EOF
 	chmod 755 "$d/svc"
@@ -588,6 +611,8 @@ EOF
 		stop_bg "$pid"
 		return
 	fi
+	# shellcheck disable=SC2046
+	PRE_INETD=$(preloaded $(pgrep -g "$pid" -x inetd))
 	local got="$SCRATCH/inetd.got"
 	mark_servers
 	s0=$(snap) t0=$(now)
@@ -604,8 +629,10 @@ EOF
 	rm -f "$got"
 	echo "$RAW/inetd.$med.nc.err" >"$RAW/.cl"
 	server_delta "$RAW/inetd.$med.srv" "$RAW/inetd.$med.svc.*.err"
+	local pre
+	pre=$(sed -n 's/^svc_libsovia_maps=//p' "$RAW/inetd.$med.srv" | head -1)
 	result inetd "echo${INETD_MB}MB" "$med" "$st" "$bv" "$(mb_s "$bv" "$secs")" MiB/s "$secs" "$RAW/.cl" \
-		"$RAW/inetd.$med.srv" "$s0" "$s1" "${why:+$why; }both_ways"
+		"$RAW/inetd.$med.srv" "$s0" "$s1" "${why:+$why; }both_ways inetd_preloaded=$PRE_INETD svc_libsovia_maps=${pre:-none}"
 	stop_bg "$pid"
 }
 
@@ -630,6 +657,9 @@ echo_medium() { # medium
 		stop_bg "$pid"
 		return
 	fi
+	# shellcheck disable=SC2046
+	local pre
+	pre=$(preloaded $(pgrep -g "$pid" -x sovia-echo-fork))
 	mark_servers
 	s0=$(snap) t0=$(now)
 	# shellcheck disable=SC2046
@@ -653,7 +683,7 @@ echo_medium() { # medium
 	echo "$RAW/echo.$med.client.err" >"$RAW/.cl"
 	server_delta "$RAW/echo.$med.srv" ""
 	result echo-fork "echo${ECHO_MB}MB" "$med" "$st" "$bv" "$(mb_s "$bv" "$secs")" MiB/s "$secs" "$RAW/.cl" \
-		"$RAW/echo.$med.srv" "$s0" "$s1" "${why:+$why; }both_ways"
+		"$RAW/echo.$med.srv" "$s0" "$s1" "${why:+$why; }both_ways srv_preloaded=$pre"
 }
 
 # ======================= the run =======================
