@@ -236,7 +236,8 @@ result() {
 preloaded() {
 	local n=0 m=0 p
 	for p in "$@"; do
-		[ -r "/proc/$p/maps" ] || continue
+		# Gone, or a zombie (its maps are empty): not counted.
+		grep -q . "/proc/$p/maps" 2>/dev/null || continue
 		m=$((m + 1))
 		grep -q libsovia "/proc/$p/maps" 2>/dev/null && n=$((n + 1))
 	done
