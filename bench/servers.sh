@@ -233,13 +233,17 @@ result() {
 }
 # "n/m": of the m processes given (still there), n have libsovia mapped:
 # the preload reached the server's processes.
+# Each process's pid, state, name and whether it has it mapped go to
+# RAW/preloaded.log.
 preloaded() {
-	local n=0 m=0 p
+	local n=0 m=0 p y
 	for p in "$@"; do
 		# Gone, or a zombie (its maps are empty): not counted.
 		grep -q . "/proc/$p/maps" 2>/dev/null || continue
 		m=$((m + 1))
-		grep -q libsovia "/proc/$p/maps" 2>/dev/null && n=$((n + 1))
+		y=0
+		grep -q libsovia "/proc/$p/maps" 2>/dev/null && y=1 && n=$((n + 1))
+		echo "$(date +%T) pid=$p libsovia=$y $(ps -o stat=,user=,args= -p "$p" 2>/dev/null)" >>"$RAW/preloaded.log"
 	done
 	echo "$n/$m"
 }
@@ -528,11 +532,16 @@ pg_medium() { # medium
 	timeout -k 5 $((PGBENCH_SECS + 240)) env $(medium_env "$med") pgbench "${conn[@]}" \
 		-c "$PGBENCH_CLIENTS" -T "$PGBENCH_SECS" postgres \
 		>"$RAW/pg.$med.bench.out" 2>"$RAW/pg.$med.bench.err" &
-	local pgb=$! pm pre
-	# The postmaster and its children (the 8 backends among them) a few
-	# seconds in: has the preload reached them?
-	sleep $((PGBENCH_SECS / 2))
+	local pgb=$! pm pre i
+	# The postmaster and its children, once pgbench's backends are all
+	# there (or pgbench ended): has the preload reached them?
 	pm=$(head -1 "$PGDATA_DIR/postmaster.pid" 2>/dev/null)
+	for i in $(seq $((PGBENCH_SECS * 10))); do
+		[ "$(pgrep -P "${pm:-1}" -f "^postgres: postgres postgres" | wc -l)" -ge "$PGBENCH_CLIENTS" ] && break
+		kill -0 "$pgb" 2>/dev/null || break
+		sleep 0.1
+	done
+	echo "== postgres, $med: pgbench's backends" >>"$RAW/preloaded.log"
 	# shellcheck disable=SC2046
 	pre=$(preloaded $pm $(pgrep -P "${pm:-1}" 2>/dev/null))
 	wait "$pgb"
