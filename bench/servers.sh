@@ -526,18 +526,23 @@ pg_medium() { # medium
 	result postgres pgbench-init "$med" "$st" 0 "$secs" s "$secs" "$RAW/.cl" "$RAW/pg.$med.init.srv" "$s0" "$s1" "$why"
 
 	# pgbench, TPC-B-like, 8 clients (one thread), PGBENCH_SECS seconds.
+	local pm kids0
+	pm=$(head -1 "$PGDATA_DIR/postmaster.pid" 2>/dev/null)
+	kids0=$(pgrep -c -P "${pm:-1}")
 	mark_servers
 	s0=$(snap) t0=$(now)
 	# shellcheck disable=SC2046
 	timeout -k 5 $((PGBENCH_SECS + 240)) env $(medium_env "$med") pgbench "${conn[@]}" \
 		-c "$PGBENCH_CLIENTS" -T "$PGBENCH_SECS" postgres \
 		>"$RAW/pg.$med.bench.out" 2>"$RAW/pg.$med.bench.err" &
-	local pgb=$! pm pre i
+	local pgb=$! pre i
 	# The postmaster and its children, once pgbench's backends are all
-	# there (or pgbench ended): has the preload reached them?
-	pm=$(head -1 "$PGDATA_DIR/postmaster.pid" 2>/dev/null)
+	# there (as many children more as it has clients, or pgbench ended):
+	# has the preload reached them? Counted, not matched by their
+	# titles: a match on "postgres: postgres postgres" found none in the
+	# bed. Each look costs a second or so in a guest.
 	for i in $(seq $((PGBENCH_SECS * 10))); do
-		[ "$(pgrep -P "${pm:-1}" -f "^postgres: postgres postgres" | wc -l)" -ge "$PGBENCH_CLIENTS" ] && break
+		[ "$(pgrep -c -P "${pm:-1}")" -ge $((kids0 + PGBENCH_CLIENTS)) ] && break
 		kill -0 "$pgb" 2>/dev/null || break
 		sleep 0.1
 	done
