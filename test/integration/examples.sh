@@ -139,6 +139,10 @@ concurrent_case() {
 # on. (What went on TCP before the switch is the fresh client process's
 # rdma_cm start-up: its share is printed, not judged.)
 prefork_case() {
+	if [ -n "${SOVIA_IT_TSAN:-}" ]; then
+		echo "prefork: skipped under TSan (a worker's helper thread is a thread started after a threaded fork)"
+		return
+	fi
 	local port=5046 n=4 i
 	rm -f "$WORK/"*.err
 	LD_PRELOAD=$LIB timeout 600 "$APPS/sovia-echo-fork" -p 2 $port $n \

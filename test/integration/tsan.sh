@@ -15,6 +15,10 @@ export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
 # A report is about 50 lines, both stacks included: show all of it on failure
 # (the first one of this suite was cut to its tail and lost the other stack).
 export SOVIA_FAIL_LINES=${SOVIA_FAIL_LINES:-80}
+# Cases that start threads in a child of a threaded process (a prefork
+# worker's helper) skip themselves: TSan does not support that and stops
+# the child (die_after_fork).
+export SOVIA_IT_TSAN=1
 preload="$lib $rt"
 # LD_PRELOAD takes a space-separated list. libsovia comes first and the
 # runtime right after it (ahead of libc, so our calls to pthread_mutex_lock,
