@@ -149,6 +149,20 @@ void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN])
 	out[5] = (uint8_t)why;
 }
 
+uint16_t sv_addr_port(const struct sockaddr *sa)
+{
+	return ntohs(sa->sa_family == AF_INET6 ? ((const struct sockaddr_in6 *)sa)->sin6_port
+					       : ((const struct sockaddr_in *)sa)->sin_port);
+}
+
+void sv_addr_set_port(struct sockaddr_storage *ss, uint16_t port)
+{
+	if (ss->ss_family == AF_INET6)
+		((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
+	else
+		((struct sockaddr_in *)ss)->sin_port = htons(port);
+}
+
 void sv_cm_rej_encode_redirect(uint16_t port, uint8_t out[SV_CM_REJ_LEN])
 {
 	sv_cm_rej_encode(SV_CM_REJ_REDIRECT, out);

@@ -249,14 +249,9 @@ static void start_connect(struct sv_stream *s)
 	sv_unlock(&s->lock);
 	/* The same interface as the TCP connection, any port; the server's
 	 * port, or the one its owner sent us to. */
-	if (src.ss_family == AF_INET)
-		((struct sockaddr_in *)&src)->sin_port = 0;
-	else
-		((struct sockaddr_in6 *)&src)->sin6_port = 0;
-	if (redirected && dst.ss_family == AF_INET)
-		((struct sockaddr_in *)&dst)->sin_port = htons(redirected);
-	else if (redirected)
-		((struct sockaddr_in6 *)&dst)->sin6_port = htons(redirected);
+	sv_addr_set_port(&src, 0);
+	if (redirected)
+		sv_addr_set_port(&dst, redirected);
 	int r = sv_cm->resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, 2000);
 	if (r < 0) {
 		sv_dbg("fd %d: rdma_resolve_addr: %s", s->fd, strerror(errno));

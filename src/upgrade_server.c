@@ -153,12 +153,8 @@ static void create_listener(struct sv_listener *l)
 			     (void *)((uintptr_t)l | SV_LISTENER_TAG), RDMA_PS_TCP) < 0)
 		goto failed;
 	struct sockaddr_storage at = l->addr;
-	if (l->inherited) {
-		if (at.ss_family == AF_INET6)
-			((struct sockaddr_in6 *)&at)->sin6_port = 0;
-		else
-			((struct sockaddr_in *)&at)->sin_port = 0;
-	}
+	if (l->inherited)
+		sv_addr_set_port(&at, 0);
 	if (sv_cm->bind_addr(l->id, (struct sockaddr *)&at) < 0) {
 		sv_info("fd %d: no RDMA listener on its address (%s); its connections stay on TCP",
 			l->fd, strerror(errno));
@@ -169,9 +165,7 @@ static void create_listener(struct sv_listener *l)
 		goto destroy_id;
 	}
 	if (l->inherited) {
-		struct sockaddr *a = sv_cm->local_addr(l->id);
-		l->side_port = ntohs(a->sa_family == AF_INET6 ? ((struct sockaddr_in6 *)a)->sin6_port
-							  : ((struct sockaddr_in *)a)->sin_port);
+		l->side_port = sv_addr_port(sv_cm->local_addr(l->id));
 		sv_dbg("fd %d: inherited: our RDMA listener is at port %u", l->fd, l->side_port);
 		enter_holders(l);
 		return;
