@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <string.h>
+#include <unistd.h>
 
 static struct sv_stream *stream_of(struct sv_fd *f)
 {
@@ -150,8 +151,17 @@ static bool replace_entry(int fd, const struct sv_fd_ops *ops, void *priv)
 	return ok;
 }
 
+/* A copy on 0, 1 or 2 is refused (the connection then goes back to plain
+ * TCP): glibc's stdin, stdout and stderr read and write those fds with
+ * its internal calls, past the interposer, and a program dup2()s a socket
+ * there to use them (ftpd's control connection, inetd-style servers). */
 static bool st_add_copy(struct sv_fd *f, int nfd)
 {
+	if (nfd <= STDERR_FILENO) {
+		sv_dbg("fd %d: a copy on %d, where stdio would bypass libsovia: back to TCP", f->fd,
+		       nfd);
+		return false;
+	}
 	sv_enter();
 	struct sv_stream *s = stream_of(f);
 	sv_stream_get(s); /* the new entry's; released by replace_entry on failure */
