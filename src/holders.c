@@ -23,16 +23,29 @@
  * full table costs the connections past it their upgrade, nothing else. */
 #define SV_HOLDERS_SLOTS 4096u
 
+/* The state word: generation << 8 | flags << 2 | phase. The flags of a
+ * handed connection change by compare-and-swap on the whole word, so a
+ * change meant for one generation never lands on the next. */
 enum { SLOT_FREE = 0, SLOT_WRITING = 1, SLOT_READY = 2 };
+enum {
+	F_HANDED = 1,  /* a connection handed to a fork's child (sv_holders_hand) */
+	F_ADOPTED = 2, /* the child took it (pid2) */
+	F_CLAIMED = 4, /* the child's RDMA listener is at port */
+	F_FIRST_GONE = 8, /* the first holder released its copy */
+	F_SPOILED = 16 /* a third holder, or the first one's I/O: stays TCP */
+};
 #define PHASE(st) ((st) & 3u)
-#define GEN(st) ((st) >> 2)
+#define FLAGS(st) ((unsigned)((st) >> 2) & 63u)
+#define GEN(st) ((st) >> 8)
+#define MAKE(gen, flags, phase) (((uint64_t)(gen) << 8) | ((uint64_t)(flags) << 2) | (phase))
 
 /* server address, server port, client address, client port: 36 bytes. */
 #define KEY_WORDS 9
 
 struct slot {
 	_Atomic uint64_t state;
-	_Atomic uint32_t pid;
+	_Atomic uint32_t pid;  /* the holder (a handed one's first holder) */
+	_Atomic uint32_t pid2; /* a handed connection's second holder */
 	_Atomic uint32_t port;
 	_Atomic uint32_t key[KEY_WORDS];
 };
@@ -99,8 +112,8 @@ static int make_key(const struct sockaddr_storage *server, const struct sockaddr
 	return 0;
 }
 
-int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
-		   const struct sockaddr_storage *client, uint16_t port)
+static int add(struct sv_holders *h, const struct sockaddr_storage *server,
+	       const struct sockaddr_storage *client, uint16_t port, unsigned flags, uint64_t *gen)
 {
 	uint32_t key[KEY_WORDS];
 	int r = make_key(server, client, key);
@@ -111,14 +124,17 @@ int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
 		uint64_t st = atomic_load(&e->state);
 		if (PHASE(st) != SLOT_FREE)
 			continue;
-		uint64_t mine = ((GEN(st) + 1) << 2) | SLOT_WRITING;
+		uint64_t mine = MAKE(GEN(st) + 1, 0, SLOT_WRITING);
 		if (!atomic_compare_exchange_strong(&e->state, &st, mine))
 			continue;
 		atomic_store_explicit(&e->pid, (uint32_t)getpid(), memory_order_relaxed);
+		atomic_store_explicit(&e->pid2, 0, memory_order_relaxed);
 		atomic_store_explicit(&e->port, port, memory_order_relaxed);
 		for (unsigned w = 0; w < KEY_WORDS; w++)
 			atomic_store_explicit(&e->key[w], key[w], memory_order_relaxed);
-		atomic_store(&e->state, (mine & ~3ull) | SLOT_READY);
+		atomic_store(&e->state, MAKE(GEN(mine), flags, SLOT_READY));
+		if (gen)
+			*gen = GEN(mine);
 		uint32_t hi = atomic_load(&h->high);
 		while (hi < i + 1 && !atomic_compare_exchange_weak(&h->high, &hi, i + 1))
 			;
@@ -128,10 +144,16 @@ int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
 	return -ENOSPC;
 }
 
+int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
+		   const struct sockaddr_storage *client, uint16_t port)
+{
+	return add(h, server, client, port, 0, NULL);
+}
+
 /* Free a ready entry, if it is still the one seen as `st`. */
 static void free_slot(struct slot *e, uint64_t st)
 {
-	atomic_compare_exchange_strong(&e->state, &st, st & ~3ull);
+	atomic_compare_exchange_strong(&e->state, &st, MAKE(GEN(st), 0, SLOT_FREE));
 }
 
 void sv_holders_remove(struct sv_holders *h, int slot)
@@ -140,8 +162,108 @@ void sv_holders_remove(struct sv_holders *h, int slot)
 		return;
 	struct slot *e = &h->slot[slot];
 	uint64_t st = atomic_load(&e->state);
-	if (PHASE(st) == SLOT_READY && atomic_load(&e->pid) == (uint32_t)getpid())
+	uint32_t me = (uint32_t)getpid();
+	if (PHASE(st) == SLOT_READY &&
+	    (atomic_load(&e->pid) == me ||
+	     ((FLAGS(st) & F_ADOPTED) && atomic_load(&e->pid2) == me)))
 		free_slot(e, st);
+}
+
+/* ---- Handed connections -------------------------------------------------------- */
+
+int sv_holders_hand(struct sv_holders *h, const struct sockaddr_storage *server,
+		    const struct sockaddr_storage *client, struct sv_hand *out)
+{
+	uint64_t gen = 0;
+	int slot = add(h, server, client, 0, F_HANDED, &gen);
+	if (slot < 0)
+		return slot;
+	sv_holders_mark_forked(h);
+	*out = (struct sv_hand){.h = h, .slot = slot, .gen = gen};
+	return 0;
+}
+
+static struct slot *hand_slot(const struct sv_hand *hd)
+{
+	if (!hd->h || hd->slot < 0 || (unsigned)hd->slot >= SV_HOLDERS_SLOTS)
+		return NULL;
+	return &hd->h->slot[hd->slot];
+}
+
+/* Set `flag` on the handed entry, if it is still hd's; its flags before,
+ * or -1 when it is gone. */
+static int set_flag(const struct sv_hand *hd, unsigned flag)
+{
+	struct slot *e = hand_slot(hd);
+	if (!e)
+		return -1;
+	uint64_t st = atomic_load(&e->state);
+	for (;;) {
+		if (PHASE(st) != SLOT_READY || GEN(st) != hd->gen)
+			return -1;
+		if (atomic_compare_exchange_weak(&e->state, &st, st | ((uint64_t)flag << 2)))
+			return (int)FLAGS(st);
+	}
+}
+
+bool sv_holders_adopt(const struct sv_hand *hd)
+{
+	int was = set_flag(hd, F_ADOPTED);
+	if (was < 0)
+		return false;
+	if (was & F_ADOPTED) {
+		/* Another child has it already: three holders. */
+		set_flag(hd, F_SPOILED);
+		return false;
+	}
+	atomic_store(&hd->h->slot[hd->slot].pid2, (uint32_t)getpid());
+	return true;
+}
+
+void sv_holders_claim(const struct sv_hand *hd, uint16_t port)
+{
+	struct slot *e = hand_slot(hd);
+	if (!e)
+		return;
+	atomic_store(&e->port, port);
+	if (set_flag(hd, F_CLAIMED) >= 0)
+		atomic_fetch_add(&hd->h->adds, 1);
+}
+
+void sv_holders_release_first(const struct sv_hand *hd)
+{
+	if (set_flag(hd, F_FIRST_GONE) >= 0)
+		atomic_fetch_add(&hd->h->adds, 1);
+}
+
+void sv_holders_spoil(const struct sv_hand *hd)
+{
+	(void)set_flag(hd, F_SPOILED);
+}
+
+static bool alive(uint32_t pid)
+{
+	return !(kill((pid_t)pid, 0) < 0 && errno == ESRCH);
+}
+
+/* A handed entry whose child holds the connection alone. */
+static bool child_alone(unsigned flags, uint32_t first)
+{
+	if (!(flags & F_ADOPTED) || (flags & F_SPOILED))
+		return false;
+	return (flags & F_FIRST_GONE) || !alive(first);
+}
+
+bool sv_holders_sole(const struct sv_hand *hd)
+{
+	struct slot *e = hand_slot(hd);
+	if (!e)
+		return false;
+	uint64_t st = atomic_load(&e->state);
+	uint32_t first = atomic_load(&e->pid);
+	if (PHASE(st) != SLOT_READY || GEN(st) != hd->gen || atomic_load(&e->state) != st)
+		return false;
+	return child_alone(FLAGS(st), first) && atomic_load(&e->pid2) == (uint32_t)getpid();
 }
 
 uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *server,
@@ -160,10 +282,26 @@ uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *se
 		for (unsigned w = 0; w < KEY_WORDS && same; w++)
 			same = atomic_load_explicit(&e->key[w], memory_order_relaxed) == key[w];
 		uint32_t pid = atomic_load_explicit(&e->pid, memory_order_relaxed);
+		uint32_t pid2 = atomic_load_explicit(&e->pid2, memory_order_relaxed);
 		uint32_t port = atomic_load_explicit(&e->port, memory_order_relaxed);
 		if (!same || atomic_load(&e->state) != st)
 			continue;
-		if (kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
+		unsigned fl = FLAGS(st);
+		if (fl & F_HANDED) {
+			/* The child's, once it holds the connection alone (and
+			 * is still there). */
+			if ((!(fl & F_ADOPTED) && !alive(pid)) ||
+			    ((fl & F_ADOPTED) && !alive(pid2))) {
+				/* No child took it and the parent is gone, or
+				 * the child that took it is. */
+				free_slot(e, st);
+				continue;
+			}
+			if (!(fl & F_CLAIMED) || !child_alone(fl, pid))
+				continue;
+			pid = pid2;
+		}
+		if (!alive(pid)) {
 			free_slot(e, st); /* its process exited without removing it */
 			continue;
 		}

@@ -48,6 +48,35 @@ void sv_holders_remove(struct sv_holders *h, int slot);
 uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *server,
 			 const struct sockaddr_storage *client);
 
+/* A connection handed to a fork's child (accept-then-fork servers: the
+ * parent accepts, forks, closes its copy; docs/design.md, "Copies of a
+ * connection"). Both processes hold it after the fork, so it stays on
+ * plain TCP until the child holds it alone: the parent enters it before
+ * the fork, the child adopts it and claims it with the port of its own
+ * RDMA listener, and the port's owner redirects the client there only
+ * once the parent has released its copy (or exited) and nobody else
+ * took it or did I/O on the parent's copy. */
+struct sv_hand {
+	struct sv_holders *h; /* NULL: none */
+	int slot;
+	uint64_t gen;
+};
+/* Enter (server, client) as handed by this process (before the fork).
+ * 0 or -errno. Marks the table forked. */
+int sv_holders_hand(struct sv_holders *h, const struct sockaddr_storage *server,
+		    const struct sockaddr_storage *client, struct sv_hand *out);
+/* In the child: take it. False when the entry is gone or another child
+ * took it first (it then stays TCP for good: three holders). */
+bool sv_holders_adopt(const struct sv_hand *hd);
+/* The child's RDMA listener for it is at `port`. */
+void sv_holders_claim(const struct sv_hand *hd, uint16_t port);
+/* The parent released its copy (close). */
+void sv_holders_release_first(const struct sv_hand *hd);
+/* Another copy or I/O the child's counts miss: it stays TCP. */
+void sv_holders_spoil(const struct sv_hand *hd);
+/* Does this process, the adopting child, hold it alone now? */
+bool sv_holders_sole(const struct sv_hand *hd);
+
 /* In a fork's child: the table stays (the family shares it). */
 
 #endif

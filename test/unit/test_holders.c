@@ -83,3 +83,78 @@ Test(holders, a_full_table_refuses)
 	struct sockaddr_storage cli = v4("10.99.0.1", 1);
 	cr_assert_eq(sv_holders_add(h, &srv, &cli, 63001), 5, "a removed entry is taken again");
 }
+
+/* A connection handed to a fork's child: the owner finds the child's port
+ * only once the child claimed it and the parent released its copy. */
+Test(holders, a_handed_connection_is_found_once_the_child_holds_it_alone)
+{
+	struct sv_holders *h = sv_holders_get();
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.3", 40010);
+	struct sv_hand hd;
+	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &hd), 0);
+	cr_assert(sv_holders_forked(h), "a hand marks the table forked");
+	int up[2], go[2];
+	cr_assert_eq(pipe(up), 0);
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		char c = 'n';
+		if (sv_holders_adopt(&hd) && !sv_holders_sole(&hd)) {
+			sv_holders_claim(&hd, 64000);
+			c = 'y';
+		}
+		if (write(up[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+			_exit(2);
+		c = sv_holders_sole(&hd) ? 's' : 'n'; /* the parent released it */
+		if (write(up[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+			_exit(2);
+		sv_holders_remove(hd.h, hd.slot); /* matched: the entry goes */
+		_exit(write(up[1], "r", 1) == 1 ? 0 : 2);
+	}
+	char c = 0;
+	cr_assert_eq(read(up[0], &c, 1), 1);
+	cr_assert_eq(c, 'y', "the child could not adopt and claim");
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "redirected while the parent still holds it");
+	sv_holders_release_first(&hd);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64000);
+	cr_assert_eq(write(go[1], "x", 1), 1);
+	cr_assert_eq(read(up[0], &c, 1), 1);
+	cr_assert_eq(c, 's', "the child does not know it holds the connection alone");
+	cr_assert_eq(write(go[1], "x", 1), 1);
+	cr_assert_eq(read(up[0], &c, 1), 1);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "the child's removal did not take");
+	sv_holders_release_first(&hd); /* a late close: the entry is gone, nothing happens */
+}
+
+/* The parent's I/O, a dup, a second child: the child's counts would miss
+ * bytes, or another process holds it. It is never redirected then. */
+Test(holders, a_spoiled_or_twice_adopted_hand_is_never_redirected)
+{
+	struct sv_holders *h = sv_holders_get();
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.3", 40011);
+	struct sv_hand hd;
+	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &hd), 0);
+	cr_assert(sv_holders_adopt(&hd));
+	sv_holders_claim(&hd, 64001);
+	sv_holders_release_first(&hd);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64001);
+	cr_assert(sv_holders_sole(&hd));
+	cr_assert_not(sv_holders_adopt(&hd), "a second child adopted it too");
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "three holders, and redirected");
+	cr_assert_not(sv_holders_sole(&hd));
+	sv_holders_remove(hd.h, hd.slot);
+
+	struct sv_hand h2;
+	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &h2), 0);
+	cr_assert(sv_holders_adopt(&h2));
+	sv_holders_claim(&h2, 64002);
+	sv_holders_spoil(&h2);
+	sv_holders_release_first(&h2);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "spoiled, and redirected");
+	cr_assert_not(sv_holders_sole(&h2));
+	sv_holders_remove(h2.h, h2.slot);
+	sv_holders_spoil(&hd); /* an old generation's: nothing happens */
+}
