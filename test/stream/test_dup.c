@@ -8,6 +8,7 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,4 +160,35 @@ Test(dup, fcntl_dupfd_makes_the_same_stream)
 Test(dup, fcntl_dupfd_cloexec_makes_the_same_stream)
 {
 	fcntl_dup(F_DUPFD_CLOEXEC);
+}
+
+/* A copy on stdout: glibc's stdout writes fd 1 with its internal calls,
+ * past the interposer, so the stream goes back to plain TCP and both fds
+ * are the kernel's socket: bytes written before the copy, then through
+ * either fd, arrive in order. */
+Test(dup, a_copy_on_stdout_takes_the_stream_back_to_tcp)
+{
+	struct pair a;
+	ph_pair_rdma(&a);
+	bytes_arrive(a.cfd, a.sfd, 5000, 53);
+	fflush(stdout);
+	int saved = dup(STDOUT_FILENO);
+	cr_assert_geq(saved, 0);
+	int r = dup2(a.cfd, STDOUT_FILENO);
+	struct sv_stream *on_out = ph_stream(STDOUT_FILENO), *on_c = ph_stream(a.cfd);
+	enum sv_conn_state st = h_state(a.c);
+	/* stdout back before any assertion can print. */
+	bool raw = write(STDOUT_FILENO, "raw", 3) == 3; /* the kernel's, as stdio's would be */
+	cr_assert_eq(dup2(saved, STDOUT_FILENO), STDOUT_FILENO);
+	close(saved);
+	cr_assert_eq(r, STDOUT_FILENO);
+	cr_assert_null(on_out, "the copy on stdout is a stream");
+	cr_assert_null(on_c, "the original is still a stream");
+	cr_assert_eq(st, SV_CONN_DETACHED, "%s", sv_conn_state_name(st));
+	cr_assert(raw);
+	char b[3];
+	cr_assert_eq(ph_read_all(a.sfd, b, 3), 3);
+	cr_assert(!memcmp(b, "raw", 3));
+	bytes_arrive(a.cfd, a.sfd, 5000, 54);
+	ph_pair_close(&a);
 }
