@@ -76,6 +76,9 @@ struct sv_fd_ops {
 	/* The way back: make the kernel's socket carry everything, for a
 	 * call libsovia does not serve. 0 when the fd is plain TCP now. */
 	int (*detach)(struct sv_fd *f);
+	/* The same before a fork, where a connection may be handed to the
+	 * child instead (holders.h); NULL: detach. */
+	int (*detach_for_fork)(struct sv_fd *f);
 	/* dup: the fd is about to get a copy. 0: the copy must become the
 	 * same (add_copy); 1: the kernel's dup is all; -errno: it could not
 	 * be shared (the caller takes the connection back first). */
@@ -89,6 +92,9 @@ struct sv_fd_ops {
 	void (*mode_changed)(struct sv_fd *f);
 	/* In a fork's child: the entry is the parent's (never released here). */
 	void (*atfork_child)(struct sv_fd *f);
+	/* In a fork's child, after every fork handler ran (the interposed
+	 * fork only). */
+	void (*after_fork_child)(struct sv_fd *f);
 	/* Readiness of its own. */
 	const struct sv_fd_wait_ops *wait;
 	/* stdio (fdopen) must call back through libsovia for this fd. */

@@ -75,6 +75,12 @@ bool sv_fd_detach_passed(const struct msghdr *msg);
 /* Every accelerated connection (only those without FD_CLOEXEC when
  * `surviving_exec`) goes back to plain TCP (unserved.c). */
 void sv_fd_detach_all(bool surviving_exec);
+/* Before a fork: the same for every one, but a server connection whose
+ * upgrade has not begun is handed to the child instead (unserved.c). */
+void sv_fd_detach_all_for_fork(void);
+/* In a fork's child, after the fork handlers: take the connections handed
+ * to it (held.c). */
+void sv_ops_adopt_all(void);
 
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);

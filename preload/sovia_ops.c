@@ -18,9 +18,24 @@
 #include <string.h>
 #include <unistd.h>
 
-static struct sv_stream *stream_of(struct sv_fd *f)
+/* The stream, as the calls that end, copy or hand over the fd see it. */
+static struct sv_stream *raw_stream(struct sv_fd *f)
 {
 	return f->priv;
+}
+
+/* The stream, as the application's use of it sees it: a connection a
+ * fork's child adopted starts its upgrade at its first use, so that a
+ * child that only execs (inetd) or closes it starts no RDMA. */
+static struct sv_stream *stream_of(struct sv_fd *f)
+{
+	struct sv_stream *s = f->priv;
+	if (sv_stream_adopt_pending(s)) {
+		sv_enter();
+		sv_stream_start_adopted(s);
+		sv_leave();
+	}
+	return s;
 }
 
 /* ---- Connected streams -------------------------------------------------- */
@@ -100,7 +115,7 @@ static int st_getsockopt(struct sv_fd *f, int level, int name, void *val, sockle
 static int st_close(struct sv_fd *f)
 {
 	sv_enter();
-	int r = sv_stream_close(stream_of(f), f->fd);
+	int r = sv_stream_close(raw_stream(f), f->fd);
 	sv_leave();
 	return r;
 }
@@ -108,7 +123,7 @@ static int st_close(struct sv_fd *f)
 static void st_release(struct sv_fd *f)
 {
 	sv_enter();
-	sv_stream_put(stream_of(f));
+	sv_stream_put(raw_stream(f));
 	sv_leave();
 }
 
@@ -116,9 +131,32 @@ static int st_detach(struct sv_fd *f)
 {
 	sv_enter();
 	sv_dbg("fd %d: going back to plain TCP", f->fd);
-	int r = sv_stream_detach(stream_of(f));
+	int r = sv_stream_detach(raw_stream(f));
 	if (r == 0)
 		sv_fd_make_plain_all(f->priv);
+	sv_leave();
+	return r;
+}
+
+static bool replace_entry(int fd, const struct sv_fd_ops *ops, void *priv);
+
+/* Before a fork: a connection handed to the child becomes a held entry in
+ * the parent (held.c); the child's copy of that entry adopts it. */
+static int st_detach_for_fork(struct sv_fd *f)
+{
+	sv_enter();
+	struct sv_hand hand;
+	uint64_t tx, rx;
+	int r = sv_stream_detach_for_fork(raw_stream(f), &hand, &tx, &rx);
+	if (r == 0) {
+		struct sv_held *h = hand.h ? sv_held_new(&hand, tx, rx) : NULL;
+		if (hand.h && !h)
+			sv_holders_spoil(&hand); /* our copy could not be followed */
+		if (h && replace_entry(f->fd, &sv_held_ops, h))
+			sv_epoll_fd_plain(f->fd);
+		else
+			sv_fd_make_plain_all(f->priv);
+	}
 	sv_leave();
 	return r;
 }
@@ -126,7 +164,7 @@ static int st_detach(struct sv_fd *f)
 static int st_share(struct sv_fd *f)
 {
 	sv_enter();
-	int r = sv_stream_kernel_only(stream_of(f)) ? 1 : sv_stream_share(stream_of(f));
+	int r = sv_stream_kernel_only(raw_stream(f)) ? 1 : sv_stream_share(raw_stream(f));
 	sv_leave();
 	return r;
 }
@@ -163,7 +201,7 @@ static bool st_add_copy(struct sv_fd *f, int nfd)
 		return false;
 	}
 	sv_enter();
-	struct sv_stream *s = stream_of(f);
+	struct sv_stream *s = raw_stream(f);
 	sv_stream_get(s); /* the new entry's; released by replace_entry on failure */
 	bool ok = replace_entry(nfd, &sv_stream_ops, s);
 	if (ok)
@@ -292,6 +330,7 @@ static const struct sv_fd_ops sv_stream_ops = {
 	.close = st_close,
 	.release = st_release,
 	.detach = st_detach,
+	.detach_for_fork = st_detach_for_fork,
 	.share = st_share,
 	.add_copy = st_add_copy,
 	.inq = st_inq,
@@ -359,6 +398,31 @@ void sv_listen_accepted(struct sv_fd *lf, int fd)
 		}
 	}
 	sv_leave();
+}
+
+bool sv_stream_fd_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx)
+{
+	sv_enter();
+	struct sv_stream *s = sv_stream_adopt(fd, hand, tx, rx);
+	bool ok = false;
+	if (s) {
+		sv_stream_get(s); /* for the upgrade, past the entry's reference */
+		ok = replace_entry(fd, &sv_stream_ops, s); /* started at its first use */
+		sv_stream_put(s);
+	}
+	sv_leave();
+	return ok;
+}
+
+void sv_ops_adopt_all(void)
+{
+	int n = sv_fdtable_size();
+	for (int fd = 0; fd < n; fd++) {
+		struct sv_fd *f = sv_fd_get(fd);
+		if (f && f->ops->after_fork_child)
+			f->ops->after_fork_child(f);
+		sv_fd_put(f);
+	}
 }
 
 void sv_socket_connected(struct sv_fd *f, const struct sockaddr *to, socklen_t len,

@@ -5,6 +5,7 @@
 #ifndef SV_SOVIA_OPS_H
 #define SV_SOVIA_OPS_H
 
+#include "holders.h"
 #include "preload.h"
 
 /* A TCP socket: every call the kernel's (kernel_ops.c). */
@@ -23,6 +24,15 @@ void sv_ours_atfork_child(struct sv_fd *f);
 /* A listening socket in a fork's child: a listener of the child's, to
  * which the parent redirects the requests for what the child accepts. */
 void sv_listen_atfork_child(struct sv_fd *f);
+
+/* A connection handed to a fork's child, as each process holds it until
+ * the child's upgrade (held.c). */
+extern const struct sv_fd_ops sv_held_ops;
+struct sv_held;
+struct sv_held *sv_held_new(const struct sv_hand *hand, uint64_t tx, uint64_t rx);
+/* The child takes it: fd becomes a stream of its own (sovia_ops.c). True
+ * when it did (the stream releases the hand from then on). */
+bool sv_stream_fd_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx);
 
 /* fd's connection is plain TCP now: its entry (and its copies', the entries
  * with the same priv) become the kernel's. */

@@ -83,6 +83,19 @@ bool sv_fd_detach_passed(const struct msghdr *msg)
 	return ok;
 }
 
+void sv_fd_detach_all_for_fork(void)
+{
+	int n = sv_fdtable_size();
+	for (int fd = 0; fd < n; fd++) {
+		struct sv_fd *f = sv_fd_get(fd);
+		if (f && f->ops->detach_for_fork)
+			(void)f->ops->detach_for_fork(f);
+		else if (f && f->ops->detach)
+			(void)f->ops->detach(f);
+		sv_fd_put(f);
+	}
+}
+
 void sv_fd_detach_all(bool surviving_exec)
 {
 	int n = sv_fdtable_size();
@@ -147,10 +160,23 @@ static bool handover_refused(bool surviving_exec)
 
 /* ---- Processes ------------------------------------------------------------ */
 
+/* A server connection accepted just before the fork (accept-then-fork
+ * servers) is handed to the child, which takes it to RDMA once the
+ * parent has closed its copy (held.c). */
 SV_EXPORT pid_t fork(void)
 {
-	HAND_OVER("fork", false, -1);
-	return SV_REAL(fork)();
+	if (handover_refused(false)) {
+		sv_refuse(-1, "fork", EBUSY);
+		return -1;
+	}
+	ENTER_DETACHING(sv_fd_detach_all_for_fork());
+	pid_t pid = SV_REAL(fork)();
+	if (pid == 0 && !sv_passthrough()) {
+		int saved = errno;
+		sv_ops_adopt_all();
+		errno = saved;
+	}
+	return pid;
 }
 
 /* A vfork child may only exec or _exit; a fork does the same job, with our

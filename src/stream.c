@@ -97,6 +97,8 @@ void sv_stream_put(struct sv_stream *s)
 	if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	all_remove(s);
+	if (s->adopted)
+		sv_holders_remove(s->hand.h, s->hand.slot); /* if still there */
 	sv_upgrade_forget(s); /* the QP before the core whose buffers it used */
 	sv_proto_free(s->proto);
 	if (s->fd_private && s->fd >= 0)
@@ -219,6 +221,35 @@ void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l)
 	if (hold)
 		sv_helper_watch(s); /* it ends the hold in time if no request comes */
 	sv_upgrade_accepted(s, l);
+}
+
+struct sv_stream *sv_stream_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx)
+{
+	struct sv_stream *s = sv_stream_new(fd, false);
+	if (!s)
+		return NULL;
+	s->tcp_tx = tx;
+	s->tcp_rx = rx;
+	s->hand = *hand;
+	s->holders = hand->h;
+	s->adopted = true;
+	atomic_store(&s->adopt_pending, true);
+	return s;
+}
+
+bool sv_stream_adopt_pending(const struct sv_stream *s)
+{
+	return atomic_load_explicit(&((struct sv_stream *)s)->adopt_pending, memory_order_relaxed);
+}
+
+void sv_stream_start_adopted(struct sv_stream *s)
+{
+	if (!atomic_exchange(&s->adopt_pending, false) || no_rdma(s))
+		return;
+	sv_dbg("fd %d: handed to us by the parent at %llu bytes out, %llu in: its upgrade "
+	       "waits until we hold it alone", s->fd, (unsigned long long)s->tcp_tx,
+	       (unsigned long long)s->tcp_rx);
+	sv_upgrade_adopted(s);
 }
 
 /* ---- Process events ---------------------------------------------------------- */

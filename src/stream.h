@@ -17,6 +17,7 @@
 
 struct sv_stream;
 struct sv_listener;
+struct sv_hand;
 struct pollfd;
 struct sv_marks;
 
@@ -88,6 +89,21 @@ void sv_stream_opened(struct sv_stream *s);
  * gone), -ETIMEDOUT, or the connection's error: the stream stays
  * libsovia's. */
 int sv_stream_detach(struct sv_stream *s);
+/* The same before a fork, except for a server connection whose upgrade has
+ * not begun (no request matched yet): it is handed to the fork's child
+ * (holders.h), which may take it to RDMA once it holds it alone. *hand
+ * says so (hand->h NULL otherwise), with the bytes TCP carried each way. */
+int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_t *tx,
+			      uint64_t *rx);
+/* In the fork's child: a server stream on fd for the connection handed to
+ * it, TCP having carried tx and rx bytes. Start it with
+ * sv_stream_start_adopted once it is fd's. NULL on ENOMEM. */
+struct sv_stream *sv_stream_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx);
+/* An adopted stream whose upgrade has not started: its first use starts it
+ * (sv_stream_start_adopted, once), so a child that only execs or closes it
+ * starts no helper nor rdma_cm. Read without the lock. */
+bool sv_stream_adopt_pending(const struct sv_stream *s);
+void sv_stream_start_adopted(struct sv_stream *s);
 /* Does the kernel's socket alone answer for the stream from now on (TCP for
  * good, nothing held by libsovia)? Then the fd may be the kernel's. */
 bool sv_stream_kernel_only(struct sv_stream *s);

@@ -133,9 +133,28 @@ bool sv_stream_back_overdue(struct sv_stream *s, uint64_t now)
 	return true;
 }
 
+/* Before a fork: a server connection still waiting for its upgrade
+ * request, held by one fd with nothing read ahead, is entered as handed to
+ * the child (holders.h). The request is then answered by the child, once
+ * it holds the connection alone; the counts it starts from are ours now,
+ * and our copy is plain TCP meanwhile. */
+static bool hand_to_child(struct sv_stream *s)
+{
+	if (s->is_client || !s->holders || s->hand.h || s->state != SV_CONN_TCP || s->id ||
+	    s->opens != 1 || s->fd_private || sv_stream_tcpbuf_held(s) || s->sw.room_wait ||
+	    s->cl.tx_shut)
+		return false;
+	if (sv_holders_hand(s->holders, &s->tuple.local, &s->tuple.peer, &s->hand) < 0) {
+		sv_info("fd %d: the holders' table is full: the fork's child keeps it on TCP",
+			s->fd);
+		return false;
+	}
+	return true;
+}
+
 /* One step of the way back in the current state. 1: done (r says how),
  * 0: wait and look again. */
-static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out)
+static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool fork)
 {
 	switch (s->state) {
 	case SV_CONN_TCP:
@@ -143,8 +162,17 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out)
 	case SV_CONN_REQUESTED:
 		if (s->proto)
 			return 0; /* a QP exists: let the switch settle first */
+		if (fork && hand_to_child(s)) {
+			sv_info("fd %d: handed to the fork's child before its upgrade", s->fd);
+			s->fallback = SV_FB_HANDED;
+			sv_stream_fall_back(s, SV_FB_HANDED);
+			break;
+		}
 		/* No QP yet: the upgrade is simply called off (a request that
-		 * comes later finds no TCP stream). */
+		 * comes later finds no TCP stream). A connection handed to us
+		 * leaves the holders' table: the owner redirects no more. */
+		if (s->hand.h)
+			sv_holders_remove(s->hand.h, s->hand.slot);
 		sv_info("fd %d: upgrade called off (a call libsovia does not serve)", s->fd);
 		s->fallback = SV_FB_UNSUPPORTED;
 		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
@@ -190,7 +218,7 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out)
 	return 0;
 }
 
-int sv_stream_detach(struct sv_stream *s)
+static int detach(struct sv_stream *s, bool fork)
 {
 	sv_lock(&s->lock);
 	struct sv_clock clk = SV_CLOCK_INIT;
@@ -200,7 +228,7 @@ int sv_stream_detach(struct sv_stream *s)
 		bool wait_tcp_out = false;
 		if (s->proto && !s->error)
 			sv_stream_progress(s, &clk, 0);
-		if (detach_step(s, &r, &wait_tcp_out))
+		if (detach_step(s, &r, &wait_tcp_out, fork))
 			break;
 		if (s->state == SV_CONN_DETACHED || s->state == SV_CONN_FALLBACK)
 			continue;
@@ -220,6 +248,24 @@ int sv_stream_detach(struct sv_stream *s)
 	if (r < 0)
 		sv_warn("fd %d: cannot go back to plain TCP (%s, state %s): libsovia keeps it",
 			s->fd, strerror(-r), sv_conn_state_name(s->state));
+	sv_unlock(&s->lock);
+	return r;
+}
+
+int sv_stream_detach(struct sv_stream *s)
+{
+	return detach(s, false);
+}
+
+int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_t *tx,
+			      uint64_t *rx)
+{
+	int r = detach(s, true);
+	sv_lock(&s->lock);
+	bool handed = r == 0 && s->fallback == SV_FB_HANDED && s->hand.h;
+	*hand = handed ? s->hand : (struct sv_hand){.h = NULL, .slot = -1};
+	*tx = s->tcp_tx;
+	*rx = s->tcp_rx;
 	sv_unlock(&s->lock);
 	return r;
 }

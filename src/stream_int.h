@@ -12,6 +12,7 @@
 #include "stream.h"
 
 #include "clock.h"
+#include "holders.h"
 #include "hub.h"
 #include "lock.h"
 #include "proto.h"
@@ -71,6 +72,8 @@ enum sv_fallback {
 			     * (pinned.h) */
 	SV_FB_UNPRIVILEGED, /* SOVIA_PRIVILEGED_PORTS, and the server's port is
 			     * 1024 or above */
+	SV_FB_HANDED,       /* server: handed to a fork's child before its upgrade
+			     * (the child may take it to RDMA: holders.h) */
 };
 
 /* Why a connection on RDMA resumed over TCP (its statistics say it). */
@@ -272,6 +275,14 @@ struct sv_stream {
 	struct sv_tuple tuple;
 	int error;           /* -errno once broken */
 	bool error_told;     /* the application was given `error` once */
+
+	/* Server: the holders' table of the listener that accepted it (NULL:
+	 * none); and the entry of a connection handed to a fork's child
+	 * (holders.h): the parent's before the fork, the child's after. */
+	struct sv_holders *holders;
+	struct sv_hand hand;
+	bool adopted;              /* hand is ours: a fork's child took it */
+	atomic_bool adopt_pending; /* sv_stream_adopt_pending */
 
 	/* The media. tcp_tx and tcp_rx count each direction's bytes TCP
 	 * carried; with the core's offsets they give every switch point. */
@@ -515,6 +526,10 @@ void sv_upgrade_retry_room(struct sv_stream *s);
 /* Server: the application accepted this connection; a request may match
  * it. Without the lock. */
 void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l);
+/* A fork's child took s, a connection handed to it (s->hand): it waits for
+ * its request at an RDMA listener of the child's on its address, whose
+ * port it claims in the holders' table. */
+void sv_upgrade_adopted(struct sv_stream *s);
 /* rdma_disconnect, and the QP to the error state so that everything posted
  * is flushed (librdmacm does that only for its own QPs). */
 void sv_upgrade_disconnect(struct sv_stream *s);

@@ -72,6 +72,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 		return "memlock";
 	case SV_FB_UNPRIVILEGED:
 		return "unprivileged-port";
+	case SV_FB_HANDED:
+		return "handed-to-child";
 	}
 	return "?";
 }

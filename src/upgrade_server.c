@@ -36,7 +36,13 @@ struct sv_listener {
 	bool inherited;
 	atomic_bool side_started; /* its opening was asked for */
 	uint16_t side_port;
+	/* A fork child's for the connections handed to it (no listening
+	 * socket: fd -1), one per address, in `adopters`. */
+	bool adopter;
+	struct sv_listener *next_adopter;
 };
+
+static struct sv_listener *adopters;
 
 /* A connect request waiting for the application to accept its TCP side. */
 struct pending_req {
@@ -105,6 +111,8 @@ static void release_unmatched(struct unmatched *u)
 {
 	if (u->slot >= 0 && u->l->holders)
 		sv_holders_remove(u->l->holders, u->slot);
+	else if (u->l->adopter)
+		sv_holders_remove(u->s->hand.h, u->s->hand.slot); /* never claimed */
 	u->slot = -1;
 	u->next = release_later;
 	release_later = u;
@@ -137,6 +145,13 @@ static void enter_holders(struct sv_listener *l)
 	for (struct unmatched *u = unmatched; u; u = u->next) {
 		if (u->l != l || u->slot >= 0)
 			continue;
+		if (u->s->hand.h) {
+			/* Handed to us: claimed; the owner redirects once we
+			 * hold it alone. Set before the stream was listed. */
+			sv_holders_claim(&u->s->hand, l->side_port);
+			u->slot = u->s->hand.slot;
+			continue;
+		}
 		u->slot = sv_holders_add(l->holders, &u->s->tuple.local, &u->s->tuple.peer,
 					 l->side_port);
 		if (u->slot < 0)
@@ -304,6 +319,8 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 	}
 	uint64_t deadline = sv_upgrade_deadline(sv_now_us());
 	s->sw.deadline_us = deadline;
+	if (!s->holders)
+		s->holders = l->holders;
 	sv_unlock(&s->lock);
 	sv_stream_get(s);
 	u->s = s;
@@ -321,10 +338,37 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 	sv_helper_watch(s); /* wakes the helper to match it, and times it out */
 }
 
+void sv_upgrade_adopted(struct sv_stream *s)
+{
+	sv_lock(&sv_up_lock);
+	struct sv_listener *l = adopters;
+	while (l && !sv_addr_equal(&l->addr, &s->tuple.local))
+		l = l->next_adopter;
+	if (!l && (l = calloc(1, sizeof(*l)))) {
+		l->fd = -1;
+		l->addr = s->tuple.local;
+		l->holders = s->hand.h;
+		l->inherited = true;
+		l->adopter = true;
+		l->refs = 1; /* the list's, for the process's life */
+		l->next_adopter = adopters;
+		adopters = l;
+	}
+	sv_unlock(&sv_up_lock);
+	if (!l) {
+		sv_lock(&s->lock);
+		sv_stream_fall_back(s, SV_FB_RESOURCES);
+		sv_unlock(&s->lock);
+		return;
+	}
+	sv_upgrade_accepted(s, l);
+}
+
 enum accept_result {
 	ACCEPTED,    /* or rejected: the id is the stream's now */
 	REFUSED,     /* the stream cannot take it: the caller rejects */
-	ACCEPT_LATER /* its buffers wait for room (sw.room_wait): ask again */
+	ACCEPT_LATER, /* its buffers wait for room (sw.room_wait): ask again */
+	NOT_HERE     /* handed to a fork's child: the request is the child's */
 };
 
 /* Attach the QP of request `id` to stream s and accept. */
@@ -332,6 +376,18 @@ static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id 
 					 const struct sv_cm_req *req)
 {
 	sv_lock(&s->lock);
+	if (s->state == SV_CONN_FALLBACK && s->fallback == SV_FB_HANDED) {
+		sv_unlock(&s->lock);
+		return NOT_HERE;
+	}
+	if (s->hand.h && !sv_holders_sole(&s->hand)) {
+		/* Our parent (or another copy) may still use the connection:
+		 * our counts would not be the stream's. The owner redirects
+		 * only once we hold it alone; this request came too soon. */
+		sv_dbg("fd %d: upgrade request refused: another process still holds it", s->fd);
+		sv_unlock(&s->lock);
+		return REFUSED;
+	}
 	if (s->state != SV_CONN_TCP || s->id || s->cl.app_closed) {
 		sv_dbg("fd %d: upgrade request refused: state %s%s%s", s->fd,
 		       sv_conn_state_name(s->state), s->id ? ", has an id" : "",
@@ -422,6 +478,11 @@ static enum match_result match_request(struct rdma_cm_id *id, const struct sv_cm
 	enum accept_result r = accept_request(u->s, id, req);
 	if (r == ACCEPT_LATER)
 		return MATCH_LATER; /* both wait: the stream stays unmatched */
+	if (r == NOT_HERE) {
+		*pp = u->next;
+		release_unmatched(u);
+		return NO_MATCH; /* the holders' table tells where */
+	}
 	if (r == REFUSED) {
 		sv_cm->reject(id, NULL, 0);
 		*destroy = id;
@@ -600,7 +661,12 @@ uint64_t sv_upgrade_timers(uint64_t now)
 	for (struct unmatched **pp = &unmatched; *pp;) {
 		struct unmatched *u = *pp;
 		sv_lock(&u->s->lock);
-		bool gone = now >= u->deadline || u->s->cl.app_closed || u->s->state != SV_CONN_TCP;
+		/* A connection handed to a fork's child keeps its listener
+		 * (the application may close its listening socket right after
+		 * the fork) until its request came, to be redirected. */
+		bool handed = u->s->state == SV_CONN_FALLBACK && u->s->fallback == SV_FB_HANDED;
+		bool gone = now >= u->deadline || u->s->cl.app_closed ||
+			    (u->s->state != SV_CONN_TCP && !handed);
 		sv_unlock(&u->s->lock);
 		if (gone) {
 			*pp = u->next;
@@ -623,4 +689,5 @@ void sv_upgrade_atfork_child(void)
 	pending = NULL;
 	unmatched = NULL;
 	release_later = NULL;
+	adopters = NULL;
 }

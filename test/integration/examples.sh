@@ -13,8 +13,11 @@
 #    failure of that medium check is reported after the other cases ran, so
 #    they are still checked.
 # 2. fork: a forking echo server (the parent accepts, forks, closes its
-#    copy; the child echoes), several concurrent clients. The parent forks
-#    right after accept, so the upgrade is called off: bytes only.
+#    copy; the child echoes), several concurrent clients: bytes only. Then
+#    clients one after the other: the parent hands each connection to its
+#    child at the fork, and redirects the upgrade request there once it
+#    has closed its copy; the echo goes over RDMA (asserted per
+#    connection).
 # 3. exec: a server that fork+execs cat with the socket as stdin/stdout;
 #    several concurrent clients. Bytes only, as for fork.
 # 4. prefork: workers accept on the socket they inherited; the parent
@@ -112,6 +115,10 @@ epoll_case() {
 # Concurrent clients of a server that forks at once ($1: program, $2: port).
 concurrent_case() {
 	local prog=$1 port=$2 name=${1#sovia-}
+	if [ -n "${SOVIA_IT_TSAN:-}" ] && [ "$prog" = sovia-echo-fork ]; then
+		echo "$name: skipped under TSan (a child that serves its connection starts its helper thread after a threaded fork)"
+		return
+	fi
 	rm -f "$WORK/"*.err
 	LD_PRELOAD=$LIB timeout 600 "$APPS/$prog" -s $port "$CLIENTS" \
 		>"$WORK/server.out" 2>"$WORK/server.err" &
@@ -176,6 +183,50 @@ prefork_case() {
 	echo "prefork: $n clients x $((BYTES / 4)) bytes echoed exactly, each on RDMA through its worker"
 }
 
+# An accept-then-fork server (inetd's and PostgreSQL's model), clients one
+# after the other: each connection is handed to the child at the fork,
+# the parent closes its copy, and the parent (the port's owner) redirects
+# the client's upgrade request to the child's RDMA listener. Every
+# connection carries its echo over RDMA, both ways, from its switch on.
+fork_case() {
+	if [ -n "${SOVIA_IT_TSAN:-}" ]; then
+		echo "fork: skipped under TSan (a child's helper thread is a thread started after a threaded fork)"
+		return
+	fi
+	local port=5047 n=4 i
+	rm -f "$WORK/"*.err
+	LD_PRELOAD=$LIB timeout 600 "$APPS/sovia-echo-fork" -s $port $n \
+		>"$WORK/server.out" 2>"$WORK/server.err" &
+	local srv=$!
+	wait_port $port
+	for i in $(seq $n); do
+		LD_PRELOAD=$LIB run_logged "$WORK/client$i.out" "$WORK/client$i.err" \
+			timeout 600 "$APPS/sovia-echo-fork" -c "$IP" $port $((BYTES / 4)) "$i"
+		grep -q "^OK" "$WORK/client$i.out" || fail "fork: client $i did not finish"
+		grep -q "another process of the server holds it" "$WORK/client$i.err" ||
+			fail "fork: client $i was not redirected to the child"
+		[ "$(state_of "$WORK/client$i.err" client)" = rdma ] ||
+			fail "fork: client $i did not end on RDMA: $(grep "libsovia stats" "$WORK/client$i.err" | cut -c1-300)"
+		local rt rr tt
+		rt=$(stat_of "$WORK/client$i.err" rdma_tx_bytes client)
+		rr=$(stat_of "$WORK/client$i.err" rdma_rx_bytes client)
+		tt=$(stat_of "$WORK/client$i.err" tcp_tx_bytes client)
+		[ "$rt" -gt 0 ] && [ "$rr" -gt 0 ] ||
+			fail "fork: client $i moved nothing over RDMA one way (sent $rt, received $rr)"
+		echo "fork: client $i: rdma_tx_bytes=$rt rdma_rx_bytes=$rr tcp_tx_bytes=$tt" \
+			"($((rt * 100 / (rt + tt)))% of its bytes over RDMA)"
+	done
+	wait "$srv" || fail "fork: the server failed"
+	grep -q "^OK $n connections" "$WORK/server.out" || fail "fork: the server did not serve everyone"
+	local handed children_rdma
+	handed=$(grep -c "handed to the fork's child before its upgrade" "$WORK/server.err" || true)
+	children_rdma=$(grep -c "libsovia stats.* server state=rdma " "$WORK/server.err" || true)
+	[ "$handed" -eq $n ] || fail "fork: $handed of $n connections handed to a child"
+	[ "$children_rdma" -eq $n ] ||
+		fail "fork: $children_rdma of $n connections on RDMA at the children"
+	echo "fork: $n clients x $((BYTES / 4)) bytes echoed exactly, each on RDMA in the server's child"
+}
+
 # One connection, the server held between accept and fork until it is on
 # RDMA and the client's bytes came over the QP ($1: program, $2: port).
 held_case() {
@@ -218,6 +269,7 @@ epoll_case
 concurrent_case sovia-echo-fork 5042
 concurrent_case sovia-execcat 5043
 prefork_case
+fork_case
 held_case sovia-echo-fork 5044
 held_case sovia-execcat 5045
 if [ ${#LATER[@]} -gt 0 ]; then

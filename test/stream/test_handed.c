@@ -1,0 +1,128 @@
+/* An accept-then-fork server (inetd, PostgreSQL, ftpd): the parent
+ * accepts, forks before the upgrade, and closes its copy; the child
+ * serves. The parent hands the connection to the child at the fork
+ * (holders.h); the port's owner redirects the client's request to the
+ * child's RDMA listener only once the child holds the connection alone.
+ * Here the "child" is a second stream on a copy of the socket in the same
+ * process, made as the fork's child makes it (sv_stream_adopt with the
+ * parent's counts); the parent's release is its close's. */
+#include "harness.h"
+
+#include "config.h"
+#include "holders.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+TestSuite(handed, .init = h_setup, .fini = h_teardown, .timeout = 60);
+
+struct handed {
+	struct pair p;
+	struct sv_hand hand;
+	int child_fd;
+	struct sv_stream *child;
+};
+
+/* Bytes both ways on TCP, then the fork: the parent's stream is handed,
+ * the child adopts it. The client's upgrade is late enough to come after. */
+static void accept_and_fork(struct handed *t)
+{
+	sv_cfg.upgrade_delay_ms = 300;
+	struct pair *p = &t->p;
+	h_listen(p, true);
+	h_connect_sockets(p);
+	p->c = sv_stream_new(p->cfd, true);
+	p->s = sv_stream_new(p->sfd, false);
+	cr_assert(p->c && p->s);
+	sv_stream_start_server(p->s, p->l);
+	sv_stream_start_client(p->c);
+	uint8_t b[1000];
+	long end;
+	h_pattern(b, sizeof(b), 5, 0);
+	cr_assert_eq(h_write_all(p->c, b, 700), 700);
+	cr_assert_eq(h_read_all(p->s, b, 700, &end), 700);
+	cr_assert_eq(h_write_all(p->s, b, 300), 300);
+	cr_assert_eq(h_read_all(p->c, b, 300, &end), 300);
+
+	uint64_t tx, rx;
+	cr_assert_eq(sv_stream_detach_for_fork(p->s, &t->hand, &tx, &rx), 0);
+	cr_assert_not_null(t->hand.h, "not handed: fallback %s", sv_fallback_name(h_fallback(p->s)));
+	cr_assert_eq(h_fallback(p->s), SV_FB_HANDED);
+	cr_assert_eq(tx, 300);
+	cr_assert_eq(rx, 700);
+
+	cr_assert(sv_holders_adopt(&t->hand), "the child could not adopt it");
+	t->child_fd = dup(p->sfd);
+	cr_assert_geq(t->child_fd, 0);
+	t->child = sv_stream_adopt(t->child_fd, &t->hand, tx, rx);
+	cr_assert_not_null(t->child);
+	sv_stream_start_adopted(t->child);
+}
+
+static void echo_over_rdma(struct handed *t)
+{
+	struct pair *p = &t->p;
+	uint8_t out[20000], in[20000];
+	long end;
+	h_pattern(out, sizeof(out), 6, 0);
+	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(t->child, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), 6, 0));
+	cr_assert_eq(h_write_all(t->child, in, sizeof(in)), (long)sizeof(in));
+	cr_assert_eq(h_read_all(p->c, out, sizeof(out), &end), sizeof(out));
+	cr_assert(h_pattern_ok(out, sizeof(out), 6, 0));
+}
+
+Test(handed, the_child_takes_it_to_rdma_once_the_parent_released_it)
+{
+	struct handed t;
+	accept_and_fork(&t);
+	struct pair *p = &t.p;
+	/* Both hold it: the request waits at the owner. */
+	for (int i = 0; i < 50 && h_state(p->c) == SV_CONN_TCP; i++)
+		usleep(20000);
+	usleep(100000);
+	cr_assert_neq(h_state(p->c), SV_CONN_RDMA, "upgraded while the parent still held it");
+	cr_assert_neq(h_state(t.child), SV_CONN_RDMA);
+	sv_holders_release_first(&t.hand); /* the parent's close */
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(p->c)), sv_fallback_name(h_fallback(p->c)));
+	cr_assert_eq(h_wait_state(t.child, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "child: %s (%s)",
+		     sv_conn_state_name(h_state(t.child)), sv_fallback_name(h_fallback(t.child)));
+	cr_assert_neq(p->c->sw.redirect_port, 0, "the client was not redirected");
+	echo_over_rdma(&t);
+	struct h_counts c = h_counts(p->c);
+	cr_assert_eq(c.rdma_tx, 20000, "the client sent %llu over RDMA, %llu over TCP",
+		     (unsigned long long)c.rdma_tx, (unsigned long long)c.tcp_tx);
+	cr_assert_eq(c.rdma_rx, 20000);
+	sv_stream_close(t.child, t.child_fd);
+	h_pair_free(p);
+}
+
+/* The parent wrote after the fork (its held entry spoils the hand): the
+ * child's counts would miss those bytes, so it is never redirected, and
+ * the client stays on TCP with every byte in order. */
+Test(handed, a_spoiled_hand_stays_on_tcp)
+{
+	sv_cfg.upgrade_timeout_ms = 600;
+	struct handed t;
+	accept_and_fork(&t);
+	struct pair *p = &t.p;
+	sv_holders_spoil(&t.hand);
+	cr_assert_eq(send(p->sfd, "parent", 6, 0), 6);
+	sv_holders_release_first(&t.hand);
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(p->c)));
+	char b[6];
+	long end;
+	cr_assert_eq(h_read_all(p->c, b, 6, &end), 6);
+	cr_assert(!memcmp(b, "parent", 6));
+	cr_assert_eq(h_write_all(t.child, "child", 5), 5);
+	cr_assert_eq(h_read_all(p->c, b, 5, &end), 5);
+	cr_assert(!memcmp(b, "child", 5));
+	cr_assert_neq(h_state(t.child), SV_CONN_RDMA);
+	sv_stream_close(t.child, t.child_fd);
+	h_pair_free(p);
+}
