@@ -18,33 +18,4 @@ set -euo pipefail
 PKGS=(gnuplot-nox perftest librdmacm1 rdmacm-utils iperf3 iproute2
 	nginx postgresql postgresql-contrib openbsd-inetd curl netcat-openbsd)
 SERVICES=(nginx postgresql openbsd-inetd)
-missing=()
-for p in "${PKGS[@]}"; do
-	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-	echo "bench/setup-deps: installing ${missing[*]}"
-	SUDO=""
-	[ "$(id -u)" = 0 ] || SUDO=sudo
-	POLICY=/usr/sbin/policy-rc.d OWN_POLICY=0
-	if [ ! -e "$POLICY" ]; then
-		printf '#!/bin/sh\n# bench/setup-deps.sh: no service starts during its install\nexit 101\n' |
-			$SUDO tee "$POLICY" >/dev/null
-		$SUDO chmod 755 "$POLICY"
-		OWN_POLICY=1
-	fi
-	rc=0
-	{ $SUDO apt-get update -q &&
-		DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; } || rc=$?
-	[ "$OWN_POLICY" = 1 ] && $SUDO rm -f "$POLICY"
-	[ "$rc" = 0 ] || exit "$rc"
-	for s in "${SERVICES[@]}"; do
-		if [ -d /run/systemd/system ]; then
-			$SUDO systemctl stop "$s" >/dev/null 2>&1 || true
-			$SUDO systemctl disable "$s" >/dev/null 2>&1 || true
-		else
-			[ -x "/etc/init.d/$s" ] && { $SUDO "/etc/init.d/$s" stop >/dev/null 2>&1 || true; }
-			$SUDO update-rc.d "$s" disable >/dev/null 2>&1 || true
-		fi
-	done
-fi
+SERVICES="${SERVICES[*]}" exec "$(dirname "$0")/../test/apt-install.sh" "${PKGS[@]}"
