@@ -138,93 +138,61 @@ concurrent_case() {
 	echo "$name: $CLIENTS concurrent clients x $((BYTES / 2)) bytes echoed exactly"
 }
 
-# A prefork server (nginx's model): 2 workers accept on the listening
-# socket they inherited, the parent keeps it and owns the port's RDMA
-# listener. Clients one after the other, so each is accepted at once: the
-# parent redirects each request to its worker's own RDMA listener, and
-# every connection carries its echo over RDMA, both ways, from its switch
-# on. (What went on TCP before the switch is the fresh client process's
-# rdma_cm start-up: its share is printed, not judged.)
-prefork_case() {
+# Servers of several processes, clients one after the other, each served
+# over RDMA in the process that holds its connection, both ways, from its
+# switch on; the port's owner redirects each upgrade request there. (What
+# went on TCP before the switch is the fresh client process's rdma_cm
+# start-up: its share is printed, not judged.)
+# - prefork (nginx's model): 2 workers accept on the listening socket they
+#   inherited; the parent keeps it and owns the port's RDMA listener.
+# - fork (inetd's and PostgreSQL's model): the parent accepts, forks and
+#   closes its copy; each connection is handed to the child at the fork.
+# $1: prefork|fork. Under TSan they skip themselves: the child's helper
+# thread is a thread started after a threaded fork.
+many_process_case() {
+	local name=$1 port n=4 i holder mode
 	if [ -n "${SOVIA_IT_TSAN:-}" ]; then
-		echo "prefork: skipped under TSan (a worker's helper thread is a thread started after a threaded fork)"
+		echo "$name: skipped under TSan (a child's helper thread after a threaded fork)"
 		return
 	fi
-	local port=5046 n=4 i
+	case $name in
+	prefork) port=5046 holder=worker mode=(-p 2) ;;
+	fork) port=5047 holder=child mode=(-s) ;;
+	esac
 	rm -f "$WORK/"*.err
-	LD_PRELOAD=$LIB timeout 600 "$APPS/sovia-echo-fork" -p 2 $port $n \
+	LD_PRELOAD=$LIB timeout 600 "$APPS/sovia-echo-fork" "${mode[@]}" $port $n \
 		>"$WORK/server.out" 2>"$WORK/server.err" &
 	local srv=$!
 	wait_port $port
 	for i in $(seq $n); do
 		LD_PRELOAD=$LIB run_logged "$WORK/client$i.out" "$WORK/client$i.err" \
 			timeout 600 "$APPS/sovia-echo-fork" -c "$IP" $port $((BYTES / 4)) "$i"
-		grep -q "^OK" "$WORK/client$i.out" || fail "prefork: client $i did not finish"
+		grep -q "^OK" "$WORK/client$i.out" || fail "$name: client $i did not finish"
 		grep -q "another process of the server holds it" "$WORK/client$i.err" ||
-			fail "prefork: client $i was not redirected to its worker"
+			fail "$name: client $i was not redirected to its $holder"
 		[ "$(state_of "$WORK/client$i.err" client)" = rdma ] ||
-			fail "prefork: client $i did not end on RDMA: $(grep "libsovia stats" "$WORK/client$i.err" | cut -c1-300)"
+			fail "$name: client $i did not end on RDMA: $(grep "libsovia stats" "$WORK/client$i.err" | cut -c1-300)"
 		local rt rr tt
 		rt=$(stat_of "$WORK/client$i.err" rdma_tx_bytes client)
 		rr=$(stat_of "$WORK/client$i.err" rdma_rx_bytes client)
 		tt=$(stat_of "$WORK/client$i.err" tcp_tx_bytes client)
 		[ "$rt" -gt 0 ] && [ "$rr" -gt 0 ] ||
-			fail "prefork: client $i moved nothing over RDMA one way (sent $rt, received $rr)"
-		echo "prefork: client $i: rdma_tx_bytes=$rt rdma_rx_bytes=$rr tcp_tx_bytes=$tt" \
+			fail "$name: client $i moved nothing over RDMA one way (sent $rt, received $rr)"
+		echo "$name: client $i: rdma_tx_bytes=$rt rdma_rx_bytes=$rr tcp_tx_bytes=$tt" \
 			"($((rt * 100 / (rt + tt)))% of its bytes over RDMA)"
 	done
-	wait "$srv" || fail "prefork: the server failed"
-	grep -q "^OK $n connections" "$WORK/server.out" || fail "prefork: the server did not serve everyone"
-	local workers_rdma
-	workers_rdma=$(grep -c "libsovia stats.* server state=rdma " "$WORK/server.err" || true)
-	[ "$workers_rdma" -eq $n ] ||
-		fail "prefork: $workers_rdma of $n connections on RDMA at the workers"
-	echo "prefork: workers not ready for their first connection: $(grep -c "RDMA is not ready" "$WORK/server.err" || true)"
-	echo "prefork: $n clients x $((BYTES / 4)) bytes echoed exactly, each on RDMA through its worker"
-}
-
-# An accept-then-fork server (inetd's and PostgreSQL's model), clients one
-# after the other: each connection is handed to the child at the fork,
-# the parent closes its copy, and the parent (the port's owner) redirects
-# the client's upgrade request to the child's RDMA listener. Every
-# connection carries its echo over RDMA, both ways, from its switch on.
-fork_case() {
-	if [ -n "${SOVIA_IT_TSAN:-}" ]; then
-		echo "fork: skipped under TSan (a child's helper thread is a thread started after a threaded fork)"
-		return
+	wait "$srv" || fail "$name: the server failed"
+	grep -q "^OK $n connections" "$WORK/server.out" || fail "$name: the server did not serve everyone"
+	local on_rdma handed
+	on_rdma=$(grep -c "libsovia stats.* server state=rdma " "$WORK/server.err" || true)
+	[ "$on_rdma" -eq $n ] || fail "$name: $on_rdma of $n connections on RDMA at the ${holder}s"
+	if [ "$name" = fork ]; then
+		handed=$(grep -c "handed to the fork's child before its upgrade" "$WORK/server.err" || true)
+		[ "$handed" -eq $n ] || fail "fork: $handed of $n connections handed to a child"
+	else
+		echo "prefork: workers not ready for their first connection: $(grep -c "RDMA is not ready" "$WORK/server.err" || true)"
 	fi
-	local port=5047 n=4 i
-	rm -f "$WORK/"*.err
-	LD_PRELOAD=$LIB timeout 600 "$APPS/sovia-echo-fork" -s $port $n \
-		>"$WORK/server.out" 2>"$WORK/server.err" &
-	local srv=$!
-	wait_port $port
-	for i in $(seq $n); do
-		LD_PRELOAD=$LIB run_logged "$WORK/client$i.out" "$WORK/client$i.err" \
-			timeout 600 "$APPS/sovia-echo-fork" -c "$IP" $port $((BYTES / 4)) "$i"
-		grep -q "^OK" "$WORK/client$i.out" || fail "fork: client $i did not finish"
-		grep -q "another process of the server holds it" "$WORK/client$i.err" ||
-			fail "fork: client $i was not redirected to the child"
-		[ "$(state_of "$WORK/client$i.err" client)" = rdma ] ||
-			fail "fork: client $i did not end on RDMA: $(grep "libsovia stats" "$WORK/client$i.err" | cut -c1-300)"
-		local rt rr tt
-		rt=$(stat_of "$WORK/client$i.err" rdma_tx_bytes client)
-		rr=$(stat_of "$WORK/client$i.err" rdma_rx_bytes client)
-		tt=$(stat_of "$WORK/client$i.err" tcp_tx_bytes client)
-		[ "$rt" -gt 0 ] && [ "$rr" -gt 0 ] ||
-			fail "fork: client $i moved nothing over RDMA one way (sent $rt, received $rr)"
-		echo "fork: client $i: rdma_tx_bytes=$rt rdma_rx_bytes=$rr tcp_tx_bytes=$tt" \
-			"($((rt * 100 / (rt + tt)))% of its bytes over RDMA)"
-	done
-	wait "$srv" || fail "fork: the server failed"
-	grep -q "^OK $n connections" "$WORK/server.out" || fail "fork: the server did not serve everyone"
-	local handed children_rdma
-	handed=$(grep -c "handed to the fork's child before its upgrade" "$WORK/server.err" || true)
-	children_rdma=$(grep -c "libsovia stats.* server state=rdma " "$WORK/server.err" || true)
-	[ "$handed" -eq $n ] || fail "fork: $handed of $n connections handed to a child"
-	[ "$children_rdma" -eq $n ] ||
-		fail "fork: $children_rdma of $n connections on RDMA at the children"
-	echo "fork: $n clients x $((BYTES / 4)) bytes echoed exactly, each on RDMA in the server's child"
+	echo "$name: $n clients x $((BYTES / 4)) bytes echoed exactly, each on RDMA in its $holder"
 }
 
 # One connection, the server held between accept and fork until it is on
@@ -268,8 +236,8 @@ held_case() {
 epoll_case
 concurrent_case sovia-echo-fork 5042
 concurrent_case sovia-execcat 5043
-prefork_case
-fork_case
+many_process_case prefork
+many_process_case fork
 held_case sovia-echo-fork 5044
 held_case sovia-execcat 5045
 if [ ${#LATER[@]} -gt 0 ]; then
