@@ -23,9 +23,10 @@
  * full table costs the connections past it their upgrade, nothing else. */
 #define SV_HOLDERS_SLOTS 4096u
 
-/* The state word: generation << 8 | flags << 2 | phase. The flags of a
- * handed connection change by compare-and-swap on the whole word, so a
- * change meant for one generation never lands on the next. */
+/* The state word: generation << 26 | a handed entry's port << 10 |
+ * flags << 2 | phase. The flags and the port of a handed connection
+ * change by compare-and-swap on the whole word, so a change meant for one
+ * generation never lands on the next. */
 enum { SLOT_FREE = 0, SLOT_WRITING = 1, SLOT_READY = 2 };
 enum {
 	F_HANDED = 1,  /* a connection handed to a fork's child (sv_holders_hand) */
@@ -35,9 +36,10 @@ enum {
 	F_SPOILED = 16 /* a third holder, or the first one's I/O: stays TCP */
 };
 #define PHASE(st) ((st) & 3u)
-#define FLAGS(st) ((unsigned)((st) >> 2) & 63u)
-#define GEN(st) ((st) >> 8)
-#define MAKE(gen, flags, phase) (((uint64_t)(gen) << 8) | ((uint64_t)(flags) << 2) | (phase))
+#define FLAGS(st) ((unsigned)((st) >> 2) & 255u)
+#define HPORT(st) ((uint16_t)((st) >> 10))
+#define GEN(st) ((st) >> 26)
+#define MAKE(gen, flags, phase) (((uint64_t)(gen) << 26) | ((uint64_t)(flags) << 2) | (phase))
 
 /* server address, server port, client address, client port: 36 bytes. */
 #define KEY_WORDS 9
@@ -46,7 +48,7 @@ struct slot {
 	_Atomic uint64_t state;
 	_Atomic uint32_t pid;  /* the holder (a handed one's first holder) */
 	_Atomic uint32_t pid2; /* a handed connection's second holder */
-	_Atomic uint32_t port;
+	_Atomic uint32_t port; /* an entry's port, but a handed one's (HPORT) */
 	_Atomic uint32_t key[KEY_WORDS];
 };
 
@@ -150,10 +152,14 @@ int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
 	return add(h, server, client, port, 0, NULL);
 }
 
-/* Free a ready entry, if it is still the one seen as `st`. */
+/* Free a ready entry, if it is still of st's generation (its flags may
+ * change meanwhile). */
 static void free_slot(struct slot *e, uint64_t st)
 {
-	atomic_compare_exchange_strong(&e->state, &st, MAKE(GEN(st), 0, SLOT_FREE));
+	uint64_t gen = GEN(st);
+	while (PHASE(st) == SLOT_READY && GEN(st) == gen &&
+	       !atomic_compare_exchange_weak(&e->state, &st, MAKE(gen, 0, SLOT_FREE)))
+		;
 }
 
 void sv_holders_remove(struct sv_holders *h, int slot)
@@ -162,10 +168,8 @@ void sv_holders_remove(struct sv_holders *h, int slot)
 		return;
 	struct slot *e = &h->slot[slot];
 	uint64_t st = atomic_load(&e->state);
-	uint32_t me = (uint32_t)getpid();
-	if (PHASE(st) == SLOT_READY &&
-	    (atomic_load(&e->pid) == me ||
-	     ((FLAGS(st) & F_ADOPTED) && atomic_load(&e->pid2) == me)))
+	if (PHASE(st) == SLOT_READY && !(FLAGS(st) & F_HANDED) &&
+	    atomic_load(&e->pid) == (uint32_t)getpid())
 		free_slot(e, st);
 }
 
@@ -190,9 +194,9 @@ static struct slot *hand_slot(const struct sv_hand *hd)
 	return &hd->h->slot[hd->slot];
 }
 
-/* Set `flag` on the handed entry, if it is still hd's; its flags before,
- * or -1 when it is gone. */
-static int set_flag(const struct sv_hand *hd, unsigned flag)
+/* Set `flag` (and a port, if none yet) on the handed entry, if it is
+ * still hd's; its flags before, or -1 when it is gone. */
+static int set_bits(const struct sv_hand *hd, unsigned flag, uint16_t port)
 {
 	struct slot *e = hand_slot(hd);
 	if (!e)
@@ -201,9 +205,17 @@ static int set_flag(const struct sv_hand *hd, unsigned flag)
 	for (;;) {
 		if (PHASE(st) != SLOT_READY || GEN(st) != hd->gen)
 			return -1;
-		if (atomic_compare_exchange_weak(&e->state, &st, st | ((uint64_t)flag << 2)))
+		uint64_t to = st | ((uint64_t)flag << 2);
+		if (!HPORT(st))
+			to |= (uint64_t)port << 10;
+		if (atomic_compare_exchange_weak(&e->state, &st, to))
 			return (int)FLAGS(st);
 	}
+}
+
+static int set_flag(const struct sv_hand *hd, unsigned flag)
+{
+	return set_bits(hd, flag, 0);
 }
 
 bool sv_holders_adopt(const struct sv_hand *hd)
@@ -222,11 +234,7 @@ bool sv_holders_adopt(const struct sv_hand *hd)
 
 void sv_holders_claim(const struct sv_hand *hd, uint16_t port)
 {
-	struct slot *e = hand_slot(hd);
-	if (!e)
-		return;
-	atomic_store(&e->port, port);
-	if (set_flag(hd, F_CLAIMED) >= 0)
+	if (set_bits(hd, F_CLAIMED, port) >= 0)
 		atomic_fetch_add(&hd->h->adds, 1);
 }
 
@@ -273,6 +281,7 @@ uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *se
 	if (make_key(server, client, key) < 0)
 		return 0;
 	uint32_t high = atomic_load(&h->high);
+	uint16_t found = 0;
 	for (unsigned i = 0; i < high && i < SV_HOLDERS_SLOTS; i++) {
 		struct slot *e = &h->slot[i];
 		uint64_t st = atomic_load(&e->state);
@@ -287,25 +296,36 @@ uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *se
 		if (!same || atomic_load(&e->state) != st)
 			continue;
 		unsigned fl = FLAGS(st);
-		if (fl & F_HANDED) {
-			/* The child's, once it holds the connection alone (and
-			 * is still there). */
-			if ((!(fl & F_ADOPTED) && !alive(pid)) ||
-			    ((fl & F_ADOPTED) && !alive(pid2))) {
-				/* No child took it and the parent is gone, or
-				 * the child that took it is. */
-				free_slot(e, st);
-				continue;
-			}
-			if (!(fl & F_CLAIMED) || !child_alone(fl, pid))
-				continue;
-			pid = pid2;
-		}
-		if (!alive(pid)) {
-			free_slot(e, st); /* its process exited without removing it */
+		if (!(fl & F_HANDED)) {
+			if (!alive(pid))
+				free_slot(e, st); /* its process exited without removing it */
+			else if (!found)
+				found = (uint16_t)port;
 			continue;
 		}
-		return (uint16_t)port;
+		if ((!(fl & F_ADOPTED) && !alive(pid)) || ((fl & F_ADOPTED) && !alive(pid2))) {
+			/* No child took it and the parent is gone, or the
+			 * child that took it is. */
+			free_slot(e, st);
+			continue;
+		}
+		/* A handed entry outranks the entry its first holder may have
+		 * made before (a prefork worker that forks per connection):
+		 * the child's port once it holds the connection alone, else
+		 * none yet. */
+		return (fl & F_CLAIMED) && child_alone(fl, pid) ? HPORT(st) : 0;
 	}
-	return 0;
+	return found;
+}
+
+void sv_holders_drop(const struct sv_hand *hd)
+{
+	struct slot *e = hand_slot(hd);
+	if (!e)
+		return;
+	uint64_t st = atomic_load(&e->state);
+	uint32_t me = (uint32_t)getpid();
+	if (PHASE(st) == SLOT_READY && GEN(st) == hd->gen &&
+	    (atomic_load(&e->pid) == me || atomic_load(&e->pid2) == me))
+		free_slot(e, st);
 }

@@ -76,6 +76,9 @@ void sv_holders_release_first(const struct sv_hand *hd);
 void sv_holders_spoil(const struct sv_hand *hd);
 /* Does this process, the adopting child, hold it alone now? */
 bool sv_holders_sole(const struct sv_hand *hd);
+/* Remove it, if it is still hd's and this process is one of its holders
+ * (the child once it is served or gone; the parent after a failed fork). */
+void sv_holders_drop(const struct sv_hand *hd);
 
 /* In a fork's child: the table stays (the family shares it). */
 

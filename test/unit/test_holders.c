@@ -109,7 +109,7 @@ Test(holders, a_handed_connection_is_found_once_the_child_holds_it_alone)
 		c = sv_holders_sole(&hd) ? 's' : 'n'; /* the parent released it */
 		if (write(up[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
 			_exit(2);
-		sv_holders_remove(hd.h, hd.slot); /* matched: the entry goes */
+		sv_holders_drop(&hd); /* matched: the entry goes */
 		_exit(write(up[1], "r", 1) == 1 ? 0 : 2);
 	}
 	char c = 0;
@@ -145,7 +145,7 @@ Test(holders, a_spoiled_or_twice_adopted_hand_is_never_redirected)
 	cr_assert_not(sv_holders_adopt(&hd), "a second child adopted it too");
 	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "three holders, and redirected");
 	cr_assert_not(sv_holders_sole(&hd));
-	sv_holders_remove(hd.h, hd.slot);
+	sv_holders_drop(&hd);
 
 	struct sv_hand h2;
 	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &h2), 0);
@@ -155,6 +155,48 @@ Test(holders, a_spoiled_or_twice_adopted_hand_is_never_redirected)
 	sv_holders_release_first(&h2);
 	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "spoiled, and redirected");
 	cr_assert_not(sv_holders_sole(&h2));
-	sv_holders_remove(h2.h, h2.slot);
+	sv_holders_drop(&h2);
 	sv_holders_spoil(&hd); /* an old generation's: nothing happens */
+}
+
+/* A late claim for an entry that is gone, its slot taken again: the new
+ * entry keeps its port. */
+Test(holders, a_claim_for_a_gone_entry_leaves_the_next_one_alone)
+{
+	struct sv_holders *h = sv_holders_get();
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.3", 40012);
+	struct sockaddr_storage cli2 = v4("10.77.0.3", 40013);
+	struct sv_hand hd;
+	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &hd), 0);
+	cr_assert(sv_holders_adopt(&hd));
+	sv_holders_drop(&hd); /* the child's connection went back to TCP */
+	int slot = sv_holders_add(h, &srv, &cli2, 62000);
+	cr_assert_eq(slot, hd.slot, "the freed slot was not taken again");
+	sv_holders_claim(&hd, 63000);
+	sv_holders_release_first(&hd);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli2), 62000);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0);
+	sv_holders_remove(h, slot);
+}
+
+/* A prefork worker entered its connection, then forked and handed it: the
+ * handed entry decides (no redirect to the worker, which holds it no
+ * more alone), then the child's port. */
+Test(holders, a_handed_entry_outranks_its_holders_earlier_one)
+{
+	struct sv_holders *h = sv_holders_get();
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.3", 40014);
+	int slot = sv_holders_add(h, &srv, &cli, 61000);
+	cr_assert_geq(slot, 0);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 61000);
+	struct sv_hand hd;
+	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &hd), 0);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "redirected to the worker after its fork");
+	cr_assert(sv_holders_adopt(&hd));
+	sv_holders_claim(&hd, 64003);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0);
+	sv_holders_release_first(&hd);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64003);
+	sv_holders_drop(&hd);
+	sv_holders_remove(h, slot);
 }
