@@ -92,9 +92,9 @@ struct sv_fd_ops {
 	void (*mode_changed)(struct sv_fd *f);
 	/* In a fork's child: the entry is the parent's (never released here). */
 	void (*atfork_child)(struct sv_fd *f);
-	/* In a fork's child, after every fork handler ran (the interposed
-	 * fork only). */
-	void (*after_fork_child)(struct sv_fd *f);
+	/* After the interposed fork: in the child (pid 0), once every fork
+	 * handler ran; in the parent only when the fork failed (pid -1). */
+	void (*after_fork)(struct sv_fd *f, pid_t pid);
 	/* Readiness of its own. */
 	const struct sv_fd_wait_ops *wait;
 	/* stdio (fdopen) must call back through libsovia for this fd. */

@@ -87,7 +87,7 @@ static void h_release(struct sv_fd *f)
 	struct sv_held *h = held_of(f);
 	if (h->pid == getpid() && !h->moved) {
 		if (h->child)
-			sv_holders_remove(h->hand.h, h->hand.slot);
+			sv_holders_drop(&h->hand);
 		else
 			sv_holders_release_first(&h->hand);
 	}
@@ -125,12 +125,26 @@ static void h_atfork_child(struct sv_fd *f)
 }
 
 /* In the child, after the fork handlers: the connection becomes a stream
- * of the child's, which takes over the entry. */
-static void h_after_fork_child(struct sv_fd *f)
+ * of the child's, which takes over the entry, unless the kernel's epoll
+ * watches the fd (a set inherited from the parent, which would not see
+ * the bytes the QP brings). In the parent of a fork that failed: nobody
+ * will adopt it; the entry goes, and the fd stays plain TCP. */
+static void h_after_fork(struct sv_fd *f, pid_t pid)
 {
 	struct sv_held *h = held_of(f);
-	if (!h->child || h->moved || h->pid != getpid())
+	if (h->moved || h->pid != getpid())
 		return;
+	if (pid < 0 && !h->child) {
+		sv_holders_drop(&h->hand);
+		h->moved = true; /* nothing left to release */
+		return;
+	}
+	if (pid != 0 || !h->child)
+		return;
+	if (atomic_load(&f->in_epoll)) {
+		spoil(h, f->fd, "an inherited epoll set watches");
+		return;
+	}
 	h->moved = sv_stream_fd_adopt(f->fd, &h->hand, h->tx, h->rx);
 }
 
@@ -146,7 +160,9 @@ const struct sv_fd_ops sv_held_ops = {
 	.detach = h_detach,
 	.share = h_share,
 	.atfork_child = h_atfork_child,
-	.after_fork_child = h_after_fork_child,
+	.after_fork = h_after_fork,
+	/* fdopen: glibc's FILE would read and write past h_recvmsg. */
+	.stdio_cookie = true,
 };
 
 struct sv_held *sv_held_new(const struct sv_hand *hand, uint64_t tx, uint64_t rx)

@@ -501,12 +501,25 @@ SV_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 }
 
 /* recvmmsg/sendmmsg on an fd whose bytes libsovia may hold: one message at
- * a time through its operations. */
+ * a time through its operations. An fd with no readiness of its own is
+ * the kernel's socket; one that still has a way back (a connection handed
+ * to a fork's child, held.c) takes it first, as for any call libsovia
+ * does not serve. */
+static void served_by_kernel(struct sv_fd *f)
+{
+	if (f->ops->detach) {
+		int saved = errno;
+		(void)f->ops->detach(f);
+		errno = saved;
+	}
+}
+
 SV_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
 		       struct timespec *timeout)
 {
 	DATA_ENTRY(f, fd, "recvmmsg", SV_REAL(recvmmsg)(fd, v, n, flags, timeout));
 	if (!f->ops->wait) {
+		served_by_kernel(f);
 		sv_fd_put(f);
 		return SV_REAL(recvmmsg)(fd, v, n, flags, timeout);
 	}
@@ -535,6 +548,7 @@ SV_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 			return sv_refuse(fd, "sendmmsg", EAGAIN);
 	DATA_ENTRY(f, fd, "sendmmsg", SV_REAL(sendmmsg)(fd, v, n, flags));
 	if (!f->ops->wait) {
+		served_by_kernel(f);
 		sv_fd_put(f);
 		return SV_REAL(sendmmsg)(fd, v, n, flags);
 	}

@@ -78,9 +78,10 @@ void sv_fd_detach_all(bool surviving_exec);
 /* Before a fork: the same for every one, but a server connection whose
  * upgrade has not begun is handed to the child instead (unserved.c). */
 void sv_fd_detach_all_for_fork(void);
-/* In a fork's child, after the fork handlers: take the connections handed
- * to it (held.c). */
-void sv_ops_adopt_all(void);
+/* After the interposed fork, in the child (pid 0, after the fork handlers:
+ * it takes the connections handed to it) or in the parent of a fork that
+ * failed (pid -1: it keeps them). held.c. */
+void sv_ops_after_fork(pid_t pid);
 
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);

@@ -414,13 +414,13 @@ bool sv_stream_fd_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_
 	return ok;
 }
 
-void sv_ops_adopt_all(void)
+void sv_ops_after_fork(pid_t pid)
 {
 	int n = sv_fdtable_size();
 	for (int fd = 0; fd < n; fd++) {
 		struct sv_fd *f = sv_fd_get(fd);
-		if (f && f->ops->after_fork_child)
-			f->ops->after_fork_child(f);
+		if (f && f->ops->after_fork)
+			f->ops->after_fork(f, pid);
 		sv_fd_put(f);
 	}
 }

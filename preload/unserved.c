@@ -171,9 +171,9 @@ SV_EXPORT pid_t fork(void)
 	}
 	ENTER_DETACHING(sv_fd_detach_all_for_fork());
 	pid_t pid = SV_REAL(fork)();
-	if (pid == 0 && !sv_passthrough()) {
+	if (pid <= 0 && !sv_passthrough()) {
 		int saved = errno;
-		sv_ops_adopt_all();
+		sv_ops_after_fork(pid);
 		errno = saved;
 	}
 	return pid;

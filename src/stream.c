@@ -98,7 +98,7 @@ void sv_stream_put(struct sv_stream *s)
 		return;
 	all_remove(s);
 	if (s->adopted)
-		sv_holders_remove(s->hand.h, s->hand.slot); /* if still there */
+		sv_holders_drop(&s->hand); /* if still there */
 	sv_upgrade_forget(s); /* the QP before the core whose buffers it used */
 	sv_proto_free(s->proto);
 	if (s->fd_private && s->fd >= 0)

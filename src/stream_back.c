@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 /* How long a detached stream keeps its QP, so that the peer's last
@@ -140,7 +141,9 @@ bool sv_stream_back_overdue(struct sv_stream *s, uint64_t now)
  * and our copy is plain TCP meanwhile. */
 static bool hand_to_child(struct sv_stream *s)
 {
+	/* Not on 0, 1 or 2, where stdio may use it past the interposer. */
 	if (s->is_client || !s->holders || s->hand.h || s->state != SV_CONN_TCP || s->id ||
+	    s->fd <= STDERR_FILENO ||
 	    s->opens != 1 || s->fd_private || sv_stream_tcpbuf_held(s) || s->sw.room_wait ||
 	    s->cl.tx_shut)
 		return false;
@@ -149,6 +152,7 @@ static bool hand_to_child(struct sv_stream *s)
 			s->fd);
 		return false;
 	}
+	atomic_store_explicit(&s->handed, true, memory_order_release);
 	return true;
 }
 
@@ -171,8 +175,8 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool for
 		/* No QP yet: the upgrade is simply called off (a request that
 		 * comes later finds no TCP stream). A connection handed to us
 		 * leaves the holders' table: the owner redirects no more. */
-		if (s->hand.h)
-			sv_holders_remove(s->hand.h, s->hand.slot);
+		if (s->adopted)
+			sv_holders_drop(&s->hand);
 		sv_info("fd %d: upgrade called off (a call libsovia does not serve)", s->fd);
 		s->fallback = SV_FB_UNSUPPORTED;
 		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);

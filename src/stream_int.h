@@ -282,6 +282,7 @@ struct sv_stream {
 	struct sv_holders *holders;
 	struct sv_hand hand;
 	bool adopted;              /* hand is ours: a fork's child took it */
+	atomic_bool handed;        /* we handed it: bytes we move spoil the hand */
 	atomic_bool adopt_pending; /* sv_stream_adopt_pending */
 
 	/* The media. tcp_tx and tcp_rx count each direction's bytes TCP
@@ -442,6 +443,15 @@ void sv_stream_first_on_qp(struct sv_stream *s, struct sv_clock *clk);
 long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags);
 /* Append bytes to the TCP bytes waiting for the application. */
 int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len);
+/* Bytes this process moved on a connection it handed to a fork's child
+ * (a call that was under way at the fork): the child's counts miss them,
+ * so it must stay on TCP. */
+static inline void sv_stream_moved_after_hand(struct sv_stream *s)
+{
+	if (atomic_load_explicit(&s->handed, memory_order_acquire))
+		sv_holders_spoil(&s->hand);
+}
+
 static inline size_t sv_stream_tcpbuf_held(const struct sv_stream *s)
 {
 	return s->tcpbuf_len - s->tcpbuf_off;

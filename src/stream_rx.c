@@ -25,6 +25,7 @@ static long plain_read(struct sv_stream *s, const struct iovec *iov, int iovcnt,
 	if (r > 0 && !(flags & MSG_PEEK)) {
 		s->tcp_rx += (uint64_t)r;
 		s->st.tcp_rx_bytes += (uint64_t)r;
+		sv_stream_moved_after_hand(s);
 	}
 	return r < 0 ? -errno : r;
 }
@@ -114,6 +115,8 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	if (!(flags & MSG_PEEK)) {
 		s->tcp_rx += (uint64_t)r;
 		s->st.tcp_rx_bytes += (uint64_t)r;
+		if (r > 0)
+			sv_stream_moved_after_hand(s);
 	}
 	return r ? r : -EAGAIN;
 }
@@ -210,8 +213,10 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		int inside = sv_guard_suspend();
 		ssize_t n = SV_REAL(recvmsg)(s->fd, msg, flags);
 		sv_guard_resume(inside);
-		if (n > 0 && !(flags & MSG_PEEK))
+		if (n > 0 && !(flags & MSG_PEEK)) {
 			__atomic_fetch_add(&s->st.tcp_rx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
+			sv_stream_moved_after_hand(s);
+		}
 		return n < 0 ? -errno : n;
 	}
 	long r;

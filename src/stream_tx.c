@@ -60,6 +60,8 @@ static bool send_tcp(struct sv_stream *s, struct send_call *c, struct iovec *res
 	if (n >= 0) {
 		s->tcp_tx += (uint64_t)n;
 		s->st.tcp_tx_bytes += (uint64_t)n;
+		if (n > 0)
+			sv_stream_moved_after_hand(s);
 		c->done += (size_t)n;
 		c->r = 0;
 		return c->total != 0;
@@ -234,8 +236,10 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		int inside = sv_guard_suspend();
 		ssize_t n = SV_REAL(sendmsg)(s->fd, msg, flags);
 		sv_guard_resume(inside);
-		if (n > 0)
+		if (n > 0) {
 			__atomic_fetch_add(&s->st.tcp_tx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
+			sv_stream_moved_after_hand(s);
+		}
 		if (n < 0 && errno == EAGAIN)
 			atomic_fetch_add_explicit(&s->wt.tx_eagain, 1, memory_order_relaxed);
 		return n < 0 ? -errno : n;

@@ -109,10 +109,10 @@ static void listener_put(struct sv_listener *l)
 
 static void release_unmatched(struct unmatched *u)
 {
-	if (u->slot >= 0 && u->l->holders)
+	if (u->s->adopted)
+		sv_holders_drop(&u->s->hand); /* served, or gone */
+	else if (u->slot >= 0 && u->l->holders)
 		sv_holders_remove(u->l->holders, u->slot);
-	else if (u->l->adopter)
-		sv_holders_remove(u->s->hand.h, u->s->hand.slot); /* never claimed */
 	u->slot = -1;
 	u->next = release_later;
 	release_later = u;
@@ -145,13 +145,15 @@ static void enter_holders(struct sv_listener *l)
 	for (struct unmatched *u = unmatched; u; u = u->next) {
 		if (u->l != l || u->slot >= 0)
 			continue;
-		if (u->s->hand.h) {
+		if (u->s->adopted) {
 			/* Handed to us: claimed; the owner redirects once we
 			 * hold it alone. Set before the stream was listed. */
 			sv_holders_claim(&u->s->hand, l->side_port);
-			u->slot = u->s->hand.slot;
+			u->slot = u->s->hand.slot; /* done */
 			continue;
 		}
+		if (u->s->hand.h)
+			continue; /* we handed it to a child of ours: it claims it */
 		u->slot = sv_holders_add(l->holders, &u->s->tuple.local, &u->s->tuple.peer,
 					 l->side_port);
 		if (u->slot < 0)

@@ -126,3 +126,29 @@ Test(handed, a_spoiled_hand_stays_on_tcp)
 	sv_stream_close(t.child, t.child_fd);
 	h_pair_free(p);
 }
+
+/* A call of the parent's that was under way at the fork moves bytes on
+ * the stream it handed (another thread's write): the child's counts miss
+ * them, so it stays on TCP, and the bytes arrive in order. */
+Test(handed, bytes_the_parent_moves_after_the_hand_keep_it_on_tcp)
+{
+	sv_cfg.upgrade_timeout_ms = 600;
+	struct handed t;
+	accept_and_fork(&t);
+	struct pair *p = &t.p;
+	cr_assert_eq(h_write_all(p->s, "late", 4), 4); /* the parent's old stream */
+	sv_holders_release_first(&t.hand);
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(p->c)));
+	char b[4];
+	long end;
+	cr_assert_eq(h_read_all(p->c, b, 4, &end), 4);
+	cr_assert(!memcmp(b, "late", 4));
+	cr_assert_eq(h_write_all(t.child, "child", 5), 5);
+	char c[5];
+	cr_assert_eq(h_read_all(p->c, c, 5, &end), 5);
+	cr_assert(!memcmp(c, "child", 5));
+	cr_assert_neq(h_state(t.child), SV_CONN_RDMA);
+	sv_stream_close(t.child, t.child_fd);
+	h_pair_free(p);
+}
