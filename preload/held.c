@@ -66,20 +66,6 @@ static int h_shutdown(struct sv_fd *f, int how)
 	return sv_real.shutdown(f->fd, how) < 0 ? -errno : 0;
 }
 
-static int h_setsockopt(struct sv_fd *f, int level, int name, const void *val, socklen_t len)
-{
-	return sv_real.setsockopt(f->fd, level, name, val, len) < 0 ? -errno : 0;
-}
-
-static int h_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len)
-{
-	return sv_real.getsockopt(f->fd, level, name, val, len) < 0 ? -errno : 0;
-}
-
-static int h_close(struct sv_fd *f)
-{
-	return sv_real.close(f->fd) < 0 ? -errno : 0;
-}
 
 /* The last reference of this process's copy. */
 static void h_release(struct sv_fd *f)
@@ -153,9 +139,9 @@ const struct sv_fd_ops sv_held_ops = {
 	.recvmsg = h_recvmsg,
 	.sendmsg = h_sendmsg,
 	.shutdown = h_shutdown,
-	.setsockopt = h_setsockopt,
-	.getsockopt = h_getsockopt,
-	.close = h_close,
+	.setsockopt = sv_kernel_setsockopt,
+	.getsockopt = sv_kernel_getsockopt,
+	.close = sv_kernel_close,
 	.release = h_release,
 	.detach = h_detach,
 	.share = h_share,

@@ -22,17 +22,17 @@ static int k_shutdown(struct sv_fd *f, int how)
 	return sv_real.shutdown(f->fd, how) < 0 ? -errno : 0;
 }
 
-static int k_setsockopt(struct sv_fd *f, int level, int name, const void *val, socklen_t len)
+int sv_kernel_setsockopt(struct sv_fd *f, int level, int name, const void *val, socklen_t len)
 {
 	return sv_real.setsockopt(f->fd, level, name, val, len) < 0 ? -errno : 0;
 }
 
-static int k_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len)
+int sv_kernel_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len)
 {
 	return sv_real.getsockopt(f->fd, level, name, val, len) < 0 ? -errno : 0;
 }
 
-static int k_close(struct sv_fd *f)
+int sv_kernel_close(struct sv_fd *f)
 {
 	return sv_real.close(f->fd) < 0 ? -errno : 0;
 }
@@ -40,7 +40,8 @@ static int k_close(struct sv_fd *f)
 /* Every call the kernel's. */
 #define KERNEL_CALLS                                                                        \
 	.recvmsg = k_recvmsg, .sendmsg = k_sendmsg, .shutdown = k_shutdown,                 \
-	.setsockopt = k_setsockopt, .getsockopt = k_getsockopt, .close = k_close
+	.setsockopt = sv_kernel_setsockopt, .getsockopt = sv_kernel_getsockopt,          \
+	.close = sv_kernel_close
 
 const struct sv_fd_ops sv_kernel_ops = {
 	.name = "kernel",

@@ -12,6 +12,10 @@
 extern const struct sv_fd_ops sv_kernel_ops;
 /* A listening socket with an RDMA listener beside it (kernel_ops.c). */
 extern const struct sv_fd_ops sv_listen_ops;
+/* Their calls that other fd operations share (kernel_ops.c). */
+int sv_kernel_setsockopt(struct sv_fd *f, int level, int name, const void *val, socklen_t len);
+int sv_kernel_getsockopt(struct sv_fd *f, int level, int name, void *val, socklen_t *len);
+int sv_kernel_close(struct sv_fd *f);
 /* Their hooks (sovia_ops.c). */
 void sv_socket_listened(struct sv_fd *f);
 void sv_socket_connected(struct sv_fd *f, const struct sockaddr *to, socklen_t len,

@@ -101,54 +101,46 @@ Test(handed, the_child_takes_it_to_rdma_once_the_parent_released_it)
 	h_pair_free(p);
 }
 
-/* The parent wrote after the fork (its held entry spoils the hand): the
- * child's counts would miss those bytes, so it is never redirected, and
- * the client stays on TCP with every byte in order. */
+/* The parent's bytes (`sent`, after the fork) and then the parent's
+ * release: the child's counts miss those bytes, so the client is never
+ * redirected, stays on TCP, and reads every byte in order. */
+static void stays_on_tcp_after(struct handed *t, const char *sent)
+{
+	struct pair *p = &t->p;
+	size_t n = strlen(sent);
+	sv_holders_release_first(&t->hand);
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(p->c)));
+	char b[16];
+	long end;
+	cr_assert_eq(h_read_all(p->c, b, n, &end), n);
+	cr_assert(!memcmp(b, sent, n));
+	cr_assert_eq(h_write_all(t->child, "child", 5), 5);
+	cr_assert_eq(h_read_all(p->c, b, 5, &end), 5);
+	cr_assert(!memcmp(b, "child", 5));
+	cr_assert_neq(h_state(t->child), SV_CONN_RDMA);
+	sv_stream_close(t->child, t->child_fd);
+	h_pair_free(p);
+}
+
+/* The parent wrote after the fork: its held entry spoils the hand. */
 Test(handed, a_spoiled_hand_stays_on_tcp)
 {
 	sv_cfg.upgrade_timeout_ms = 600;
 	struct handed t;
 	accept_and_fork(&t);
-	struct pair *p = &t.p;
 	sv_holders_spoil(&t.hand);
-	cr_assert_eq(send(p->sfd, "parent", 6, 0), 6);
-	sv_holders_release_first(&t.hand);
-	cr_assert_eq(h_wait_state(p->c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
-		     sv_conn_state_name(h_state(p->c)));
-	char b[6];
-	long end;
-	cr_assert_eq(h_read_all(p->c, b, 6, &end), 6);
-	cr_assert(!memcmp(b, "parent", 6));
-	cr_assert_eq(h_write_all(t.child, "child", 5), 5);
-	cr_assert_eq(h_read_all(p->c, b, 5, &end), 5);
-	cr_assert(!memcmp(b, "child", 5));
-	cr_assert_neq(h_state(t.child), SV_CONN_RDMA);
-	sv_stream_close(t.child, t.child_fd);
-	h_pair_free(p);
+	cr_assert_eq(send(t.p.sfd, "parent", 6, 0), 6);
+	stays_on_tcp_after(&t, "parent");
 }
 
 /* A call of the parent's that was under way at the fork moves bytes on
- * the stream it handed (another thread's write): the child's counts miss
- * them, so it stays on TCP, and the bytes arrive in order. */
+ * the stream it handed (another thread's write). */
 Test(handed, bytes_the_parent_moves_after_the_hand_keep_it_on_tcp)
 {
 	sv_cfg.upgrade_timeout_ms = 600;
 	struct handed t;
 	accept_and_fork(&t);
-	struct pair *p = &t.p;
-	cr_assert_eq(h_write_all(p->s, "late", 4), 4); /* the parent's old stream */
-	sv_holders_release_first(&t.hand);
-	cr_assert_eq(h_wait_state(p->c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
-		     sv_conn_state_name(h_state(p->c)));
-	char b[4];
-	long end;
-	cr_assert_eq(h_read_all(p->c, b, 4, &end), 4);
-	cr_assert(!memcmp(b, "late", 4));
-	cr_assert_eq(h_write_all(t.child, "child", 5), 5);
-	char c[5];
-	cr_assert_eq(h_read_all(p->c, c, 5, &end), 5);
-	cr_assert(!memcmp(c, "child", 5));
-	cr_assert_neq(h_state(t.child), SV_CONN_RDMA);
-	sv_stream_close(t.child, t.child_fd);
-	h_pair_free(p);
+	cr_assert_eq(h_write_all(t.p.s, "late", 4), 4); /* the parent's old stream */
+	stays_on_tcp_after(&t, "late");
 }
