@@ -277,9 +277,12 @@ static bool w_arm(struct sv_fd *f, uint64_t gen, short *tcp_events)
 	return sv_stream_poll_arm(stream_of(f), gen, tcp_events);
 }
 
+/* epoll's watch: the application waits on it. */
 static struct sv_hub_node *w_node(struct sv_fd *f)
 {
-	return sv_stream_hub_node(stream_of(f));
+	struct sv_stream *s = stream_of(f);
+	sv_stream_app_uses(s);
+	return sv_stream_hub_node(s);
 }
 
 static uint32_t w_spin_us(struct sv_fd *f)

@@ -108,6 +108,23 @@ void sv_stream_put(struct sv_stream *s)
 	free(s);
 }
 
+void sv_stream_app_uses(struct sv_stream *s)
+{
+	if (atomic_load_explicit(&s->app_used, memory_order_relaxed) ||
+	    atomic_exchange(&s->app_used, true) || s->is_client)
+		return;
+	sv_lock(&s->lock);
+	bool waiting = s->state == SV_CONN_TCP;
+	sv_unlock(&s->lock);
+	if (waiting)
+		sv_helper_watch(s); /* a request that waited for this use is matched now */
+}
+
+bool sv_stream_app_used(const struct sv_stream *s)
+{
+	return atomic_load_explicit(&((struct sv_stream *)s)->app_used, memory_order_relaxed);
+}
+
 struct sv_hub_node *sv_stream_hub_node(struct sv_stream *s)
 {
 	return &s->wt.node;

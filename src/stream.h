@@ -104,6 +104,12 @@ struct sv_stream *sv_stream_adopt(int fd, const struct sv_hand *hand, uint64_t t
  * starts no helper nor rdma_cm. Read without the lock. */
 bool sv_stream_adopt_pending(const struct sv_stream *s);
 void sv_stream_start_adopted(struct sv_stream *s);
+/* The application reads, writes, waits on or shuts down the connection
+ * (each such call's first step). A server's upgrade request waits for it:
+ * an accept-then-fork server's parent never uses its connection, which is
+ * then still on TCP, free to hand to the child, at the fork. */
+void sv_stream_app_uses(struct sv_stream *s);
+bool sv_stream_app_used(const struct sv_stream *s);
 /* Does the kernel's socket alone answer for the stream from now on (TCP for
  * good, nothing held by libsovia)? Then the fd may be the kernel's. */
 bool sv_stream_kernel_only(struct sv_stream *s);

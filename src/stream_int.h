@@ -156,6 +156,7 @@ struct sv_switch {
 	 * client waits with its route resolved, the server with the request
 	 * unanswered. 0: not waiting. */
 	size_t room_wait;
+	bool use_wait_told; /* server: a request waited for the first use (logged once) */
 	/* Client: its non-blocking connect() was in progress when the stream
 	 * was made. The connection is plain TCP meanwhile (bytes may move);
 	 * the helper schedules the upgrade once the connect is done. */
@@ -284,6 +285,7 @@ struct sv_stream {
 	bool adopted;              /* hand is ours: a fork's child took it */
 	atomic_bool handed;        /* we handed it: bytes we move spoil the hand */
 	atomic_bool adopt_pending; /* sv_stream_adopt_pending */
+	atomic_bool app_used;      /* sv_stream_app_uses */
 
 	/* The media. tcp_tx and tcp_rx count each direction's bytes TCP
 	 * carried; with the core's offsets they give every switch point. */

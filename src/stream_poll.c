@@ -68,6 +68,7 @@ static bool tx_ready(const struct sv_stream *s)
 void sv_stream_poll_split(struct sv_stream *s, short events, short *own, short *kernel,
 			  uint64_t *gen)
 {
+	sv_stream_app_uses(s);
 	sv_lock(&s->lock);
 	s->wt.app_calls++;
 	struct sv_clock clk = SV_CLOCK_INIT;

@@ -87,6 +87,7 @@ static uint64_t qp_unacked(const struct sv_stream *s)
 
 long sv_stream_outq(struct sv_stream *s)
 {
+	sv_stream_app_uses(s);
 	sv_lock(&s->lock);
 	struct sv_clock clk = SV_CLOCK_INIT;
 	if (s->proto && !s->error)

@@ -276,6 +276,7 @@ static long recv_all(struct sv_stream *s, struct msghdr *msg, int flags)
 
 long sv_stream_inq(struct sv_stream *s)
 {
+	sv_stream_app_uses(s);
 	sv_lock(&s->lock);
 	struct sv_clock clk = SV_CLOCK_INIT;
 	if (s->proto && !s->error)
@@ -299,6 +300,7 @@ long sv_stream_inq(struct sv_stream *s)
 
 long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags)
 {
+	sv_stream_app_uses(s);
 	long r = (flags & MSG_WAITALL) && !(flags & MSG_PEEK) ? recv_all(s, msg, flags)
 							     : recv_some(s, msg, flags);
 	if (r == -EAGAIN) /* epoll's edge rules (readiness.h) */

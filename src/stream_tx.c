@@ -219,6 +219,7 @@ static void send_finish(struct sv_stream *s, struct send_call *c)
 
 long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 {
+	sv_stream_app_uses(s);
 	if (flags & MSG_OOB)
 		return -EOPNOTSUPP;
 	struct send_call c = {
@@ -278,6 +279,7 @@ static bool may_need_tcp_reads(const struct sv_stream *s)
 
 int sv_stream_shutdown(struct sv_stream *s, int how)
 {
+	sv_stream_app_uses(s);
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
 		return -EINVAL;
 	int r = 0;

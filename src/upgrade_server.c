@@ -369,7 +369,7 @@ void sv_upgrade_adopted(struct sv_stream *s)
 enum accept_result {
 	ACCEPTED,    /* or rejected: the id is the stream's now */
 	REFUSED,     /* the stream cannot take it: the caller rejects */
-	ACCEPT_LATER, /* its buffers wait for room (sw.room_wait): ask again */
+	ACCEPT_LATER, /* not used yet, or its buffers wait for room (sw.room_wait): ask again */
 	NOT_HERE     /* handed to a fork's child: the request is the child's */
 };
 
@@ -396,6 +396,18 @@ static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id 
 		       s->cl.app_closed ? ", closed" : "");
 		sv_unlock(&s->lock);
 		return REFUSED; /* already upgrading (a duplicate), or gone */
+	}
+	if (!sv_stream_app_used(s)) {
+		/* Not read, written nor waited on yet: an accept-then-fork
+		 * server's parent forks first, and a stream with a QP could
+		 * not be handed to the child. The first use wakes the helper
+		 * (sv_stream_app_uses), which asks again. */
+		if (!s->sw.use_wait_told)
+			sv_dbg("fd %d: upgrade request waits for the application's first use",
+			       s->fd);
+		s->sw.use_wait_told = true;
+		sv_unlock(&s->lock);
+		return ACCEPT_LATER;
 	}
 	s->id = id;
 	id->context = s;
@@ -450,7 +462,7 @@ static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id 
 enum match_result {
 	NO_MATCH,   /* not accepted yet */
 	MATCHED,    /* accepted, or rejected: settled */
-	MATCH_LATER /* its connection's buffers wait for room */
+	MATCH_LATER /* its connection is not used yet, or its buffers wait for room */
 };
 
 /* The accepted stream a request that came to listener l is for: one
@@ -476,10 +488,10 @@ static enum match_result match_request(struct rdma_cm_id *id, const struct sv_cm
 	if (!pp)
 		return NO_MATCH;
 	struct unmatched *u = *pp;
-	sv_dbg("upgrade request matched fd %d", u->s->fd);
 	enum accept_result r = accept_request(u->s, id, req);
 	if (r == ACCEPT_LATER)
 		return MATCH_LATER; /* both wait: the stream stays unmatched */
+	sv_dbg("upgrade request matched fd %d", u->s->fd);
 	if (r == NOT_HERE) {
 		*pp = u->next;
 		release_unmatched(u);
@@ -586,8 +598,9 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 		*destroy = id;
 		return;
 	}
-	sv_dbg("upgrade request: %s", m == NO_MATCH ? "no accepted connection yet; waiting for accept()"
-					       : "waiting for room in the locked-memory budget");
+	sv_dbg("upgrade request: %s",
+	       m == NO_MATCH ? "no accepted connection yet; waiting for accept()"
+			     : "waiting for its connection's first use or for locked memory");
 	if (pending_full(&req)) {
 		sv_up_reject(id, true, SV_CM_REJ_BUSY);
 		*destroy = id;

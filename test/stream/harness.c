@@ -82,6 +82,12 @@ void h_connect_sockets(struct pair *p)
 	cr_assert_geq(p->sfd, 0);
 }
 
+void h_start_server(struct sv_stream *s, struct sv_listener *l)
+{
+	sv_stream_start_server(s, l);
+	sv_stream_app_uses(s);
+}
+
 void h_connect(struct pair *p)
 {
 	h_connect_sockets(p);
@@ -89,7 +95,7 @@ void h_connect(struct pair *p)
 	p->s = sv_stream_new(p->sfd, false);
 	cr_assert(p->c && p->s);
 	if (p->l)
-		sv_stream_start_server(p->s, p->l);
+		h_start_server(p->s, p->l);
 	sv_stream_start_client(p->c);
 }
 

@@ -4,6 +4,7 @@
 #include "fdtable.h"
 
 #include <criterion/criterion.h>
+#include <poll.h>
 #include <unistd.h>
 
 struct sv_stream *ph_stream(int fd)
@@ -21,6 +22,10 @@ void ph_pair_rdma(struct pair *p)
 	p->c = ph_stream(p->cfd);
 	p->s = ph_stream(p->sfd);
 	cr_assert(p->c && p->s, "connect() and accept() made no streams");
+	/* The server looks at it as an application does after accept():
+	 * its upgrade request waits for that (sv_stream_app_uses). */
+	struct pollfd pfd = {.fd = p->sfd, .events = POLLIN};
+	cr_assert_geq(poll(&pfd, 1, 0), 0);
 	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
 		     sv_conn_state_name(h_state(p->c)));
 	cr_assert_eq(h_wait_state(p->s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s",

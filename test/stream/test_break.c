@@ -382,7 +382,7 @@ Test(qp_break, a_slow_reader_after_the_resume_is_not_reset, .timeout = 150)
 	cr_assert_eq(setsockopt(p.sfd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
 	p.c = sv_stream_new(p.cfd, true);
 	p.s = sv_stream_new(p.sfd, false);
-	sv_stream_start_server(p.s, p.l);
+	h_start_server(p.s, p.l);
 	sv_stream_start_client(p.c);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);

@@ -102,7 +102,7 @@ Test(fallback, failed_challenge_keeps_tcp_working)
 	cr_assert_eq(send(p.cfd, junk, sizeof(junk), 0), (long)sizeof(junk));
 	p.c = sv_stream_new(p.cfd, true);
 	p.s = sv_stream_new(p.sfd, false);
-	sv_stream_start_server(p.s, p.l);
+	h_start_server(p.s, p.l);
 	sv_stream_start_client(p.c);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "server: %s",
 		     sv_conn_state_name(h_state(p.s)));
@@ -342,7 +342,7 @@ Test(fallback, a_switch_point_beyond_tcp_fails_the_challenge)
 	sv_lock(&p.c->lock);
 	p.c->tcp_tx = UINT64_MAX - 1000;
 	sv_unlock(&p.c->lock);
-	sv_stream_start_server(p.s, p.l);
+	h_start_server(p.s, p.l);
 	sv_stream_start_client(p.c);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "server: %s",
 		     sv_conn_state_name(h_state(p.s)));

@@ -41,7 +41,7 @@ static void child(int inherited_fd)
 	q.sfd = accept(q.lfd, NULL, NULL);
 	q.c = sv_stream_new(q.cfd, true);
 	q.s = sv_stream_new(q.sfd, false);
-	sv_stream_start_server(q.s, q.l);
+	h_start_server(q.s, q.l);
 	sv_stream_start_client(q.c);
 	CHILD_CHECK(15, h_wait_state(q.c, SV_CONN_RDMA, 10000) == SV_CONN_RDMA);
 	CHILD_CHECK(16, h_write(q.c, "rdma", 4, 0) == 4);

@@ -12,6 +12,7 @@
 #include "holders.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -24,6 +25,16 @@ struct handed {
 	int child_fd;
 	struct sv_stream *child;
 };
+
+/* The child's first call on it (PostgreSQL's backend reads the startup
+ * packet): its upgrade request waits for that. */
+static void child_uses(struct handed *t)
+{
+	uint8_t b;
+	struct iovec v = {.iov_base = &b, .iov_len = 1};
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
+	cr_assert_eq(sv_stream_recvmsg(t->child, &m, MSG_DONTWAIT), -EAGAIN);
+}
 
 /* Bytes both ways on TCP, then the fork: the parent's stream is handed,
  * the child adopts it. The client's upgrade is late enough to come after. */
@@ -59,6 +70,7 @@ static void accept_and_fork(struct handed *t)
 	t->child = sv_stream_adopt(t->child_fd, &t->hand, tx, rx);
 	cr_assert_not_null(t->child);
 	sv_stream_start_adopted(t->child);
+	child_uses(t);
 }
 
 static void echo_over_rdma(struct handed *t)
@@ -143,4 +155,53 @@ Test(handed, bytes_the_parent_moves_after_the_hand_keep_it_on_tcp)
 	accept_and_fork(&t);
 	cr_assert_eq(h_write_all(t.p.s, "late", 4), 4); /* the parent's old stream */
 	stays_on_tcp_after(&t, "late");
+}
+
+/* The client's request comes before the fork (a parent slow to fork, as a
+ * busy postmaster is): the parent has not used the connection, so the
+ * request waits, and the fork still hands it to the child. Matched at once,
+ * it would have had a QP at the fork, and gone back to TCP for good. */
+Test(handed, a_request_before_the_fork_waits_for_the_child)
+{
+	sv_cfg.upgrade_delay_ms = 0;
+	struct handed t;
+	struct pair *p = &t.p;
+	h_listen(p, true);
+	h_connect_sockets(p);
+	p->c = sv_stream_new(p->cfd, true);
+	p->s = sv_stream_new(p->sfd, false);
+	cr_assert(p->c && p->s);
+	sv_stream_start_server(p->s, p->l);
+	sv_stream_start_client(p->c);
+	/* The request reaches the owner and waits there. */
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_REQUESTED, 10000), SV_CONN_REQUESTED, "client: %s",
+		     sv_conn_state_name(h_state(p->c)));
+	usleep(200000);
+	cr_assert_eq(h_state(p->s), SV_CONN_TCP, "matched before the application used it: %s",
+		     sv_conn_state_name(h_state(p->s)));
+
+	uint64_t tx, rx;
+	cr_assert_eq(sv_stream_detach_for_fork(p->s, &t.hand, &tx, &rx), 0);
+	cr_assert_not_null(t.hand.h, "not handed: fallback %s", sv_fallback_name(h_fallback(p->s)));
+	cr_assert_eq(tx, 0);
+	cr_assert_eq(rx, 0);
+	cr_assert(sv_holders_adopt(&t.hand), "the child could not adopt it");
+	t.child_fd = dup(p->sfd);
+	cr_assert_geq(t.child_fd, 0);
+	t.child = sv_stream_adopt(t.child_fd, &t.hand, tx, rx);
+	cr_assert_not_null(t.child);
+	sv_stream_start_adopted(t.child);
+	child_uses(&t);
+	sv_holders_release_first(&t.hand); /* the parent's close */
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(p->c)), sv_fallback_name(h_fallback(p->c)));
+	cr_assert_eq(h_wait_state(t.child, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	echo_over_rdma(&t);
+	cr_assert_neq(p->c->sw.redirect_port, 0, "the client was not redirected");
+	struct h_counts c = h_counts(p->c);
+	cr_assert_eq(c.rdma_tx, 20000, "the client sent %llu over RDMA, %llu over TCP",
+		     (unsigned long long)c.rdma_tx, (unsigned long long)c.tcp_tx);
+	cr_assert_eq(c.rdma_rx, 20000);
+	sv_stream_close(t.child, t.child_fd);
+	h_pair_free(p);
 }

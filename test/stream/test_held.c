@@ -68,7 +68,7 @@ static void streams(struct pair *p, enum fake_side held)
 
 static void start(struct pair *p)
 {
-	sv_stream_start_server(p->s, p->l);
+	h_start_server(p->s, p->l);
 	sv_stream_start_client(p->c);
 }
 

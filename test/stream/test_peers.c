@@ -201,7 +201,7 @@ Test(peers, a_non_blocking_connect_to_a_known_peer_holds_from_the_start)
 		sv_stream_start_connecting(p.c, (struct sockaddr *)&a, sizeof(a));
 	p.sfd = accept(p.lfd, NULL, NULL);
 	p.s = sv_stream_new(p.sfd, false);
-	sv_stream_start_server(p.s, p.l);
+	h_start_server(p.s, p.l);
 	uint8_t b[3] = {1, 2, 3}, g[3];
 	cr_assert_eq(h_write(p.c, b, 3, MSG_DONTWAIT), -EAGAIN, "the write went on TCP");
 	fake_net_start_now();
@@ -243,7 +243,7 @@ Test(peers, a_server_that_accepts_on_data_gets_the_first_bytes_on_tcp)
 	p.sfd = accept(p.lfd, NULL, NULL);
 	cr_assert_geq(p.sfd, 0);
 	p.s = sv_stream_new(p.sfd, false);
-	sv_stream_start_server(p.s, p.l);
+	h_start_server(p.s, p.l);
 	long end;
 	cr_assert_eq(h_read_all(p.s, g, 3, &end), 3);
 	cr_assert_eq(memcmp(b, g, 3), 0);

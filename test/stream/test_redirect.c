@@ -30,7 +30,7 @@ static struct sv_listener *child_accepts(struct pair *p)
 	p->c = sv_stream_new(p->cfd, true);
 	p->s = sv_stream_new(p->sfd, false);
 	cr_assert(p->c && p->s);
-	sv_stream_start_server(p->s, w);
+	h_start_server(p->s, w);
 	sv_stream_start_client(p->c);
 	return w;
 }

@@ -126,7 +126,7 @@ static int nb_pair(struct pair *p)
 		sv_stream_start_connecting(p->c, (struct sockaddr *)&a, sizeof(a));
 	p->sfd = accept(p->lfd, NULL, NULL);
 	p->s = sv_stream_new(p->sfd, false);
-	sv_stream_start_server(p->s, p->l);
+	h_start_server(p->s, p->l);
 	return r;
 }
 
@@ -269,7 +269,7 @@ Test(switch, a_waiting_upgrade_is_not_looked_at_every_wakeup)
 		cr_assert_geq(sfd[i], 0);
 		srv[i] = sv_stream_new(sfd[i], false);
 		cr_assert_not_null(srv[i]);
-		sv_stream_start_server(srv[i], p.l);
+		h_start_server(srv[i], p.l);
 	}
 	usleep(100 * 1000); /* the helper takes them up */
 	uint64_t before[K];
