@@ -156,7 +156,10 @@ struct sv_switch {
 	 * client waits with its route resolved, the server with the request
 	 * unanswered. 0: not waiting. */
 	size_t room_wait;
-	bool use_wait_told; /* server: a request waited for the first use (logged once) */
+	/* Server: until then a request waits for the application's first
+	 * use of the connection (upgrade_server.c). */
+	uint64_t use_wait_until;
+	bool use_wait_told; /* a request waited for it (logged once) */
 	/* Client: its non-blocking connect() was in progress when the stream
 	 * was made. The connection is plain TCP meanwhile (bytes may move);
 	 * the helper schedules the upgrade once the connect is done. */

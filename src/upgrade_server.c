@@ -310,6 +310,13 @@ void sv_upgrade_unlisten(struct sv_listener *l)
 
 /* ---- Accepted connections and requests ----------------------------------------- */
 
+/* How long a request waits for the application's first use of its
+ * connection (accept_request). An accept-then-fork server forks within
+ * milliseconds of its accept; a server that leaves a connection unused for
+ * longer (a queue for a pool of workers; a read libsovia does not see)
+ * still gets its upgrade. */
+#define SV_FIRST_USE_WAIT_US 1000000u
+
 void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 {
 	struct unmatched *u = malloc(sizeof(*u));
@@ -319,8 +326,9 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 		sv_unlock(&s->lock);
 		return;
 	}
-	uint64_t deadline = sv_upgrade_deadline(sv_now_us());
+	uint64_t now = sv_now_us(), deadline = sv_upgrade_deadline(now);
 	s->sw.deadline_us = deadline;
+	s->sw.use_wait_until = now + SV_FIRST_USE_WAIT_US;
 	if (!s->holders)
 		s->holders = l->holders;
 	sv_unlock(&s->lock);
@@ -397,11 +405,12 @@ static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id 
 		sv_unlock(&s->lock);
 		return REFUSED; /* already upgrading (a duplicate), or gone */
 	}
-	if (!sv_stream_app_used(s)) {
+	if (!sv_stream_app_used(s) && sv_now_us() < s->sw.use_wait_until) {
 		/* Not read, written nor waited on yet: an accept-then-fork
 		 * server's parent forks first, and a stream with a QP could
 		 * not be handed to the child. The first use wakes the helper
-		 * (sv_stream_app_uses), which asks again. */
+		 * (sv_stream_app_uses), which asks again; so does the end of
+		 * the wait (sv_upgrade_timers). */
 		if (!s->sw.use_wait_told)
 			sv_dbg("fd %d: upgrade request waits for the application's first use",
 			       s->fd);
@@ -682,6 +691,10 @@ uint64_t sv_upgrade_timers(uint64_t now)
 		bool handed = u->s->state == SV_CONN_FALLBACK && u->s->fallback == SV_FB_HANDED;
 		bool gone = now >= u->deadline || u->s->cl.app_closed ||
 			    (u->s->state != SV_CONN_TCP && !handed);
+		/* A request may wait for its first use until then. */
+		uint64_t use_wait = !sv_stream_app_used(u->s) && now < u->s->sw.use_wait_until
+					    ? u->s->sw.use_wait_until
+					    : 0;
 		sv_unlock(&u->s->lock);
 		if (gone) {
 			*pp = u->next;
@@ -690,6 +703,8 @@ uint64_t sv_upgrade_timers(uint64_t now)
 		}
 		if (!next || u->deadline < next)
 			next = u->deadline;
+		if (use_wait && use_wait < next)
+			next = use_wait;
 		pp = &u->next;
 	}
 	sv_unlock(&sv_up_lock);

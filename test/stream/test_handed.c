@@ -205,3 +205,23 @@ Test(handed, a_request_before_the_fork_waits_for_the_child)
 	sv_stream_close(t.child, t.child_fd);
 	h_pair_free(p);
 }
+
+/* A connection its application leaves unused (a queue for a pool of
+ * workers) still gets its upgrade: the request's wait for the first use
+ * is bounded (a second). */
+Test(handed, an_unused_connection_upgrades_after_the_wait)
+{
+	struct pair p = {0};
+	h_listen(&p, true);
+	h_connect_sockets(&p);
+	p.c = sv_stream_new(p.cfd, true);
+	p.s = sv_stream_new(p.sfd, false);
+	cr_assert(p.c && p.s);
+	sv_stream_start_server(p.s, p.l);
+	sv_stream_start_client(p.c);
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s (%s)",
+		     sv_conn_state_name(h_state(p.s)), sv_fallback_name(h_fallback(p.s)));
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	cr_assert_not(sv_stream_app_used(p.s), "the test used it");
+	h_pair_free(&p);
+}
