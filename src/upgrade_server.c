@@ -311,11 +311,20 @@ void sv_upgrade_unlisten(struct sv_listener *l)
 /* ---- Accepted connections and requests ----------------------------------------- */
 
 /* How long a request waits for the application's first use of its
- * connection (accept_request). An accept-then-fork server forks within
- * milliseconds of its accept; a server that leaves a connection unused for
- * longer (a queue for a pool of workers; a read libsovia does not see)
- * still gets its upgrade. */
-#define SV_FIRST_USE_WAIT_US 1000000u
+ * connection (accept_request), from now. An accept-then-fork server forks
+ * within milliseconds of its accept; a server that leaves a connection
+ * unused for longer (a queue for a pool of workers; a read libsovia does
+ * not see) still gets its upgrade: a second, or half the upgrade's
+ * timeout if that is shorter. A listener whose process forked with it (a
+ * postmaster, a prefork master) waits for half the timeout: the fork that
+ * follows an accept may be late there, on a loaded host. */
+static uint64_t first_use_wait(const struct sv_listener *l)
+{
+	uint64_t half = (uint64_t)sv_cfg.upgrade_timeout_ms * 500u;
+	if (l->holders && sv_holders_forked(l->holders))
+		return half;
+	return half < 1000000u ? half : 1000000u;
+}
 
 void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 {
@@ -328,7 +337,7 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 	}
 	uint64_t now = sv_now_us(), deadline = sv_upgrade_deadline(now);
 	s->sw.deadline_us = deadline;
-	s->sw.use_wait_until = now + SV_FIRST_USE_WAIT_US;
+	s->sw.use_wait_until = now + first_use_wait(l);
 	if (!s->holders)
 		s->holders = l->holders;
 	sv_unlock(&s->lock);

@@ -36,12 +36,10 @@ static void child_uses(struct handed *t)
 	cr_assert_eq(sv_stream_recvmsg(t->child, &m, MSG_DONTWAIT), -EAGAIN);
 }
 
-/* Bytes both ways on TCP, then the fork: the parent's stream is handed,
- * the child adopts it. The client's upgrade is late enough to come after. */
-static void accept_and_fork(struct handed *t)
+/* A connection the parent accepted and has not used yet; the client's
+ * upgrade starts as configured. */
+static void connect_pair(struct pair *p)
 {
-	sv_cfg.upgrade_delay_ms = 300;
-	struct pair *p = &t->p;
 	h_listen(p, true);
 	h_connect_sockets(p);
 	p->c = sv_stream_new(p->cfd, true);
@@ -49,6 +47,35 @@ static void accept_and_fork(struct handed *t)
 	cr_assert(p->c && p->s);
 	sv_stream_start_server(p->s, p->l);
 	sv_stream_start_client(p->c);
+}
+
+/* The fork: the parent's stream is handed, with TCP's counts so far; the
+ * child adopts it and uses it at once. */
+static void fork_and_adopt(struct handed *t, uint64_t want_tx, uint64_t want_rx)
+{
+	struct pair *p = &t->p;
+	uint64_t tx, rx;
+	cr_assert_eq(sv_stream_detach_for_fork(p->s, &t->hand, &tx, &rx), 0);
+	cr_assert_not_null(t->hand.h, "not handed: fallback %s", sv_fallback_name(h_fallback(p->s)));
+	cr_assert_eq(h_fallback(p->s), SV_FB_HANDED);
+	cr_assert_eq(tx, want_tx);
+	cr_assert_eq(rx, want_rx);
+	cr_assert(sv_holders_adopt(&t->hand), "the child could not adopt it");
+	t->child_fd = dup(p->sfd);
+	cr_assert_geq(t->child_fd, 0);
+	t->child = sv_stream_adopt(t->child_fd, &t->hand, tx, rx);
+	cr_assert_not_null(t->child);
+	sv_stream_start_adopted(t->child);
+	child_uses(t);
+}
+
+/* Bytes both ways on TCP, then the fork: the parent's stream is handed,
+ * the child adopts it. The client's upgrade is late enough to come after. */
+static void accept_and_fork(struct handed *t)
+{
+	sv_cfg.upgrade_delay_ms = 300;
+	struct pair *p = &t->p;
+	connect_pair(p);
 	uint8_t b[1000];
 	long end;
 	h_pattern(b, sizeof(b), 5, 0);
@@ -57,20 +84,7 @@ static void accept_and_fork(struct handed *t)
 	cr_assert_eq(h_write_all(p->s, b, 300), 300);
 	cr_assert_eq(h_read_all(p->c, b, 300, &end), 300);
 
-	uint64_t tx, rx;
-	cr_assert_eq(sv_stream_detach_for_fork(p->s, &t->hand, &tx, &rx), 0);
-	cr_assert_not_null(t->hand.h, "not handed: fallback %s", sv_fallback_name(h_fallback(p->s)));
-	cr_assert_eq(h_fallback(p->s), SV_FB_HANDED);
-	cr_assert_eq(tx, 300);
-	cr_assert_eq(rx, 700);
-
-	cr_assert(sv_holders_adopt(&t->hand), "the child could not adopt it");
-	t->child_fd = dup(p->sfd);
-	cr_assert_geq(t->child_fd, 0);
-	t->child = sv_stream_adopt(t->child_fd, &t->hand, tx, rx);
-	cr_assert_not_null(t->child);
-	sv_stream_start_adopted(t->child);
-	child_uses(t);
+	fork_and_adopt(t, 300, 700);
 }
 
 static void echo_over_rdma(struct handed *t)
@@ -87,6 +101,26 @@ static void echo_over_rdma(struct handed *t)
 	cr_assert(h_pattern_ok(out, sizeof(out), 6, 0));
 }
 
+/* The parent's close: the owner redirects the request to the child, and
+ * the connection runs over RDMA both ways. */
+static void released_to_rdma(struct handed *t)
+{
+	struct pair *p = &t->p;
+	sv_holders_release_first(&t->hand); /* the parent's close */
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(p->c)), sv_fallback_name(h_fallback(p->c)));
+	cr_assert_eq(h_wait_state(t->child, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "child: %s (%s)",
+		     sv_conn_state_name(h_state(t->child)), sv_fallback_name(h_fallback(t->child)));
+	cr_assert_neq(p->c->sw.redirect_port, 0, "the client was not redirected");
+	echo_over_rdma(t);
+	struct h_counts c = h_counts(p->c);
+	cr_assert_eq(c.rdma_tx, 20000, "the client sent %llu over RDMA, %llu over TCP",
+		     (unsigned long long)c.rdma_tx, (unsigned long long)c.tcp_tx);
+	cr_assert_eq(c.rdma_rx, 20000);
+	sv_stream_close(t->child, t->child_fd);
+	h_pair_free(p);
+}
+
 Test(handed, the_child_takes_it_to_rdma_once_the_parent_released_it)
 {
 	struct handed t;
@@ -98,19 +132,7 @@ Test(handed, the_child_takes_it_to_rdma_once_the_parent_released_it)
 	usleep(100000);
 	cr_assert_neq(h_state(p->c), SV_CONN_RDMA, "upgraded while the parent still held it");
 	cr_assert_neq(h_state(t.child), SV_CONN_RDMA);
-	sv_holders_release_first(&t.hand); /* the parent's close */
-	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
-		     sv_conn_state_name(h_state(p->c)), sv_fallback_name(h_fallback(p->c)));
-	cr_assert_eq(h_wait_state(t.child, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "child: %s (%s)",
-		     sv_conn_state_name(h_state(t.child)), sv_fallback_name(h_fallback(t.child)));
-	cr_assert_neq(p->c->sw.redirect_port, 0, "the client was not redirected");
-	echo_over_rdma(&t);
-	struct h_counts c = h_counts(p->c);
-	cr_assert_eq(c.rdma_tx, 20000, "the client sent %llu over RDMA, %llu over TCP",
-		     (unsigned long long)c.rdma_tx, (unsigned long long)c.tcp_tx);
-	cr_assert_eq(c.rdma_rx, 20000);
-	sv_stream_close(t.child, t.child_fd);
-	h_pair_free(p);
+	released_to_rdma(&t);
 }
 
 /* The parent's bytes (`sent`, after the fork) and then the parent's
@@ -166,13 +188,7 @@ Test(handed, a_request_before_the_fork_waits_for_the_child)
 	sv_cfg.upgrade_delay_ms = 0;
 	struct handed t;
 	struct pair *p = &t.p;
-	h_listen(p, true);
-	h_connect_sockets(p);
-	p->c = sv_stream_new(p->cfd, true);
-	p->s = sv_stream_new(p->sfd, false);
-	cr_assert(p->c && p->s);
-	sv_stream_start_server(p->s, p->l);
-	sv_stream_start_client(p->c);
+	connect_pair(p);
 	/* The request reaches the owner and waits there. */
 	cr_assert_eq(h_wait_state(p->c, SV_CONN_REQUESTED, 10000), SV_CONN_REQUESTED, "client: %s",
 		     sv_conn_state_name(h_state(p->c)));
@@ -180,48 +196,31 @@ Test(handed, a_request_before_the_fork_waits_for_the_child)
 	cr_assert_eq(h_state(p->s), SV_CONN_TCP, "matched before the application used it: %s",
 		     sv_conn_state_name(h_state(p->s)));
 
-	uint64_t tx, rx;
-	cr_assert_eq(sv_stream_detach_for_fork(p->s, &t.hand, &tx, &rx), 0);
-	cr_assert_not_null(t.hand.h, "not handed: fallback %s", sv_fallback_name(h_fallback(p->s)));
-	cr_assert_eq(tx, 0);
-	cr_assert_eq(rx, 0);
-	cr_assert(sv_holders_adopt(&t.hand), "the child could not adopt it");
-	t.child_fd = dup(p->sfd);
-	cr_assert_geq(t.child_fd, 0);
-	t.child = sv_stream_adopt(t.child_fd, &t.hand, tx, rx);
-	cr_assert_not_null(t.child);
-	sv_stream_start_adopted(t.child);
-	child_uses(&t);
-	sv_holders_release_first(&t.hand); /* the parent's close */
-	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
-		     sv_conn_state_name(h_state(p->c)), sv_fallback_name(h_fallback(p->c)));
-	cr_assert_eq(h_wait_state(t.child, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
-	echo_over_rdma(&t);
-	cr_assert_neq(p->c->sw.redirect_port, 0, "the client was not redirected");
-	struct h_counts c = h_counts(p->c);
-	cr_assert_eq(c.rdma_tx, 20000, "the client sent %llu over RDMA, %llu over TCP",
-		     (unsigned long long)c.rdma_tx, (unsigned long long)c.tcp_tx);
-	cr_assert_eq(c.rdma_rx, 20000);
-	sv_stream_close(t.child, t.child_fd);
-	h_pair_free(p);
+	fork_and_adopt(&t, 0, 0);
+	released_to_rdma(&t);
 }
 
 /* A connection its application leaves unused (a queue for a pool of
  * workers) still gets its upgrade: the request's wait for the first use
- * is bounded (a second). */
-Test(handed, an_unused_connection_upgrades_after_the_wait)
+ * is bounded (a second, or half the upgrade's timeout). */
+static void unused_upgrades(void)
 {
 	struct pair p = {0};
-	h_listen(&p, true);
-	h_connect_sockets(&p);
-	p.c = sv_stream_new(p.cfd, true);
-	p.s = sv_stream_new(p.sfd, false);
-	cr_assert(p.c && p.s);
-	sv_stream_start_server(p.s, p.l);
-	sv_stream_start_client(p.c);
+	connect_pair(&p);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s (%s)",
 		     sv_conn_state_name(h_state(p.s)), sv_fallback_name(h_fallback(p.s)));
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
 	cr_assert_not(sv_stream_app_used(p.s), "the test used it");
 	h_pair_free(&p);
+}
+
+Test(handed, an_unused_connection_upgrades_after_the_wait)
+{
+	unused_upgrades();
+}
+
+Test(handed, an_unused_connection_upgrades_within_a_short_timeout)
+{
+	sv_cfg.upgrade_timeout_ms = 500;
+	unused_upgrades();
 }
