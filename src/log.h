@@ -3,6 +3,8 @@
 #ifndef SV_LOG_H
 #define SV_LOG_H
 
+#include <stddef.h>
+
 enum sv_log_level {
 	SV_LOG_ERROR = 0,
 	SV_LOG_WARN = 1,
@@ -26,6 +28,11 @@ void sv_log_write(enum sv_log_level level, const char *fmt, ...)
 #define sv_warn(...) sv_log(SV_LOG_WARN, __VA_ARGS__)
 #define sv_info(...) sv_log(SV_LOG_INFO, __VA_ARGS__)
 #define sv_dbg(...) sv_log(SV_LOG_DEBUG, __VA_ARGS__)
+
+/* Write a finished line to fd 2, with the raw syscall. Nothing is written
+ * when fd 2 is a socket (an inetd service's connection, or a program that
+ * dup2()ed its own onto it): the line would enter that byte stream. */
+void sv_log_raw(const char *buf, size_t len);
 
 /* Print and abort: for broken invariants only (never for peer input). */
 _Noreturn void sv_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -2,7 +2,7 @@
  * at close, exit or the end of the way back. */
 #include "stream_int.h"
 
-#include "real.h"
+#include "log.h"
 #include "regcache.h"
 
 #include <arpa/inet.h>
@@ -91,9 +91,6 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		U(s->st.to_rdma_us), U(p->rx_grows), U(p->tx_grows), U(p->rx_shrinks),
 		U(p->tx_shrinks), U(p->drains_sent), U(p->grow_refused), s->pinned,
 		sv_failover_name(s->fo.cause), U(p->resent));
-	if (n > 0) {
-		ssize_t w = SV_REAL(write)(2, line,
-					   (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
-		(void)w;
-	}
+	if (n > 0)
+		sv_log_raw(line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
 }

@@ -3,9 +3,11 @@
  * TCP_INFO, ioctl SIOCOUTQ (preload/sovia_ops.c, src/stream_report.c). */
 #include "preload_harness.h"
 
+#include "log.h"
 #include "real.h"
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <linux/sockios.h>
 #include <linux/tcp.h>
 #include <stdlib.h>
@@ -157,4 +159,34 @@ Test(report, tcp_info_follows_the_bytes_and_fins_over_the_qp)
 	st = tcp_info(p.cfd).tcpi_state;
 	cr_assert(st == LAST_ACK || st == CLOSE, "the client, both FINs: %u", st);
 	ph_pair_close(&p);
+}
+
+/* What a warning on fd 2 reaches: the bytes read at the other end of a
+ * socket pair (`sock`) or a pipe put on fd 2 for the call, -1 if none. */
+static ssize_t log_reaches(bool sock)
+{
+	int pair[2]; /* [0]: read here, [1]: fd 2 */
+	if (sock)
+		cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, pair), 0);
+	else
+		cr_assert_eq(pipe2(pair, O_NONBLOCK), 0);
+	int saved = dup(2);
+	cr_assert_geq(saved, 0);
+	cr_assert_eq(dup2(pair[1], 2), 2);
+	sv_log_write(SV_LOG_WARN, "a warning");
+	cr_assert_eq(dup2(saved, 2), 2);
+	close(saved);
+	char b[256];
+	ssize_t n = read(pair[0], b, sizeof(b));
+	close(pair[0]);
+	close(pair[1]);
+	return n;
+}
+
+/* An inetd service's stderr is its connection: libsovia's lines would be
+ * bytes of the stream. */
+Test(report, no_log_line_enters_a_socket_on_stderr)
+{
+	cr_assert_lt(log_reaches(true), 0, "the warning went into the socket");
+	cr_assert_gt(log_reaches(false), 0, "the warning did not reach a pipe on stderr");
 }
