@@ -66,7 +66,6 @@ static int h_shutdown(struct sv_fd *f, int how)
 	return sv_real.shutdown(f->fd, how) < 0 ? -errno : 0;
 }
 
-
 /* The last reference of this process's copy. */
 static void h_release(struct sv_fd *f)
 {

@@ -326,6 +326,13 @@ static uint64_t first_use_wait(const struct sv_listener *l)
 	return half < 1000000u ? half : 1000000u;
 }
 
+/* When a request for s stops waiting for its first use, if it still waits
+ * at `now`; else 0. With s->lock. */
+static uint64_t use_wait_end(const struct sv_stream *s, uint64_t now)
+{
+	return !sv_stream_app_used(s) && now < s->sw.use_wait_until ? s->sw.use_wait_until : 0;
+}
+
 void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 {
 	struct unmatched *u = malloc(sizeof(*u));
@@ -414,7 +421,7 @@ static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id 
 		sv_unlock(&s->lock);
 		return REFUSED; /* already upgrading (a duplicate), or gone */
 	}
-	if (!sv_stream_app_used(s) && sv_now_us() < s->sw.use_wait_until) {
+	if (use_wait_end(s, sv_now_us())) {
 		/* Not read, written nor waited on yet: an accept-then-fork
 		 * server's parent forks first, and a stream with a QP could
 		 * not be handed to the child. The first use wakes the helper
@@ -700,10 +707,7 @@ uint64_t sv_upgrade_timers(uint64_t now)
 		bool handed = u->s->state == SV_CONN_FALLBACK && u->s->fallback == SV_FB_HANDED;
 		bool gone = now >= u->deadline || u->s->cl.app_closed ||
 			    (u->s->state != SV_CONN_TCP && !handed);
-		/* A request may wait for its first use until then. */
-		uint64_t use_wait = !sv_stream_app_used(u->s) && now < u->s->sw.use_wait_until
-					    ? u->s->sw.use_wait_until
-					    : 0;
+		uint64_t use_wait = use_wait_end(u->s, now);
 		sv_unlock(&u->s->lock);
 		if (gone) {
 			*pp = u->next;

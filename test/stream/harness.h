@@ -32,11 +32,11 @@ struct pair {
 void h_listen(struct pair *p, bool rdma);
 /* The same on loopback port `port` (0: any): 0, or -errno of bind. */
 int h_listen_at(struct pair *p, bool rdma, uint16_t port);
-/* Connect a client to it and accept; both become streams and start their
- * upgrade (the client's on its own, the server's waiting for a request). */
 /* The server's side accepted by an application that reads or waits on it
  * at once (its upgrade request waits for that: sv_stream_app_uses). */
 void h_start_server(struct sv_stream *s, struct sv_listener *l);
+/* Connect a client to it and accept; both become streams and start their
+ * upgrade (the client's on its own, the server's waiting for a request). */
 void h_connect(struct pair *p);
 /* ... only the TCP connection: p's two sockets, not streams yet. */
 void h_connect_sockets(struct pair *p);
