@@ -85,18 +85,10 @@ static int cookie_close(void *arg)
 	return r;
 }
 
-SV_EXPORT FILE *fdopen(int fd, const char *mode)
+/* A FILE on fd whose calls come back through read, write and close,
+ * listed for fileno(); NULL with errno set. */
+static FILE *cookie_open(int fd, const char *mode)
 {
-	if (sv_reentered() && sv_fd_claimed(fd, SV_MARK_SERVED | SV_MARK_MANAGED)) {
-		/* A FILE of glibc's own would go past libsovia (reentry.c). */
-		sv_refuse(fd, "fdopen", EBUSY);
-		return NULL;
-	}
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
-	bool ours = f && f->ops->stdio_cookie;
-	sv_fd_put(f);
-	if (!ours)
-		return SV_REAL(fdopen)(fd, mode);
 	struct cookie *c = malloc(sizeof(*c));
 	if (!c)
 		return NULL;
@@ -118,6 +110,21 @@ SV_EXPORT FILE *fdopen(int fd, const char *mode)
 	atomic_fetch_add(&ncookies, 1);
 	cookies_give();
 	return c->fp;
+}
+
+SV_EXPORT FILE *fdopen(int fd, const char *mode)
+{
+	if (sv_reentered() && sv_fd_claimed(fd, SV_MARK_SERVED | SV_MARK_MANAGED)) {
+		/* A FILE of glibc's own would go past libsovia (reentry.c). */
+		sv_refuse(fd, "fdopen", EBUSY);
+		return NULL;
+	}
+	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_get(fd);
+	bool ours = f && f->ops->stdio_cookie;
+	sv_fd_put(f);
+	if (!ours)
+		return SV_REAL(fdopen)(fd, mode);
+	return cookie_open(fd, mode);
 }
 
 /* The fd of a FILE made here, or -1 (also from inside libsovia, where
