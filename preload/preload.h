@@ -85,6 +85,15 @@ void sv_ops_after_fork(pid_t pid);
 
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);
+/* From the constructor, single-threaded, before main(), when std fd 0, 1
+ * or 2 carries a handed connection: stdin, stdout or stderr becomes a
+ * FILE whose calls come through the interposer, in libsovia's variable
+ * and in libc's own (stdio_std.c). 0 (also when already taken), -EBUSY
+ * when something already used or replaced glibc's FILE (it stays), or
+ * another -errno. */
+int sv_stdio_take_std(int fd);
+/* Is fd's std FILE (0-2) one sv_stdio_take_std made, still open? */
+bool sv_stdio_ours(int fd);
 
 /* One-time set-up: resolve symbols, load settings, size the fd table. */
 void sv_preload_init(void);

@@ -11,6 +11,7 @@
 #include "lock.h"
 #include "preload.h"
 #include "real.h"
+#include "stdio_int.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -80,14 +81,13 @@ static int cookie_close(void *arg)
 		}
 	}
 	cookies_give();
+	sv_stdio_std_closing(c->fp);
 	int r = close(c->fd);
 	free(c);
 	return r;
 }
 
-/* A FILE on fd whose calls come back through read, write and close,
- * listed for fileno(); NULL with errno set. */
-static FILE *cookie_open(int fd, const char *mode)
+FILE *sv_cookie_open(int fd, const char *mode)
 {
 	struct cookie *c = malloc(sizeof(*c));
 	if (!c)
@@ -124,7 +124,7 @@ SV_EXPORT FILE *fdopen(int fd, const char *mode)
 	sv_fd_put(f);
 	if (!ours)
 		return SV_REAL(fdopen)(fd, mode);
-	return cookie_open(fd, mode);
+	return sv_cookie_open(fd, mode);
 }
 
 /* The fd of a FILE made here, or -1 (also from inside libsovia, where

@@ -1,0 +1,14 @@
+/* Between stdio.c (the cookie FILEs) and stdio_std.c (stdin, stdout and
+ * stderr made cookie FILEs). */
+#ifndef SV_STDIO_INT_H
+#define SV_STDIO_INT_H
+
+#include <stdio.h>
+
+/* A FILE on fd whose calls come back through read, write and close,
+ * listed for fileno(); NULL with errno set. */
+FILE *sv_cookie_open(int fd, const char *mode);
+/* The cookie FILE fp is being closed (stdio_std.c forgets it). */
+void sv_stdio_std_closing(FILE *fp);
+
+#endif
