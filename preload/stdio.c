@@ -127,6 +127,18 @@ SV_EXPORT FILE *fdopen(int fd, const char *mode)
 	return sv_cookie_open(fd, mode);
 }
 
+void sv_cookie_set_fd(FILE *fp, int fd)
+{
+	cookies_take();
+	for (struct cookie *c = cookies; c; c = c->next) {
+		if (c->fp == fp) {
+			c->fd = fd;
+			break;
+		}
+	}
+	cookies_give();
+}
+
 /* The fd of a FILE made here, or -1 (also from inside libsovia, where
  * the list cannot be looked at: glibc's fileno then says EBADF). */
 static int cookie_fd(FILE *fp)

@@ -3,11 +3,17 @@
  * the interposer, so once the connection moves to RDMA they would miss
  * bytes or put them out of order. Before main(), libsovia's constructor
  * replaces each one whose fd carries the connection by a cookie FILE
- * (stdio.c), whose calls come back through read, write and close. */
+ * (stdio.c), whose calls come back through read, write and close.
+ * freopen() of such a FILE keeps it, on the new file. */
 #include "preload.h"
+#include "real.h"
 #include "stdio_int.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio_ext.h>
+#include <string.h>
+#include <unistd.h>
 
 /* The FILE taken for fd 0, 1 or 2, while it is open. */
 static FILE *_Atomic std_files[3];
@@ -82,4 +88,135 @@ int sv_stdio_take_std(int fd)
 	*libcs = fp;
 	atomic_store(&std_files[fd], fp);
 	return 0;
+}
+
+/* open(2)'s flags for an fopen() mode; -1 for a mode fopen refuses. */
+static int mode_flags(const char *mode)
+{
+	int flags;
+	switch (mode[0]) {
+	case 'r':
+		flags = O_RDONLY;
+		break;
+	case 'w':
+		flags = O_WRONLY | O_CREAT | O_TRUNC;
+		break;
+	case 'a':
+		flags = O_WRONLY | O_CREAT | O_APPEND;
+		break;
+	default:
+		return -1;
+	}
+	if (strchr(mode, '+'))
+		flags = (flags & ~O_ACCMODE) | O_RDWR;
+	if (strchr(mode, 'e'))
+		flags |= O_CLOEXEC;
+	if (strchr(mode, 'x'))
+		flags |= O_EXCL;
+	return flags;
+}
+
+/* The new file goes where fd was: the kernel gives the lowest free
+ * number, fd's, unless another thread took it meanwhile. -errno. */
+static int open_at(int fd, const char *path, int flags)
+{
+	int nfd = open(path, flags, 0666);
+	if (nfd < 0)
+		return -errno;
+	if (nfd == fd)
+		return 0;
+	int r = dup3(nfd, fd, flags & O_CLOEXEC);
+	int err = errno;
+	close(nfd);
+	return r < 0 ? -err : 0;
+}
+
+/* A direction fp's cookie lacks (stdin's "w", stdout's "r", any "+"):
+ * glibc's own FILE for fd takes the file, as it would without libsovia,
+ * and both variables go back to it. fp stays allocated, with no fd, for
+ * whoever kept a pointer to it. */
+static FILE *std_give_back(int fd, const char *path, const char *mode, FILE *fp)
+{
+	FILE *glibc = dlsym(RTLD_NEXT, std_glibc[fd]);
+	FILE **libcs = libc_var(fd);
+	if (!glibc || !libcs) {
+		errno = ENOENT;
+		return NULL;
+	}
+	fflush(fp);
+	sv_cookie_set_fd(fp, -1);
+	atomic_store(&std_files[fd], NULL);
+	/* Through the interposer: a connection ends as the application's
+	 * close() ends it. glibc's freopen then closes an fd already closed
+	 * and opens the file on fd (libio/freopen.c). */
+	close(fd);
+	FILE *r = SV_REAL(freopen)(path, mode, glibc);
+	*std_var(fd) = glibc;
+	*libcs = glibc;
+	return r;
+}
+
+/* freopen() of the FILE taken for fd. glibc's would see the cookie's fd
+ * (-2), keep our close from running, and fail (libio/freopen.c). */
+static FILE *std_reopen(int fd, const char *path, const char *mode, FILE *fp)
+{
+	if (!path)
+		return fp; /* a mode change: the cookie's mode stays */
+	int flags = mode_flags(mode);
+	if (flags < 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	int acc = flags & O_ACCMODE;
+	if (acc == O_RDWR || (fd == 0) != (acc == O_RDONLY))
+		return std_give_back(fd, path, mode, fp);
+	if (fd == 0)
+		__fpurge(fp); /* what was read ahead belongs to the old file */
+	else
+		fflush(fp);
+	clearerr(fp);
+	close(fd);
+	int r = open_at(fd, path, flags);
+	if (r < 0) {
+		/* Closed, as glibc leaves a FILE it could not reopen; the fd
+		 * number may go to another file, which fp must not touch. */
+		sv_cookie_set_fd(fp, -1);
+		atomic_store(&std_files[fd], NULL);
+		errno = -r;
+		return NULL;
+	}
+	return fp;
+}
+
+static int std_fd_of(FILE *fp)
+{
+	for (int fd = 0; fd < 3; fd++) {
+		if (fp && atomic_load(&std_files[fd]) == fp)
+			return fd;
+	}
+	return -1;
+}
+
+SV_EXPORT FILE *freopen(const char *path, const char *mode, FILE *fp)
+{
+	int fd = std_fd_of(fp);
+	if (fd < 0)
+		return SV_REAL(freopen)(path, mode, fp);
+	int saved = errno;
+	FILE *r = std_reopen(fd, path, mode, fp);
+	if (r)
+		errno = saved;
+	return r;
+}
+
+SV_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *fp)
+{
+	int fd = std_fd_of(fp);
+	if (fd < 0)
+		return SV_REAL(freopen64)(path, mode, fp);
+	int saved = errno;
+	FILE *r = std_reopen(fd, path, mode, fp);
+	if (r)
+		errno = saved;
+	return r;
 }

@@ -46,6 +46,8 @@
 	X(fdopen, FILE *, (int, const char *))                                              \
 	X(fileno, int, (FILE *))                                                            \
 	X(fileno_unlocked, int, (FILE *))                                                   \
+	X(freopen, FILE *, (const char *, const char *, FILE *))                            \
+	X(freopen64, FILE *, (const char *, const char *, FILE *))                          \
 	X(poll, int, (struct pollfd *, nfds_t, int))                                        \
 	X(ppoll, int, (struct pollfd *, nfds_t, const struct timespec *, const sigset_t *))  \
 	X(select, int, (int, fd_set *, fd_set *, fd_set *, struct timeval *))               \

@@ -179,3 +179,67 @@ Test(stdio_take, a_used_stdout_is_refused)
 	child_ok(&r);
 	cr_assert_str_eq(r.out, "err\nearly\n");
 }
+
+/* freopen() of the taken stdin: the same FILE, on fd 0, now /dev/null;
+ * what it had read ahead from the socket is gone with the old file. */
+static void child_reopens_stdin(void)
+{
+	take_all();
+	FILE *fp = stdin;
+	CHILD_CHECK(50, fgetc(stdin) == 'x');
+	CHILD_CHECK(51, freopen(NULL, "r", stdin) == fp); /* a mode change: kept */
+	errno = 1234;
+	CHILD_CHECK(52, freopen("/dev/null", "r", stdin) == fp && errno == 1234);
+	CHILD_CHECK(53, fgetc(stdin) == EOF && feof(stdin) && !ferror(stdin));
+	CHILD_CHECK(54, fileno(stdin) == 0 && sv_stdio_ours(0));
+	struct stat a, b;
+	CHILD_CHECK(55, fstat(0, &a) == 0 && stat("/dev/null", &b) == 0 && a.st_rdev == b.st_rdev);
+	CHILD_CHECK(56, printf("done\n") == 5 && fflush(stdout) == 0);
+}
+
+Test(stdio_take, freopen_of_stdin_keeps_the_file_on_fd_0)
+{
+	struct run r;
+	run_child(child_reopens_stdin, "xyz", &r);
+	child_ok(&r);
+	cr_assert_str_eq(r.out, "done\n");
+}
+
+static char out_path[64];
+
+/* freopen() of the taken stdout onto a file: the socket's fd 1 is closed
+ * through the interposer, the same FILE writes the file on fd 1. */
+static void child_reopens_stdout(void)
+{
+	take_all();
+	FILE *fp = stdout;
+	CHILD_CHECK(60, printf("before\n") == 7);
+	CHILD_CHECK(61, freopen(out_path, "w", stdout) == fp);
+	CHILD_CHECK(62, fileno(stdout) == 1 && sv_stdio_ours(1));
+	CHILD_CHECK(63, puts("after") >= 0 && fflush(stdout) == 0);
+	char b[16] = {0};
+	int fd = open(out_path, O_RDONLY);
+	CHILD_CHECK(64, fd >= 0 && read(fd, b, sizeof(b) - 1) == 6 && strcmp(b, "after\n") == 0);
+	close(fd);
+	/* A mode stdout's cookie cannot do: glibc's own FILE takes it. */
+	CHILD_CHECK(65, freopen(out_path, "r", stdout) != NULL && stdout != fp);
+	FILE **libcs = dlsym(RTLD_NEXT, "stdout");
+	CHILD_CHECK(66, !sv_stdio_ours(1) && *libcs == stdout && fileno(stdout) == 1);
+	CHILD_CHECK(67, fgets(b, sizeof(b), stdout) && strcmp(b, "after\n") == 0);
+	CHILD_CHECK(68, fputs("err\n", stderr) >= 0);
+}
+
+Test(stdio_take, freopen_of_stdout_keeps_the_file_on_fd_1)
+{
+	strcpy(out_path, "/tmp/sv_stdio_take.XXXXXX");
+	int fd = mkstemp(out_path);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	struct run r;
+	run_child(child_reopens_stdout, "", &r);
+	unlink(out_path);
+	child_ok(&r);
+	/* The flush before the reopen, then stderr's line: nothing of the
+	 * file's on the socket. */
+	cr_assert_str_eq(r.out, "before\nerr\n");
+}
