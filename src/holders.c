@@ -11,13 +11,22 @@
 #include "holders.h"
 
 #include "cmdata.h"
+#include "ownfd.h"
+#include "real.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+/* Kernels since 6.3 refuse a memfd that could be made executable when
+ * vm.memfd_noexec is 2; older ones refuse the flag (EINVAL). */
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U
+#endif
 
 /* As many as an accept queue's default (net.core.somaxconn): a
  * full table costs the connections past it their upgrade, nothing else. */
@@ -52,7 +61,17 @@ struct slot {
 	_Atomic uint32_t key[KEY_WORDS];
 };
 
+/* Who made a table and for which layout: an exec'd image attaches only to
+ * a table of this layout made by its own user (sv_holders_attach). Atomic
+ * because any process holding the memfd can write them. */
+#define SV_HOLDERS_MAGIC 0x736f7669612d686cULL /* "sovia-hl" */
+#define SV_HOLDERS_VERSION 1u
+
 struct sv_holders {
+	_Atomic uint64_t magic;
+	_Atomic uint32_t version;
+	_Atomic uint32_t creator_uid;
+	_Atomic uint32_t creator_gid;
 	_Atomic bool forked;
 	/* Entries made so far: a waiting request is looked up again only
 	 * when it moved. */
@@ -64,25 +83,93 @@ struct sv_holders {
 };
 
 static _Atomic(struct sv_holders *) table;
+/* table's memfd, -1 when none; set by the thread that made the table, just
+ * after publishing it: a racing first caller may see -1 for a moment,
+ * which costs at most one exec hand (the table is a hint). */
+static atomic_int table_fd = -1;
+
+/* The seals an exec'd image requires: nobody holding the fd can shrink it
+ * (the owner's accesses past the end would SIGBUS), grow it, or unseal. */
+#define SV_HOLDERS_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+static int open_memfd(void)
+{
+	int fd = memfd_create("sovia-holders", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+	if (fd < 0 && errno == EINVAL) /* a kernel before 6.3 */
+		fd = memfd_create("sovia-holders", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	return fd < 0 ? -errno : fd;
+}
+
+/* A sealed memfd of the table's size, mapped at *out; the fd (one of
+ * libsovia's own, ownfd.h) or -errno. */
+static int map_memfd(struct sv_holders **out)
+{
+	int r, fd = open_memfd();
+	if (fd < 0)
+		return fd;
+	if (ftruncate(fd, sizeof(struct sv_holders)) < 0) {
+		r = -errno;
+		goto close_fd;
+	}
+	void *m = mmap(NULL, sizeof(struct sv_holders), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		r = -errno;
+		goto close_fd;
+	}
+	if (SV_REAL(fcntl)(fd, F_ADD_SEALS, SV_HOLDERS_SEALS) < 0) {
+		r = -errno;
+		goto unmap;
+	}
+	/* Above the application's fds, and out of reach of its closefrom(3)
+	 * (an inetd-style server's, before it execs the handed program). */
+	*out = m;
+	return sv_ownfd_move(fd);
+unmap:
+	munmap(m, sizeof(struct sv_holders));
+close_fd:
+	SV_REAL(close)(fd);
+	return r;
+}
 
 struct sv_holders *sv_holders_get(void)
 {
 	struct sv_holders *h = atomic_load(&table);
 	if (h)
 		return h;
-	/* Shared with the children this process forks; never unmapped (they
-	 * and late requests may use it until the process ends). Untouched
-	 * pages cost nothing. */
-	void *m = mmap(NULL, sizeof(struct sv_holders), PROT_READ | PROT_WRITE,
-		       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (m == MAP_FAILED)
-		return NULL;
+	/* Shared with the children this process forks, and with an image
+	 * they exec given a copy of the fd; never unmapped (they and late
+	 * requests may use it until the process ends). Untouched pages cost
+	 * nothing. Without a memfd, forks still share an anonymous mapping. */
+	struct sv_holders *m = NULL;
+	int fd = map_memfd(&m);
+	if (fd < 0) {
+		void *a = mmap(NULL, sizeof(struct sv_holders), PROT_READ | PROT_WRITE,
+			       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		if (a == MAP_FAILED)
+			return NULL;
+		m = a;
+	}
+	atomic_store_explicit(&m->magic, SV_HOLDERS_MAGIC, memory_order_relaxed);
+	atomic_store_explicit(&m->version, SV_HOLDERS_VERSION, memory_order_relaxed);
+	/* The real ids: a set-id creator's table (its file owned by the
+	 * effective id) then matches no attacher, whose ids must all agree. */
+	atomic_store_explicit(&m->creator_uid, (uint32_t)getuid(), memory_order_relaxed);
+	atomic_store_explicit(&m->creator_gid, (uint32_t)getgid(), memory_order_relaxed);
 	struct sv_holders *none = NULL;
 	if (!atomic_compare_exchange_strong(&table, &none, m)) {
 		munmap(m, sizeof(struct sv_holders));
+		if (fd >= 0)
+			sv_ownfd_close(fd);
 		return none;
 	}
+	if (fd >= 0)
+		atomic_store(&table_fd, fd);
 	return m;
+}
+
+int sv_holders_fd(const struct sv_holders *h)
+{
+	return h && h == atomic_load(&table) ? atomic_load(&table_fd) : -1;
 }
 
 void sv_holders_mark_forked(struct sv_holders *h)

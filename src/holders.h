@@ -6,7 +6,7 @@
  * Apache, gunicorn) accept in children that inherited the listening
  * socket, so the client's upgrade request reaches a process that does not
  * hold the connection. The listening process makes this table in shared
- * memory (MAP_SHARED | MAP_ANONYMOUS) before it forks; each child that
+ * memory (a sealed memfd, MAP_SHARED) before it forks; each child that
  * accepts on the inherited socket opens an RDMA listener of its own on the
  * same address, any port, and enters its connections with that port. The
  * owner answers a request it cannot match by telling the client to ask at
@@ -27,6 +27,15 @@ struct sv_holders;
 /* The process's table, made at its first call (by a process that listens,
  * before it forks); NULL when it cannot be had (the caller does without). */
 struct sv_holders *sv_holders_get(void);
+
+/* The memfd behind the process's own table (sv_holders_get), or -1: none
+ * could be made (an anonymous mapping then, which an exec loses), or h is
+ * another table (sv_holders_attach's caller has its fd). An exec'd image
+ * that inherits a copy of it finds the entries its predecessor adopted
+ * (inetd-style servers: accept, fork, exec). The fd is one of libsovia's
+ * own (ownfd.h), close-on-exec, so the application's close-all loops keep
+ * it and only a deliberate copy crosses an exec. */
+int sv_holders_fd(const struct sv_holders *h);
 
 /* A child of the table's process inherited a listening socket: the owner
  * looks for holders from now on (sv_holders_forked). */

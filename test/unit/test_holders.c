@@ -1,13 +1,18 @@
 /* The holders' table (src/holders.h): a process's entries found by the
  * port's owner, removed once served, stale ones dropped, a full table
- * refused, and shared with a fork's child. */
+ * refused, shared with a fork's child, and found again by an exec'd image
+ * through the table's sealed memfd. */
 #include "holders.h"
 #include "addr.h"
+#include "ownfd.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -199,4 +204,33 @@ Test(holders, a_handed_entry_outranks_its_holders_earlier_one)
 	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64003);
 	sv_holders_drop(&hd);
 	sv_holders_remove(h, slot);
+}
+
+/* ---- The table's memfd (an exec'd image's way to it) ---------------------------- */
+
+/* The table lives on a memfd that the application's closefrom(3) spares,
+ * and that nobody holding it can resize (the owner would SIGBUS). */
+Test(holders, the_table_is_on_a_sealed_memfd_of_libsovias_own)
+{
+	struct sv_holders *h = sv_holders_get();
+	cr_assert_not_null(h);
+	int fd = sv_holders_fd(h);
+	cr_assert_geq(fd, 0, "no memfd");
+	cr_assert_eq(sv_holders_fd(h), fd, "one fd per table");
+	cr_assert_eq(sv_holders_fd(NULL), -1);
+	cr_assert(sv_ownfd_is(fd), "a closefrom(3) would close it");
+	cr_assert_geq(fd, sv_ownfd_base(), "fd %d in the application's range", fd);
+	cr_assert(fcntl(fd, F_GETFD) & FD_CLOEXEC, "every exec would inherit it");
+	struct stat sb;
+	cr_assert_eq(fstat(fd, &sb), 0);
+	cr_assert(S_ISREG(sb.st_mode));
+	cr_assert_eq(ftruncate(fd, sb.st_size / 2), -1, "shrunk");
+	cr_assert_eq(errno, EPERM);
+	cr_assert_eq(ftruncate(fd, sb.st_size + 4096), -1, "grown");
+	cr_assert_eq(errno, EPERM);
+	cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1, "writes could be sealed off");
+	cr_assert_eq(errno, EPERM);
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.4", 40020);
+	cr_assert_geq(sv_holders_add(h, &srv, &cli, 61020), 0, "the refused resizes broke the table");
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 61020);
 }
