@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Kernels since 6.3 refuse a memfd that could be made executable when
@@ -170,6 +171,53 @@ struct sv_holders *sv_holders_get(void)
 int sv_holders_fd(const struct sv_holders *h)
 {
 	return h && h == atomic_load(&table) ? atomic_load(&table_fd) : -1;
+}
+
+/* Is the file at fd a table we may map: a sealed memfd of the table's
+ * size, owned by this image's effective user? 0 or -errno. The seals are
+ * read first: once they are there, the size seen after cannot change. */
+static int check_table_file(int fd)
+{
+	int seals = SV_REAL(fcntl)(fd, F_GET_SEALS);
+	if (seals < 0)
+		return -errno; /* not a memfd (nor shmem) */
+	if ((seals & SV_HOLDERS_SEALS) != SV_HOLDERS_SEALS)
+		return -EINVAL; /* resizable: a holder could SIGBUS us */
+	struct stat sb;
+	if (fstat(fd, &sb) < 0)
+		return -errno;
+	if (!S_ISREG(sb.st_mode) || sb.st_size != (off_t)sizeof(struct sv_holders))
+		return -EINVAL;
+	if (sb.st_uid != geteuid())
+		return -EPERM;
+	return 0;
+}
+
+/* Was the mapped table made by this layout and this image's user and
+ * group? The ids must agree all round: a set-id image gets no table. */
+static bool table_is_ours(struct sv_holders *h)
+{
+	uid_t uid = getuid();
+	gid_t gid = getgid();
+	return atomic_load_explicit(&h->magic, memory_order_relaxed) == SV_HOLDERS_MAGIC &&
+	       atomic_load_explicit(&h->version, memory_order_relaxed) == SV_HOLDERS_VERSION &&
+	       uid == geteuid() && gid == getegid() &&
+	       atomic_load_explicit(&h->creator_uid, memory_order_relaxed) == (uint32_t)uid &&
+	       atomic_load_explicit(&h->creator_gid, memory_order_relaxed) == (uint32_t)gid;
+}
+
+struct sv_holders *sv_holders_attach(int fd)
+{
+	if (fd < 0 || check_table_file(fd) < 0)
+		return NULL;
+	void *m = mmap(NULL, sizeof(struct sv_holders), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	if (!table_is_ours(m)) {
+		munmap(m, sizeof(struct sv_holders));
+		return NULL;
+	}
+	return m;
 }
 
 void sv_holders_mark_forked(struct sv_holders *h)

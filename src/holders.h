@@ -37,6 +37,15 @@ struct sv_holders *sv_holders_get(void);
  * it and only a deliberate copy crosses an exec. */
 int sv_holders_fd(const struct sv_holders *h);
 
+/* In an exec'd image: map the table whose memfd it inherited, to check
+ * and claim the connections handed across the exec. Not the process's own
+ * table (sv_holders_get): this image's listeners make a fresh one. NULL
+ * unless fd is a sealed table of this layout, owned and made by this
+ * image's user and group (real and effective alike), so that a program
+ * run as another user cannot forge claims in a root server's table. The
+ * caller keeps, and may close, fd; the mapping stays. */
+struct sv_holders *sv_holders_attach(int fd);
+
 /* A child of the table's process inherited a listening socket: the owner
  * looks for holders from now on (sv_holders_forked). */
 void sv_holders_mark_forked(struct sv_holders *h);

@@ -234,3 +234,95 @@ Test(holders, the_table_is_on_a_sealed_memfd_of_libsovias_own)
 	cr_assert_geq(sv_holders_add(h, &srv, &cli, 61020), 0, "the refused resizes broke the table");
 	cr_assert_eq(sv_holders_find(h, &srv, &cli), 61020);
 }
+
+/* An exec'd image maps the table it inherited: its own mapping, not the
+ * process's table (its own listeners get a fresh one), both ways shared. */
+Test(holders, an_attached_table_shares_the_creators_entries)
+{
+	struct sv_holders *h = sv_holders_get();
+	cr_assert_not_null(h);
+	int fd = sv_holders_fd(h);
+	cr_assert_geq(fd, 0);
+	struct sv_holders *a = sv_holders_attach(fd);
+	cr_assert_not_null(a, "the creator's own table refused");
+	cr_assert_neq(a, h, "attach gave the process's table");
+	cr_assert_eq(sv_holders_get(), h, "attach replaced the process's table");
+	cr_assert_eq(sv_holders_fd(a), -1, "an attached table's fd is its caller's");
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.5", 40030);
+	struct sockaddr_storage cli2 = v4("10.77.0.5", 40031);
+	int slot = sv_holders_add(h, &srv, &cli, 61030);
+	cr_assert_geq(slot, 0);
+	cr_assert_eq(sv_holders_find(a, &srv, &cli), 61030, "the creator's entry is not seen");
+	int slot2 = sv_holders_add(a, &srv, &cli2, 61031);
+	cr_assert_neq(slot2, slot);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli2), 61031, "the attacher's entry is not seen");
+	cr_assert_eq(sv_holders_adds(h), 2);
+	sv_holders_remove(a, slot);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0);
+}
+
+/* A memfd holding a copy of the table's first page, `size` long, with
+ * `seals`; bytes at `at` (within the header) overwritten by `with`. */
+static int fake_table(int real, off_t size, unsigned seals, size_t at, uint32_t with)
+{
+	char page[4096];
+	int fd = memfd_create("fake-holders", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(ftruncate(fd, size), 0);
+	cr_assert_eq(pread(real, page, sizeof(page), 0), (ssize_t)sizeof(page));
+	if (at != (size_t)-1)
+		memcpy(page + at, &with, sizeof(with));
+	cr_assert_eq(pwrite(fd, page, sizeof(page), 0), (ssize_t)sizeof(page));
+	if (seals)
+		cr_assert_eq(fcntl(fd, F_ADD_SEALS, seals), 0);
+	return fd;
+}
+
+/* Anything but a sealed table of this layout made by this user is
+ * refused. Each fake differs from an accepted copy in one thing. The
+ * header's order is known here: magic (8 bytes), version, creator uid,
+ * creator gid. */
+Test(holders, attach_refuses_what_is_not_a_sealed_table_of_ours)
+{
+	int real = sv_holders_fd(sv_holders_get());
+	cr_assert_geq(real, 0);
+	struct stat sb;
+	cr_assert_eq(fstat(real, &sb), 0);
+	const unsigned all = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+	const size_t none = (size_t)-1;
+
+	int fd = fake_table(real, sb.st_size, all, none, 0);
+	cr_assert_not_null(sv_holders_attach(fd), "the faithful copy is refused: the fakes prove nothing");
+	close(fd);
+	struct {
+		off_t size;
+		unsigned seals;
+		size_t at;
+		uint32_t with;
+		const char *what;
+	} fakes[] = {
+		{sb.st_size + 4096, all, none, 0, "a larger table"},
+		{sb.st_size - 4096, all, none, 0, "a smaller table"},
+		{sb.st_size, 0, none, 0, "an unsealed table"},
+		{sb.st_size, F_SEAL_SHRINK | F_SEAL_GROW, none, 0, "a table that can be unsealed"},
+		{sb.st_size, F_SEAL_SEAL, none, 0, "a table that can be resized"},
+		{sb.st_size, all, 0, 0x12345678u, "a wrong magic"},
+		{sb.st_size, all, 8, 0x7fffffffu, "a wrong version"},
+		{sb.st_size, all, 12, (uint32_t)getuid() + 1, "another user's table"},
+		{sb.st_size, all, 16, (uint32_t)getgid() + 1, "another group's table"},
+	};
+	for (size_t i = 0; i < sizeof(fakes) / sizeof(fakes[0]); i++) {
+		fd = fake_table(real, fakes[i].size, fakes[i].seals, fakes[i].at, fakes[i].with);
+		cr_assert_null(sv_holders_attach(fd), "%s was taken", fakes[i].what);
+		close(fd);
+	}
+
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	cr_assert_null(sv_holders_attach(p[0]), "a pipe was taken");
+	int null = open("/dev/null", O_RDWR);
+	cr_assert_geq(null, 0);
+	cr_assert_null(sv_holders_attach(null), "/dev/null was taken");
+	cr_assert_null(sv_holders_attach(-1));
+	cr_assert_null(sv_holders_attach(1 << 20), "a closed fd was taken");
+}
