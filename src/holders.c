@@ -373,6 +373,47 @@ void sv_holders_claim(const struct sv_hand *hd, uint16_t port)
 		atomic_fetch_add(&hd->h->adds, 1);
 }
 
+void sv_holders_unclaim(const struct sv_hand *hd)
+{
+	struct slot *e = hand_slot(hd);
+	if (!e)
+		return;
+	const uint64_t claim = ((uint64_t)F_CLAIMED << 2) | ((uint64_t)0xffffu << 10);
+	uint64_t st = atomic_load(&e->state);
+	/* On the whole word, like set_bits: an old generation's unclaim
+	 * never lands on the next one. */
+	while (PHASE(st) == SLOT_READY && GEN(st) == hd->gen && (st & claim) &&
+	       !atomic_compare_exchange_weak(&e->state, &st, st & ~claim))
+		;
+}
+
+bool sv_holders_check(const struct sv_hand *hd, const struct sockaddr_storage *server,
+		      const struct sockaddr_storage *client)
+{
+	struct slot *e = hand_slot(hd);
+	uint32_t key[KEY_WORDS];
+	if (!e || make_key(server, client, key) < 0)
+		return false;
+	uint64_t st = atomic_load(&e->state);
+	if (PHASE(st) != SLOT_READY || GEN(st) != hd->gen)
+		return false;
+	bool same = true;
+	for (unsigned w = 0; w < KEY_WORDS && same; w++)
+		same = atomic_load_explicit(&e->key[w], memory_order_relaxed) == key[w];
+	uint32_t pid2 = atomic_load_explicit(&e->pid2, memory_order_relaxed);
+	/* The copies above are of this generation only if it is still there
+	 * after them (the fence keeps them before the second look). Its
+	 * flags may have moved meanwhile (a release, a claim): judge the
+	 * latest. */
+	atomic_thread_fence(memory_order_acquire);
+	st = atomic_load(&e->state);
+	if (PHASE(st) != SLOT_READY || GEN(st) != hd->gen)
+		return false;
+	unsigned fl = FLAGS(st);
+	return same && (fl & F_HANDED) && (fl & F_ADOPTED) && !(fl & F_SPOILED) &&
+	       pid2 == (uint32_t)getpid();
+}
+
 void sv_holders_release_first(const struct sv_hand *hd)
 {
 	if (set_flag(hd, F_FIRST_GONE) >= 0)

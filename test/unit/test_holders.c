@@ -326,3 +326,105 @@ Test(holders, attach_refuses_what_is_not_a_sealed_table_of_ours)
 	cr_assert_null(sv_holders_attach(-1));
 	cr_assert_null(sv_holders_attach(1 << 20), "a closed fd was taken");
 }
+
+/* ---- An exec'd image's checks and claims --------------------------------------- */
+
+/* The child that adopted a handed connection, after an exec (same pid):
+ * its entry is checked against what it was told. Anything but this
+ * generation, this pid, this exact connection, unspoiled, is refused. */
+Test(holders, check_accepts_only_the_adopters_unspoiled_entry)
+{
+	struct sv_holders *h = sv_holders_get();
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.6", 40040);
+	struct sockaddr_storage srv2 = v4("10.77.0.1", 81), cli2 = v4("10.77.0.6", 40041);
+	struct sv_hand hd;
+	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &hd), 0);
+	int up[2], go[2];
+	cr_assert_eq(pipe(up), 0);
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		/* Only the parent's ends: a failed parent leaves no child
+		 * waiting for ever. */
+		close(up[0]);
+		close(go[1]);
+		struct sv_hand old = hd, next = hd;
+		old.gen--;
+		next.gen++;
+		char r[8], c;
+		r[0] = sv_holders_check(&hd, &srv, &cli) ? 'y' : 'n'; /* not adopted yet */
+		r[1] = sv_holders_adopt(&hd) ? 'y' : 'n';
+		r[2] = sv_holders_check(&hd, &srv, &cli) ? 'y' : 'n';
+		r[3] = sv_holders_check(&old, &srv, &cli) ? 'y' : 'n';
+		r[4] = sv_holders_check(&next, &srv, &cli) ? 'y' : 'n';
+		r[5] = sv_holders_check(&hd, &srv, &cli2) ? 'y' : 'n';
+		r[6] = sv_holders_check(&hd, &srv2, &cli) ? 'y' : 'n';
+		r[7] = sv_holders_check(&hd, &cli, &srv) ? 'y' : 'n';
+		sv_holders_claim(&hd, 64040);
+		if (write(up[1], r, 8) != 8 || read(go[0], &c, 1) != 1)
+			_exit(2);
+		c = sv_holders_check(&hd, &srv, &cli) ? 'y' : 'n'; /* released */
+		if (write(up[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+			_exit(2);
+		c = sv_holders_check(&hd, &srv, &cli) ? 'y' : 'n'; /* spoiled */
+		_exit(write(up[1], &c, 1) == 1 ? 0 : 2);
+	}
+	close(up[1]);
+	close(go[0]);
+	char r[8] = {0}, c = 0;
+	cr_assert_eq(read(up[0], r, 8), 8);
+	cr_assert_eq(r[0], 'n', "an entry nobody adopted passed");
+	cr_assert_eq(r[1], 'y', "the child could not adopt");
+	cr_assert_eq(r[2], 'y', "the adopter's own entry was refused");
+	cr_assert_eq(r[3], 'n', "an older generation passed");
+	cr_assert_eq(r[4], 'n', "a newer generation passed");
+	cr_assert_eq(r[5], 'n', "another client passed");
+	cr_assert_eq(r[6], 'n', "another server port passed");
+	cr_assert_eq(r[7], 'n', "the roles swapped passed");
+	cr_assert_not(sv_holders_check(&hd, &srv, &cli), "passed in the parent, not its adopter");
+	sv_holders_release_first(&hd);
+	cr_assert_eq(write(go[1], "x", 1), 1);
+	cr_assert_eq(read(up[0], &c, 1), 1);
+	cr_assert_eq(c, 'y', "refused once the parent released it (its flags moved)");
+	sv_holders_spoil(&hd);
+	cr_assert_eq(write(go[1], "x", 1), 1);
+	cr_assert_eq(read(up[0], &c, 1), 1);
+	cr_assert_eq(c, 'n', "a spoiled entry passed");
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* The adopter unclaims before it execs: no redirect to its listener,
+ * which goes with the old image; the new image's claim sets its port. */
+Test(holders, an_unclaimed_hand_is_not_found_until_claimed_again)
+{
+	struct sv_holders *h = sv_holders_get();
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.6", 40042);
+	struct sv_hand hd;
+	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &hd), 0);
+	cr_assert(sv_holders_adopt(&hd));
+	sv_holders_claim(&hd, 64041);
+	sv_holders_release_first(&hd);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64041);
+	struct sv_hand next = hd;
+	next.gen++;
+	sv_holders_unclaim(&next);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64041, "another generation's unclaim took");
+	sv_holders_unclaim(&hd);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "redirected to the departed listener");
+	cr_assert(sv_holders_sole(&hd), "the unclaim took more than the claim");
+	cr_assert(sv_holders_check(&hd, &srv, &cli));
+	uint64_t adds = sv_holders_adds(h);
+	sv_holders_claim(&hd, 64042);
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64042, "the new image's claim lost to the old port");
+	cr_assert_gt(sv_holders_adds(h), adds, "a waiting request would not look again");
+	sv_holders_unclaim(&hd);
+	sv_holders_unclaim(&hd); /* twice: nothing more happens */
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0);
+	cr_assert(sv_holders_sole(&hd));
+	sv_holders_drop(&hd);
+	sv_holders_unclaim(&hd); /* gone: nothing happens */
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0);
+}
