@@ -132,11 +132,9 @@ close_fd:
 	return r;
 }
 
-struct sv_holders *sv_holders_get(void)
+/* The process's table (made here unless another thread was first). */
+static struct sv_holders *make_table(void)
 {
-	struct sv_holders *h = atomic_load(&table);
-	if (h)
-		return h;
 	/* Shared with the children this process forks, and with an image
 	 * they exec given a copy of the fd; never unmapped (they and late
 	 * requests may use it until the process ends). Untouched pages cost
@@ -166,6 +164,19 @@ struct sv_holders *sv_holders_get(void)
 	if (fd >= 0)
 		atomic_store(&table_fd, fd);
 	return m;
+}
+
+struct sv_holders *sv_holders_get(void)
+{
+	struct sv_holders *h = atomic_load(&table);
+	if (h)
+		return h;
+	/* The memfd's fallbacks (an old kernel's EINVAL) leave the caller's
+	 * errno alone, as the anonymous mapping alone did. */
+	int saved = errno;
+	h = make_table();
+	errno = saved;
+	return h;
 }
 
 int sv_holders_fd(const struct sv_holders *h)

@@ -212,8 +212,10 @@ Test(holders, a_handed_entry_outranks_its_holders_earlier_one)
  * and that nobody holding it can resize (the owner would SIGBUS). */
 Test(holders, the_table_is_on_a_sealed_memfd_of_libsovias_own)
 {
-	struct sv_holders *h = sv_holders_get();
+	errno = 12345;
+	struct sv_holders *h = sv_holders_get(); /* the first: this process makes it */
 	cr_assert_not_null(h);
+	cr_assert_eq(errno, 12345, "making the table changed the caller's errno");
 	int fd = sv_holders_fd(h);
 	cr_assert_geq(fd, 0, "no memfd");
 	cr_assert_eq(sv_holders_fd(h), fd, "one fd per table");
