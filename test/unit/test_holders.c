@@ -233,7 +233,7 @@ Test(holders, the_table_is_on_a_sealed_memfd_of_libsovias_own)
 	cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1, "writes could be sealed off");
 	cr_assert_eq(errno, EPERM);
 	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.4", 40020);
-	cr_assert_geq(sv_holders_add(h, &srv, &cli, 61020), 0, "the refused resizes broke the table");
+	cr_assert_geq(sv_holders_add(h, &srv, &cli, 61020), 0, "the refused resizes broke it");
 	cr_assert_eq(sv_holders_find(h, &srv, &cli), 61020);
 }
 
@@ -294,7 +294,7 @@ Test(holders, attach_refuses_what_is_not_a_sealed_table_of_ours)
 	const size_t none = (size_t)-1;
 
 	int fd = fake_table(real, sb.st_size, all, none, 0);
-	cr_assert_not_null(sv_holders_attach(fd), "the faithful copy is refused: the fakes prove nothing");
+	cr_assert_not_null(sv_holders_attach(fd), "a faithful copy refused: fakes prove nothing");
 	close(fd);
 	struct {
 		off_t size;
@@ -420,7 +420,7 @@ Test(holders, an_unclaimed_hand_is_not_found_until_claimed_again)
 	cr_assert(sv_holders_check(&hd, &srv, &cli));
 	uint64_t adds = sv_holders_adds(h);
 	sv_holders_claim(&hd, 64042);
-	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64042, "the new image's claim lost to the old port");
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64042, "the new claim lost to the old port");
 	cr_assert_gt(sv_holders_adds(h), adds, "a waiting request would not look again");
 	sv_holders_unclaim(&hd);
 	sv_holders_unclaim(&hd); /* twice: nothing more happens */
