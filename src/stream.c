@@ -261,12 +261,58 @@ bool sv_stream_adopt_pending(const struct sv_stream *s)
 
 void sv_stream_start_adopted(struct sv_stream *s)
 {
-	if (!atomic_exchange(&s->adopt_pending, false) || no_rdma(s))
+	if (!atomic_exchange(&s->adopt_pending, false))
+		return;
+	sv_lock(&s->lock);
+	bool exposed = s->std_exposed;
+	if (exposed) {
+		/* stdio may have moved bytes our counts miss: no upgrade here,
+		 * and the owner redirects nobody to us. */
+		sv_holders_drop(&s->hand);
+		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
+	}
+	sv_unlock(&s->lock);
+	if (exposed) {
+		sv_info("fd %d: used on stdin, stdout or stderr before an exec: it stays on TCP",
+			s->fd);
+		return;
+	}
+	if (no_rdma(s))
 		return;
 	sv_dbg("fd %d: handed to us by the parent at %llu bytes out, %llu in: its upgrade "
 	       "waits until we hold it alone", s->fd, (unsigned long long)s->tcp_tx,
 	       (unsigned long long)s->tcp_rx);
 	sv_upgrade_adopted(s);
+}
+
+/* Handed to us and untouched: no upgrade began, nothing of ours is in the
+ * connection, and the holders' table still has it as ours. With the lock. */
+static bool untouched_hand(struct sv_stream *s)
+{
+	return s->adopted && s->hand.h && atomic_load(&s->adopt_pending) &&
+	       s->state == SV_CONN_TCP && !s->id && !s->proto && !sv_stream_tcpbuf_held(s) &&
+	       !s->sw.room_wait && !s->cl.tx_shut && !s->cl.app_closed &&
+	       sv_holders_check(&s->hand, &s->tuple.local, &s->tuple.peer);
+}
+
+bool sv_stream_expose_std(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	bool ok = untouched_hand(s);
+	if (ok)
+		s->std_exposed = true;
+	sv_unlock(&s->lock);
+	return ok;
+}
+
+bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand)
+{
+	sv_lock(&s->lock);
+	bool ok = untouched_hand(s);
+	if (ok)
+		*hand = s->hand;
+	sv_unlock(&s->lock);
+	return ok;
 }
 
 /* ---- Process events ---------------------------------------------------------- */

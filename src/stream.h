@@ -104,6 +104,21 @@ struct sv_stream *sv_stream_adopt(int fd, const struct sv_hand *hand, uint64_t t
  * starts no helper nor rdma_cm. Read without the lock. */
 bool sv_stream_adopt_pending(const struct sv_stream *s);
 void sv_stream_start_adopted(struct sv_stream *s);
+/* A copy of adopted stream s goes on fd 0, 1 or 2 (inetd's child before
+ * its exec), where glibc's stdio reads and writes past the interposer.
+ * True when s may take it: handed to us and untouched, it then never
+ * upgrades in this image, and only an exec hands it on
+ * (sv_stream_exec_hand). False: it must go back to plain TCP. */
+bool sv_stream_expose_std(struct sv_stream *s);
+/* An exec keeps an fd of s: true when s can be handed on to the new image
+ * (an adopted connection still untouched, nothing of ours in it), with
+ * *hand its entry in the holders' table. The kernel's counts say what TCP
+ * carried (sv_tcp_app_counts); the new image adopts it. */
+bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand);
+/* What the application of accepted socket fd has sent and received over
+ * TCP in its life, from the kernel's counters; -ENOTCONN past
+ * ESTABLISHED, where the kernel counts a FIN too. */
+int sv_tcp_app_counts(int fd, uint64_t *tx, uint64_t *rx);
 /* The application reads, writes, waits on or shuts down the connection
  * (each such call's first step). A server's upgrade request waits for it:
  * an accept-then-fork server's parent never uses its connection, which is

@@ -289,6 +289,10 @@ struct sv_stream {
 	atomic_bool handed;        /* we handed it: bytes we move spoil the hand */
 	atomic_bool adopt_pending; /* sv_stream_adopt_pending */
 	atomic_bool app_used;      /* sv_stream_app_uses */
+	/* A copy of it is on fd 0, 1 or 2 of this image, where glibc's stdio
+	 * may move bytes past us: it never upgrades here; only an exec may
+	 * hand it on (sv_stream_expose_std). */
+	bool std_exposed;
 
 	/* The media. tcp_tx and tcp_rx count each direction's bytes TCP
 	 * carried; with the core's offsets they give every switch point. */

@@ -137,3 +137,35 @@ void sv_stream_tcp_info(struct sv_stream *s, void *info, socklen_t len)
 	sv_unlock(&s->lock);
 	memcpy(info, &ti, n);
 }
+
+/* What the application of a passive (accepted) socket has sent and
+ * received over its life, from the kernel's counts: every byte written is
+ * acknowledged or still queued, every byte that arrived was read or still
+ * waits. Past ESTABLISHED a FIN counts in the kernel's numbers (and on the
+ * connecting side the SYN does): -ENOTCONN, as the caller cannot tell
+ * them from data. The counters and the queues are read apart, so the
+ * queues are read on both sides of TCP_INFO until they agree. */
+int sv_tcp_app_counts(int fd, uint64_t *tx, uint64_t *rx)
+{
+	for (int tries = 0; tries < 100; tries++) {
+		int outq, inq, outq2, inq2;
+		struct tcp_info ti = {0};
+		socklen_t len = sizeof(ti);
+		if (SV_REAL(ioctl)(fd, SIOCOUTQ, &outq) < 0 || SV_REAL(ioctl)(fd, SIOCINQ, &inq) < 0 ||
+		    SV_REAL(getsockopt)(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0 ||
+		    SV_REAL(ioctl)(fd, SIOCOUTQ, &outq2) < 0 || SV_REAL(ioctl)(fd, SIOCINQ, &inq2) < 0)
+			return -errno;
+		if (len < offsetof(struct tcp_info, tcpi_bytes_received) +
+				  sizeof(ti.tcpi_bytes_received))
+			return -EOPNOTSUPP; /* a kernel older than 4.2 */
+		if (ti.tcpi_state != SV_TCPS_ESTABLISHED)
+			return -ENOTCONN;
+		if (outq != outq2 || inq != inq2 || outq < 0 || inq < 0 ||
+		    ti.tcpi_bytes_received < (uint64_t)inq)
+			continue; /* moved while we looked */
+		*tx = ti.tcpi_bytes_acked + (uint64_t)outq;
+		*rx = ti.tcpi_bytes_received - (uint64_t)inq;
+		return 0;
+	}
+	return -EAGAIN;
+}

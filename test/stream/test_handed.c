@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "holders.h"
+#include "real.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -50,8 +51,8 @@ static void connect_pair(struct pair *p)
 }
 
 /* The fork: the parent's stream is handed, with TCP's counts so far; the
- * child adopts it and uses it at once. */
-static void fork_and_adopt(struct handed *t, uint64_t want_tx, uint64_t want_rx)
+ * child adopts it (its upgrade not started). */
+static void fork_and_hand(struct handed *t, uint64_t want_tx, uint64_t want_rx)
 {
 	struct pair *p = &t->p;
 	uint64_t tx, rx;
@@ -65,13 +66,19 @@ static void fork_and_adopt(struct handed *t, uint64_t want_tx, uint64_t want_rx)
 	cr_assert_geq(t->child_fd, 0);
 	t->child = sv_stream_adopt(t->child_fd, &t->hand, tx, rx);
 	cr_assert_not_null(t->child);
+}
+
+/* ... and the child uses it at once. */
+static void fork_and_adopt(struct handed *t, uint64_t want_tx, uint64_t want_rx)
+{
+	fork_and_hand(t, want_tx, want_rx);
 	sv_stream_start_adopted(t->child);
 	child_uses(t);
 }
 
 /* Bytes both ways on TCP, then the fork: the parent's stream is handed,
  * the child adopts it. The client's upgrade is late enough to come after. */
-static void accept_and_fork(struct handed *t)
+static void accept_and_talk(struct handed *t)
 {
 	sv_cfg.upgrade_delay_ms = 300;
 	struct pair *p = &t->p;
@@ -83,7 +90,11 @@ static void accept_and_fork(struct handed *t)
 	cr_assert_eq(h_read_all(p->s, b, 700, &end), 700);
 	cr_assert_eq(h_write_all(p->s, b, 300), 300);
 	cr_assert_eq(h_read_all(p->c, b, 300, &end), 300);
+}
 
+static void accept_and_fork(struct handed *t)
+{
+	accept_and_talk(t);
 	fork_and_adopt(t, 300, 700);
 }
 
@@ -223,4 +234,64 @@ Test(handed, an_unused_connection_upgrades_within_a_short_timeout)
 {
 	sv_cfg.upgrade_timeout_ms = 500;
 	unused_upgrades();
+}
+
+/* inetd's child puts the connection on its stdin and stdout before its
+ * exec: glibc's stdio may move bytes there past libsovia, so it never
+ * upgrades in that image, and cannot be handed on once it tried. */
+Test(handed, a_copy_on_stdio_never_upgrades_before_the_exec)
+{
+	sv_cfg.upgrade_timeout_ms = 600;
+	struct handed t;
+	struct sv_hand on;
+	accept_and_talk(&t);
+	fork_and_hand(&t, 300, 700);
+	cr_assert(sv_stream_exec_hand(t.child, &on), "untouched: an exec may hand it on");
+	cr_assert(sv_stream_expose_std(t.child));
+	sv_stream_start_adopted(t.child); /* its first use */
+	cr_assert_eq(h_state(t.child), SV_CONN_FALLBACK);
+	cr_assert_not(sv_stream_exec_hand(t.child, &on), "used: an exec takes it back to TCP");
+	sv_holders_release_first(&t.hand);
+	cr_assert_eq(h_wait_state(t.p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
+		     sv_conn_state_name(h_state(t.p.c)));
+	sv_stream_close(t.child, t.child_fd);
+	h_pair_free(&t.p);
+}
+
+/* The exec: the image before put the connection on stdio and wrote there
+ * past libsovia (glibc's FILE); the new image adopts it with the kernel's
+ * counts (preload/exec_hand.c), which include those bytes, and takes it to
+ * RDMA once the parent released it. The client reads every byte in order. */
+Test(handed, the_exec_image_continues_from_the_kernels_counts)
+{
+	struct handed t;
+	struct pair *p = &t.p;
+	struct sv_hand on;
+	accept_and_talk(&t);
+	fork_and_hand(&t, 300, 700);
+	cr_assert(sv_stream_expose_std(t.child));
+	cr_assert_eq(SV_REAL(write)(t.child_fd, "stdio", 5), 5);
+	cr_assert(sv_stream_exec_hand(t.child, &on));
+	cr_assert_eq(on.slot, t.hand.slot);
+
+	/* The exec: the image before leaves its stream behind, untouched. */
+	int img_fd = dup(t.child_fd);
+	cr_assert_geq(img_fd, 0);
+	t.child->adopted = false; /* its memory is gone, not its hand */
+	sv_stream_close(t.child, t.child_fd);
+	uint64_t tx, rx;
+	cr_assert_eq(sv_tcp_app_counts(img_fd, &tx, &rx), 0);
+	cr_assert(tx == 305 && rx == 700, "kernel counts %llu out, %llu in",
+		  (unsigned long long)tx, (unsigned long long)rx);
+	t.child_fd = img_fd;
+	t.child = sv_stream_adopt(img_fd, &on, tx, rx);
+	cr_assert_not_null(t.child);
+	sv_stream_start_adopted(t.child);
+	child_uses(&t);
+
+	char b[5];
+	long end;
+	cr_assert_eq(h_read_all(p->c, b, 5, &end), 5);
+	cr_assert(!memcmp(b, "stdio", 5));
+	released_to_rdma(&t);
 }

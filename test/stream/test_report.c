@@ -5,11 +5,13 @@
 
 #include "log.h"
 #include "real.h"
+#include "stream.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <linux/sockios.h>
 #include <linux/tcp.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -189,4 +191,80 @@ Test(report, no_log_line_enters_a_socket_on_stderr)
 {
 	cr_assert_lt(log_reaches(true), 0, "the warning went into the socket");
 	cr_assert_gt(log_reaches(false), 0, "the warning did not reach a pipe on stderr");
+}
+
+/* A plain loopback connection, the kernel's alone: *srv is the accepted end. */
+static void kernel_pair(int *cli, int *srv)
+{
+	int ls = SV_REAL(socket)(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	cr_assert_eq(SV_REAL(bind)(ls, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(SV_REAL(listen)(ls, 1), 0);
+	cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+	*cli = SV_REAL(socket)(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(SV_REAL(connect)(*cli, (struct sockaddr *)&a, sizeof(a)), 0);
+	*srv = SV_REAL(accept)(ls, NULL, NULL);
+	cr_assert_geq(*srv, 0);
+	SV_REAL(close)(ls);
+}
+
+static void expect_counts(int fd, uint64_t tx, uint64_t rx)
+{
+	uint64_t t = ~0ull, r = ~0ull;
+	cr_assert_eq(sv_tcp_app_counts(fd, &t, &r), 0);
+	cr_assert(t == tx && r == rx, "kernel counts %llu out, %llu in; the application moved "
+	          "%llu, %llu", (unsigned long long)t, (unsigned long long)r,
+	          (unsigned long long)tx, (unsigned long long)rx);
+}
+
+/* What an exec'd image continues from (preload/exec_hand.c): the bytes the
+ * application of an accepted socket moved, whoever moved them, with unread
+ * bytes queued and unacknowledged bytes in the send queue; past
+ * ESTABLISHED the kernel counts the FIN too, and it says so. */
+Test(report, kernel_counts_are_what_the_application_moved)
+{
+	int c, s;
+	kernel_pair(&c, &s);
+	expect_counts(s, 0, 0);
+
+	static uint8_t buf[600000];
+	enum { IN = 70000, READ = 30000 };
+	size_t sent = 0;
+	while (sent < IN) {
+		ssize_t n = SV_REAL(write)(c, buf, IN - sent);
+		cr_assert_gt(n, 0);
+		sent += (size_t)n;
+	}
+	size_t got = 0;
+	while (got < READ) {
+		ssize_t n = SV_REAL(read)(s, buf, READ - got);
+		cr_assert_gt(n, 0);
+		got += (size_t)n;
+	}
+	int queued = 0;
+	uint64_t until = h_ms() + 10000;
+	while ((queued = outq(s, SIOCINQ)) < IN - READ && h_ms() < until)
+		usleep(1000);
+	cr_assert_eq(queued, IN - READ, "the rest of the bytes wait unread");
+	expect_counts(s, 0, READ);
+
+	/* The peer reads nothing: most of what the server writes stays queued. */
+	cr_assert_eq(fcntl(s, F_SETFL, O_NONBLOCK), 0);
+	size_t out = 0;
+	ssize_t n;
+	while ((n = SV_REAL(write)(s, buf, sizeof(buf))) > 0)
+		out += (size_t)n;
+	cr_assert_gt(outq(s, SIOCOUTQ), 0, "bytes wait in the send queue");
+	expect_counts(s, out, READ);
+
+	cr_assert_eq(SV_REAL(shutdown)(c, SHUT_WR), 0);
+	uint64_t t, r;
+	int res;
+	until = h_ms() + 10000;
+	while ((res = sv_tcp_app_counts(s, &t, &r)) == 0 && h_ms() < until)
+		usleep(1000);
+	cr_assert_eq(res, -ENOTCONN, "after the peer's FIN the counts are refused");
+	SV_REAL(close)(c);
+	SV_REAL(close)(s);
 }
