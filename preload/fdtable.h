@@ -22,6 +22,7 @@ struct pollfd;
 struct sv_marks;
 struct sv_hub_watch;
 struct sv_hub_node;
+struct sv_hand;
 
 /* Readiness of an fd whose data libsovia may hold: poll, select and epoll
  * ask it instead of (or besides) the kernel. Each op is the stream's of the
@@ -95,6 +96,10 @@ struct sv_fd_ops {
 	/* After the interposed fork: in the child (pid 0), once every fork
 	 * handler ran; in the parent only when the fork failed (pid -1). */
 	void (*after_fork)(struct sv_fd *f, pid_t pid);
+	/* An exec keeps the fd: true when the connection can be handed on to
+	 * the new image, which continues it (exec_hand.c), with *hand its
+	 * entry in the holders' table; false: detach first. */
+	bool (*exec_hand)(struct sv_fd *f, struct sv_hand *hand);
 	/* Readiness of its own. */
 	const struct sv_fd_wait_ops *wait;
 	/* stdio (fdopen) must call back through libsovia for this fd. */

@@ -56,9 +56,14 @@ void sv_preload_init(void)
 	pthread_once(&init_once, init_once_fn);
 }
 
+/* Once set up (outside the one-time set-up, whose calls would come back
+ * to it): a connection the image before the exec handed on (exec_hand.c)
+ * is continued before main(), and before glibc's stdio is used. */
 __attribute__((constructor)) static void sv_preload_ctor(void)
 {
 	sv_preload_init();
+	if (atomic_load_explicit(&sv_initialised, memory_order_acquire))
+		sv_exec_inherit();
 }
 
 /* Normal termination (return from main, exit()): push out what the

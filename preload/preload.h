@@ -83,6 +83,20 @@ void sv_fd_detach_all_for_fork(void);
  * failed (pid -1: it keeps them). held.c. */
 void sv_ops_after_fork(pid_t pid);
 
+/* exec (exec_hand.c). Before it: the connections handed to this process
+ * that the exec keeps are handed on to the new image in ex->envp (NULL:
+ * none, pass the caller's); every other one it keeps goes back to plain
+ * TCP. sv_exec_env_done after an exec that failed. */
+struct sv_exec_env {
+	char **envp;
+	char *var;
+	int table_fd;
+};
+void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex);
+void sv_exec_env_done(struct sv_exec_env *ex);
+/* In the new image's constructor: continue what the image before handed on. */
+void sv_exec_inherit(void);
+
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);
 /* From the constructor, single-threaded, before main(), when std fd 0, 1

@@ -192,22 +192,35 @@ static bool replace_entry(int fd, const struct sv_fd_ops *ops, void *priv)
 /* A copy on 0, 1 or 2 is refused (the connection then goes back to plain
  * TCP): glibc's stdin, stdout and stderr read and write those fds with
  * its internal calls, past the interposer, and a program dup2()s a socket
- * there to use them (ftpd's control connection, inetd-style servers). */
+ * there to use them (ftpd's control connection, inetd-style servers).
+ * Unless libsovia's own FILE is that fd's (sv_stdio_take_std, after an
+ * exec), or the connection was handed to us untouched: inetd's child
+ * puts it on 0-2 only to exec the service, which continues it
+ * (exec_hand.c); until then it stays TCP. */
 static bool st_add_copy(struct sv_fd *f, int nfd)
 {
-	if (nfd <= STDERR_FILENO) {
-		sv_dbg("fd %d: a copy on %d, where stdio would bypass libsovia: back to TCP", f->fd,
-		       nfd);
-		return false;
-	}
 	sv_enter();
 	struct sv_stream *s = raw_stream(f);
+	if (nfd <= STDERR_FILENO && !sv_stdio_ours(nfd) && !sv_stream_expose_std(s)) {
+		sv_dbg("fd %d: a copy on %d, where stdio would bypass libsovia: back to TCP", f->fd,
+		       nfd);
+		sv_leave();
+		return false;
+	}
 	sv_stream_get(s); /* the new entry's; released by replace_entry on failure */
 	bool ok = replace_entry(nfd, &sv_stream_ops, s);
 	if (ok)
 		sv_stream_opened(s);
 	sv_leave();
 	return ok;
+}
+
+static bool st_exec_hand(struct sv_fd *f, struct sv_hand *hand)
+{
+	sv_enter();
+	bool r = sv_stream_exec_hand(raw_stream(f), hand);
+	sv_leave();
+	return r;
 }
 
 static long st_inq(struct sv_fd *f)
@@ -336,6 +349,7 @@ static const struct sv_fd_ops sv_stream_ops = {
 	.detach_for_fork = st_detach_for_fork,
 	.share = st_share,
 	.add_copy = st_add_copy,
+	.exec_hand = st_exec_hand,
 	.inq = st_inq,
 	.outq = st_outq,
 	.mode_changed = st_mode_changed,
@@ -413,6 +427,27 @@ bool sv_stream_fd_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_
 		ok = replace_entry(fd, &sv_stream_ops, s); /* started at its first use */
 		sv_stream_put(s);
 	}
+	sv_leave();
+	return ok;
+}
+
+bool sv_stream_fd_adopt_exec(const int *fds, int n, const struct sv_hand *hand, uint64_t tx,
+			     uint64_t rx)
+{
+	sv_enter();
+	struct sv_stream *s = sv_stream_adopt(fds[0], hand, tx, rx);
+	bool ok = s != NULL;
+	if (ok && n > 1)
+		ok = sv_stream_share(s) == 0; /* any of the fds may be closed first */
+	for (int i = 0; ok && i < n; i++) {
+		if (i > 0)
+			sv_stream_opened(s);
+		sv_stream_get(s); /* the entry's; released by replace_entry on failure */
+		ok = replace_entry(fds[i], &sv_stream_ops, s); /* started at its first use */
+	}
+	if (!ok && s)
+		sv_fd_make_plain_all(s); /* the entries made go; the last put drops the hand */
+	sv_stream_put(s);
 	sv_leave();
 	return ok;
 }

@@ -5,7 +5,10 @@
  * acceleration:
  *
  *   fork, vfork            every accelerated connection, before the fork
- *   exec*, fexecve         those that survive the exec (no FD_CLOEXEC)
+ *   exec*, fexecve         those that survive the exec (no FD_CLOEXEC),
+ *                          but a connection handed to this process and
+ *                          still untouched: the new image continues it
+ *                          (exec_hand.c)
  *   posix_spawn[p]         every one (file actions may hand any fd over)
  *   system, popen          those that survive into the shell (no
  *                          FD_CLOEXEC): glibc spawns it with its internal
@@ -186,34 +189,67 @@ SV_EXPORT pid_t vfork(void)
 	return fork();
 }
 
+/* An exec hands the connections handed to this process on to the new
+ * image (exec_hand.c), and takes the others it keeps back to plain TCP.
+ * False: refused from inside libsovia. */
+static bool exec_begin(const char *name, char *const envp[], struct sv_exec_env *ex)
+{
+	*ex = (struct sv_exec_env){.table_fd = -1};
+	if (handover_refused(true)) {
+		sv_refuse(-1, name, EBUSY);
+		return false;
+	}
+	ENTER_DETACHING(sv_exec_prepare(envp, ex));
+	return true;
+}
+
+/* The exec failed: what was made for the new image goes (keeps errno). */
+static int exec_failed(struct sv_exec_env *ex, int r)
+{
+	sv_exec_env_done(ex);
+	return r;
+}
+
 SV_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
-	HAND_OVER("execve", true, -1);
-	return SV_REAL(execve)(path, argv, envp);
+	struct sv_exec_env ex;
+	if (!exec_begin("execve", envp, &ex))
+		return -1;
+	return exec_failed(&ex, SV_REAL(execve)(path, argv, ex.envp ? ex.envp : envp));
 }
 
 SV_EXPORT int execv(const char *path, char *const argv[])
 {
-	HAND_OVER("execv", true, -1);
-	return SV_REAL(execv)(path, argv);
+	struct sv_exec_env ex;
+	if (!exec_begin("execv", environ, &ex))
+		return -1;
+	return exec_failed(&ex, ex.envp ? SV_REAL(execve)(path, argv, ex.envp)
+					: SV_REAL(execv)(path, argv));
 }
 
 SV_EXPORT int execvp(const char *file, char *const argv[])
 {
-	HAND_OVER("execvp", true, -1);
-	return SV_REAL(execvp)(file, argv);
+	struct sv_exec_env ex;
+	if (!exec_begin("execvp", environ, &ex))
+		return -1;
+	return exec_failed(&ex, ex.envp ? SV_REAL(execvpe)(file, argv, ex.envp)
+					: SV_REAL(execvp)(file, argv));
 }
 
 SV_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
-	HAND_OVER("execvpe", true, -1);
-	return SV_REAL(execvpe)(file, argv, envp);
+	struct sv_exec_env ex;
+	if (!exec_begin("execvpe", envp, &ex))
+		return -1;
+	return exec_failed(&ex, SV_REAL(execvpe)(file, argv, ex.envp ? ex.envp : envp));
 }
 
 SV_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
-	HAND_OVER("fexecve", true, -1);
-	return SV_REAL(fexecve)(fd, argv, envp);
+	struct sv_exec_env ex;
+	if (!exec_begin("fexecve", envp, &ex))
+		return -1;
+	return exec_failed(&ex, SV_REAL(fexecve)(fd, argv, ex.envp ? ex.envp : envp));
 }
 
 /* execl, execlp, execle: the list becomes an argv for execv, execvp or

@@ -1,0 +1,339 @@
+/* A connection handed to this process survives an exec that keeps its
+ * fds: the new image continues it, and may take it to RDMA.
+ *
+ * inetd's child gets the connection handed by inetd's fork (held.c), puts
+ * it on fds 0, 1 and 2, closes the rest and execs the service. Before the
+ * exec the connection is still plain TCP, untouched (sv_stream_exec_hand);
+ * the exec passes it on in the environment, with the holders' table that
+ * says who holds it (holders.h: a memfd, which survives the exec):
+ *
+ *   SOVIA_HANDED=<pid>:<table fd>:<conn>[,<conn>...]
+ *   <conn> = <slot>.<gen>.<socket inode>.<fd>[+<fd>...]
+ *
+ * The pid binds it to this process (exec keeps the pid; the program's own
+ * children ignore it). The new image's constructor checks every part
+ * against the kernel (the fds are the same sockets, the table is ours and
+ * still has the entry as this process's), takes glibc's stdin, stdout and
+ * stderr over where they are the connection (stdio_std.c), and makes the
+ * fds one stream, which starts its upgrade at its first use, as a fork's
+ * child does. What TCP carried so far comes from the kernel's counters
+ * (sv_tcp_app_counts), so bytes the images moved past libsovia (glibc's
+ * stdio before the exec, a program not preloaded in between) are counted
+ * too.
+ *
+ * Only an image that runs libsovia gets the table: the environment passed
+ * to exec must preload it, and the process's ids must be the table's
+ * creator's (a service inetd runs as another user stays TCP: it must not
+ * be able to write the table, where a forged entry would redirect another
+ * client's upgrade). Every other connection goes back to plain TCP first,
+ * as before (unserved.c). */
+#include "config.h"
+#include "log.h"
+#include "ownfd.h"
+#include "preload.h"
+#include "real.h"
+#include "sovia_ops.h"
+#include "stream.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HANDED_VAR "SOVIA_HANDED"
+#define MAX_CONNS 8
+#define MAX_FDS 8
+
+struct handed {
+	struct sv_hand hand;
+	uint64_t ino;
+	int nfds;
+	int fds[MAX_FDS];
+};
+
+/* The table the image before handed on, and our copy of its fd (set in
+ * the constructor, read only after): an exec of ours hands it on again. */
+static struct sv_holders *inherited;
+static int inherited_fd = -1;
+
+/* ---- Before the exec ------------------------------------------------------- */
+
+/* Does the environment the exec passes preload libsovia (this module)? */
+static bool preloads_us(char *const envp[])
+{
+	Dl_info info;
+	if (!envp || !dladdr((void *)preloads_us, &info) || !info.dli_fname)
+		return false;
+	const char *name = strrchr(info.dli_fname, '/');
+	name = name ? name + 1 : info.dli_fname;
+	for (char *const *e = envp; *e; e++) {
+		if (strncmp(*e, "LD_PRELOAD=", 11) == 0)
+			return *name && strstr(*e + 11, name) != NULL;
+	}
+	return false;
+}
+
+/* The table fd a new image of ours may have: the creator's ids are ours. */
+static int table_fd_for_exec(const struct sv_holders *h)
+{
+	int fd = h == inherited ? inherited_fd : sv_holders_fd(h);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) < 0 || st.st_uid != geteuid() || getuid() != geteuid() ||
+	    getgid() != getegid())
+		return -1;
+	return fd;
+}
+
+/* Add fd of the connection `hand` to the list. False: it cannot go. */
+static bool list_fd(struct handed *list, int *n, const struct sv_hand *hand, int fd)
+{
+	if (*n > 0 && list[0].hand.h != hand->h)
+		return false; /* one table per exec: the parent's */
+	struct handed *c = NULL;
+	for (int i = 0; i < *n; i++) {
+		if (list[i].hand.slot == hand->slot && list[i].hand.gen == hand->gen)
+			c = &list[i];
+	}
+	if (!c) {
+		struct stat st;
+		if (*n == MAX_CONNS || fstat(fd, &st) < 0)
+			return false;
+		c = &list[(*n)++];
+		*c = (struct handed){.hand = *hand, .ino = st.st_ino};
+	}
+	if (c->nfds == MAX_FDS)
+		return false;
+	c->fds[c->nfds++] = fd;
+	return true;
+}
+
+/* The variable's value, or false when it does not fit. */
+static bool format_var(char *buf, size_t size, int table_fd, const struct handed *list, int n)
+{
+	size_t len = 0;
+	int w = snprintf(buf, size, HANDED_VAR "=%d:%d:", (int)getpid(), table_fd);
+	for (int i = 0; w >= 0 && (size_t)w < size - len && i < n; i++) {
+		len += (size_t)w;
+		const struct handed *c = &list[i];
+		w = snprintf(buf + len, size - len, "%s%d.%" PRIu64 ".%" PRIu64, i ? "," : "",
+			     c->hand.slot, c->hand.gen, c->ino);
+		for (int k = 0; w >= 0 && (size_t)w < size - len && k < c->nfds; k++) {
+			len += (size_t)w;
+			w = snprintf(buf + len, size - len, "%c%d", k ? '+' : '.', c->fds[k]);
+		}
+	}
+	return w >= 0 && (size_t)w < size - len;
+}
+
+/* The caller's environment without an old SOVIA_HANDED, plus var. */
+static char **env_with(char *const envp[], char *var)
+{
+	size_t n = 0;
+	while (envp && envp[n])
+		n++;
+	char **env = malloc((n + 2) * sizeof(*env));
+	if (!env)
+		return NULL;
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (strncmp(envp[i], HANDED_VAR "=", sizeof(HANDED_VAR)) != 0)
+			env[k++] = envp[i];
+	}
+	env[k++] = var;
+	env[k] = NULL;
+	return env;
+}
+
+/* Make the environment that hands the listed connections on. */
+static bool hand_on(struct sv_exec_env *ex, char *const envp[], const struct handed *list, int n)
+{
+	int table_fd = table_fd_for_exec(list[0].hand.h);
+	if (table_fd < 0)
+		return false;
+	/* A copy without FD_CLOEXEC, among libsovia's own fds (the
+	 * application's numbers stay free). */
+	ex->table_fd = SV_REAL(fcntl)(table_fd, F_DUPFD, sv_ownfd_base());
+	char buf[1024];
+	if (ex->table_fd < 0 || !format_var(buf, sizeof(buf), ex->table_fd, list, n) ||
+	    !(ex->var = strdup(buf)) || !(ex->envp = env_with(envp, ex->var))) {
+		sv_exec_env_done(ex);
+		return false;
+	}
+	return true;
+}
+
+void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
+{
+	*ex = (struct sv_exec_env){.table_fd = -1};
+	struct handed list[MAX_CONNS];
+	int n = 0;
+	bool ours = preloads_us(envp);
+	int size = sv_fdtable_size();
+	for (int fd = 0; fd < size; fd++) {
+		struct sv_fd *f = sv_fd_get(fd);
+		if (!f)
+			continue;
+		bool served = f->ops->detach != NULL;
+		int fl = served ? SV_REAL(fcntl)(fd, F_GETFD, 0) : 0;
+		struct sv_hand hand;
+		bool listed = served && fl >= 0 && !(fl & FD_CLOEXEC) && ours &&
+			      f->ops->exec_hand && f->ops->exec_hand(f, &hand) &&
+			      list_fd(list, &n, &hand, fd);
+		sv_fd_put(f);
+		if (served && !listed && (fl < 0 || !(fl & FD_CLOEXEC)))
+			sv_fd_detach(fd);
+	}
+	if (n == 0 || hand_on(ex, envp, list, n)) {
+		if (n > 0)
+			sv_dbg("exec: %s", ex->var);
+		return;
+	}
+	/* Nothing to hand it with: back to plain TCP, as without. */
+	for (int i = 0; i < n; i++) {
+		for (int k = 0; k < list[i].nfds; k++)
+			sv_fd_detach(list[i].fds[k]);
+	}
+}
+
+void sv_exec_env_done(struct sv_exec_env *ex)
+{
+	int saved = errno;
+	if (ex->table_fd >= 0)
+		SV_REAL(close)(ex->table_fd);
+	free(ex->envp);
+	free(ex->var);
+	*ex = (struct sv_exec_env){.table_fd = -1};
+	errno = saved;
+}
+
+/* ---- After the exec -------------------------------------------------------- */
+
+/* A decimal number no larger than max; *p moves past it. */
+static bool number(const char **p, uint64_t max, uint64_t *out)
+{
+	char *end;
+	if (**p < '0' || **p > '9')
+		return false;
+	errno = 0;
+	unsigned long long v = strtoull(*p, &end, 10);
+	if (errno || v > max)
+		return false;
+	*out = v;
+	*p = end;
+	return true;
+}
+
+static bool expect(const char **p, char c)
+{
+	if (**p != c)
+		return false;
+	++*p;
+	return true;
+}
+
+/* One <conn>: *p moves past it. */
+static bool parse_conn(const char **p, struct handed *c)
+{
+	uint64_t slot, fd;
+	*c = (struct handed){0};
+	if (!number(p, INT32_MAX, &slot) || !expect(p, '.') ||
+	    !number(p, UINT64_MAX, &c->hand.gen) || !expect(p, '.') ||
+	    !number(p, UINT64_MAX, &c->ino) || !expect(p, '.'))
+		return false;
+	c->hand.slot = (int)slot;
+	do {
+		if (c->nfds == MAX_FDS || !number(p, INT32_MAX, &fd))
+			return false;
+		c->fds[c->nfds++] = (int)fd;
+	} while (expect(p, '+'));
+	return true;
+}
+
+/* fd is the socket the image before handed on, a TCP one, and nobody's
+ * entry yet. */
+static bool same_socket(int fd, uint64_t ino)
+{
+	struct stat st;
+	int domain, type;
+	socklen_t dl = sizeof(domain), tl = sizeof(type);
+	if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode) || st.st_ino != ino ||
+	    SV_REAL(getsockopt)(fd, SOL_SOCKET, SO_DOMAIN, &domain, &dl) < 0 ||
+	    SV_REAL(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
+	    (domain != AF_INET && domain != AF_INET6) || type != SOCK_STREAM)
+		return false;
+	struct sv_fd *f = sv_fd_get(fd);
+	bool free_fd = !f;
+	sv_fd_put(f);
+	return free_fd;
+}
+
+static const char *continue_conn(struct handed *c)
+{
+	struct sockaddr_storage local = {0}, peer = {0};
+	socklen_t ll = sizeof(local), pl = sizeof(peer);
+	for (int k = 0; k < c->nfds; k++) {
+		if (!same_socket(c->fds[k], c->ino))
+			return "not the socket handed on";
+	}
+	if (getsockname(c->fds[0], (struct sockaddr *)&local, &ll) < 0 ||
+	    getpeername(c->fds[0], (struct sockaddr *)&peer, &pl) < 0 ||
+	    !sv_holders_check(&c->hand, &local, &peer))
+		return "not ours in the holders' table";
+	uint64_t tx, rx;
+	int r = sv_tcp_app_counts(c->fds[0], &tx, &rx);
+	if (r < 0)
+		return r == -ENOTCONN ? "past ESTABLISHED" : "no byte counts from the kernel";
+	for (int k = 0; k < c->nfds; k++) {
+		if (c->fds[k] <= STDERR_FILENO && sv_stdio_take_std(c->fds[k]) < 0)
+			return "stdio was used before libsovia's constructor";
+	}
+	if (!sv_stream_fd_adopt_exec(c->fds, c->nfds, &c->hand, tx, rx))
+		return "no memory";
+	sv_info("fd %d: continued after the exec, at %" PRIu64 " bytes out, %" PRIu64 " in",
+		c->fds[0], tx, rx);
+	return NULL;
+}
+
+void sv_exec_inherit(void)
+{
+	const char *v = getenv(HANDED_VAR);
+	if (!v || getauxval(AT_SECURE) || sv_cfg.disable)
+		return;
+	char copy[1024];
+	snprintf(copy, sizeof(copy), "%s", v);
+	unsetenv(HANDED_VAR); /* this process's alone */
+	const char *p = copy;
+	uint64_t pid, table_fd;
+	if (!number(&p, INT32_MAX, &pid) || pid != (uint64_t)getpid() || !expect(&p, ':') ||
+	    !number(&p, INT32_MAX, &table_fd) || !expect(&p, ':'))
+		return; /* an ancestor's: not for us */
+	struct sv_holders *h = sv_holders_attach((int)table_fd);
+	int own = h ? sv_ownfd_move((int)table_fd) : -1; /* kept for an exec of ours */
+	if (own < 0) {
+		sv_info("exec: the holders' table handed on is not usable: the connections stay "
+			"on TCP");
+		SV_REAL(close)((int)table_fd);
+		return;
+	}
+	inherited = h;
+	inherited_fd = own;
+	do {
+		struct handed c;
+		if (!parse_conn(&p, &c) || (*p && *p != ',')) {
+			sv_warn("exec: malformed " HANDED_VAR ": the rest stays on TCP");
+			return;
+		}
+		c.hand.h = h;
+		const char *why = continue_conn(&c);
+		if (why) {
+			sv_info("fd %d: not continued after the exec (%s): it stays on TCP",
+				c.fds[0], why);
+			sv_holders_drop(&c.hand);
+		}
+	} while (expect(&p, ','));
+}
