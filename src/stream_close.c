@@ -202,8 +202,13 @@ static void exit_finish_switch(struct sv_stream *s, struct sv_clock *clk)
 	}
 }
 
-/* Our sending on the QP: everything out, and the FIN of a connection the
- * application closed but the helper had not finished yet. */
+/* Our sending on the QP: everything out, then our FIN. The kernel closes
+ * the process's fds at its exit, and this process is the connection's
+ * only holder (a fork, an exec or SCM_RIGHTS takes a connection on the QP
+ * back to TCP first): whether the application closed it (the helper had
+ * not finished yet) or left it open (an inetd service: cat exits with the
+ * connection on its stdin), the peer gets the end of our stream, as from
+ * TCP, not a lost QP. */
 static void exit_finish_tx(struct sv_stream *s, struct sv_clock *clk)
 {
 	struct sv_proto *p = s->proto;
@@ -211,8 +216,8 @@ static void exit_finish_tx(struct sv_stream *s, struct sv_clock *clk)
 		return;
 	sv_stream_drain(s);
 	uint64_t end = sv_clock_update(clk) + 2000000u;
-	while (s->cl.app_closed && sv_proto_tx_state(p) == SV_TX_OPEN && !s->error &&
-	       sv_clock_update(clk) < end) {
+	while ((s->cl.app_closed || s->state == SV_CONN_RDMA) &&
+	       sv_proto_tx_state(p) == SV_TX_OPEN && !s->error && sv_clock_update(clk) < end) {
 		sv_stream_progress(s, clk, 0);
 		if (sv_proto_send_fin(p, clk) != -EAGAIN)
 			break;

@@ -178,3 +178,27 @@ Test(close, the_exit_flush_covers_every_connection)
 	close(p[0].lfd);
 	free(p);
 }
+
+/* A connection the application leaves open at its exit (an inetd service:
+ * cat exits with the connection on its stdin): the kernel would close the
+ * socket with a FIN, and so does the exit flush over the QP. The peer
+ * reads the last bytes and then the end, on RDMA, not a lost QP. */
+Test(close, an_open_connection_ends_its_stream_at_exit)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	uint8_t out[100], in[100];
+	h_pattern(out, sizeof(out), 9, 0);
+	cr_assert_eq(h_write(p.c, out, sizeof(out), MSG_MORE), (long)sizeof(out));
+	sv_stream_exit_flush(p.c);
+	long end;
+	cr_assert_eq(h_read_all(p.s, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), 9, 0));
+	long r = -EAGAIN;
+	uint64_t until = h_ms() + 10000;
+	while ((r = h_read(p.s, in, 1, MSG_DONTWAIT)) == -EAGAIN && h_ms() < until)
+		usleep(1000);
+	cr_assert_eq(r, 0, "no end of stream after the exit: %ld", r);
+	cr_assert_eq(h_state(p.s), SV_CONN_RDMA, "server: %s", sv_conn_state_name(h_state(p.s)));
+	h_pair_free(&p);
+}
