@@ -10,25 +10,39 @@
  * everything else of ours and execs cat. With -S the parent waits for
  * SIGUSR1 after each accept, before the fork. The parent closes its copy
  * at once, and after all children exited prints "OK CONNS connections"
- * and exits 0, or 1 if a cat failed.
+ * and exits 0, or 1 if a cat failed. EXECCAT_PROG="sed -n p" (words split
+ * at spaces) runs another echoing program instead of cat: sed uses
+ * glibc's stdio on the socket.
  *
  * Client: one connection; sends a stream of BYTES payload bytes with seed
  * SEED (echo_common.h) and checks the echo. Prints "OK" and exits 0 if the
  * echo was exact. */
 #include "echo_common.h"
 
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define WHO "sovia-execcat"
 
-/* The child: cat on the socket as its stdin and stdout. */
+/* The child: cat (or $EXECCAT_PROG, split at spaces) on the socket as its
+ * stdin and stdout. */
 static int child(int c)
 {
 	if (dup2(c, 0) < 0 || dup2(c, 1) < 0)
 		echo_die(WHO " child", "dup2");
 	close(c);
-	execlp("cat", "cat", (char *)NULL);
-	echo_die(WHO " child", "exec cat");
+	char *argv[16] = {"cat", NULL};
+	const char *prog = getenv("EXECCAT_PROG");
+	if (prog && *prog) {
+		char *words = strdup(prog);
+		int n = 0;
+		for (char *w = strtok(words, " "); w && n < 15; w = strtok(NULL, " "))
+			argv[n++] = w;
+		argv[n] = NULL;
+	}
+	execvp(argv[0], argv);
+	echo_die(WHO " child", "exec");
 }
 
 int main(int argc, char **argv)

@@ -601,12 +601,15 @@ inetd_medium() { # medium
 	mkdir -p "$d"
 	INETD_PORT=$((INETD_PORT + 1))
 	# The service: cat with the socket as stdin and stdout. inetd gives
-	# it the socket as stderr too, where libsovia's lines would join the
-	# echo: the wrapper sends stderr to a file of its own first.
+	# it the socket as stderr too: the wrapper sends stderr to a file of
+	# its own first, where cat's libsovia says whether it continued the
+	# connection (cat closes stderr before it exits: no statistics line).
+	# It forks nothing (a command substitution would be a second holder
+	# of the connection, which then stays on TCP).
 	cat >"$d/svc" <<EOF
 #!/bin/sh
 exec 2>>"$RAW/inetd.$med.svc.\$\$.err"
-echo "svc_libsovia_maps=\$(grep -c libsovia /proc/\$\$/maps)" >&2
+export SOVIA_LOG=info
 exec cat
 EOF
 	chmod 755 "$d/svc"
@@ -643,9 +646,9 @@ EOF
 	echo "$RAW/inetd.$med.nc.err" >"$RAW/.cl"
 	server_delta "$RAW/inetd.$med.srv" "$RAW/inetd.$med.svc.*.err"
 	local pre
-	pre=$(sed -n 's/^svc_libsovia_maps=//p' "$RAW/inetd.$med.srv" | head -1)
+	pre=$(cat "$RAW"/inetd."$med".svc.*.err 2>/dev/null | grep -c "continued after the exec" || true)
 	result inetd "echo${INETD_MB}MB" "$med" "$st" "$bv" "$(mb_s "$bv" "$secs")" MiB/s "$secs" "$RAW/.cl" \
-		"$RAW/inetd.$med.srv" "$s0" "$s1" "${why:+$why; }both_ways inetd_preloaded=$PRE_INETD svc_libsovia_maps=${pre:-none}"
+		"$RAW/inetd.$med.srv" "$s0" "$s1" "${why:+$why; }both_ways inetd_preloaded=$PRE_INETD svc_continued=${pre:-0}"
 	stop_bg "$pid"
 }
 

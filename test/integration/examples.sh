@@ -19,10 +19,15 @@
 #    has closed its copy; the echo goes over RDMA (asserted per
 #    connection).
 # 3. exec: a server that fork+execs cat with the socket as stdin/stdout;
-#    several concurrent clients. Bytes only, as for fork.
+#    several concurrent clients: bytes only, as for fork. Then clients one
+#    after the other: the connection handed to the child at the fork is
+#    handed on across the exec, and cat (preloaded) carries the echo over
+#    RDMA (asserted per connection). Again with sed, whose glibc stdio
+#    on the socket libsovia's constructor takes over.
 # 4. prefork: workers accept on the socket they inherited; the parent
 #    redirects each upgrade request to its worker, and the echo goes over
-#    RDMA (asserted per connection).
+#    RDMA (asserted per connection). Again with sed, whose glibc stdio
+#    on the socket libsovia's constructor takes over.
 # 5. fork and exec again, one connection each, the parent held (SIGUSR1)
 #    between accept and fork until the connection is on RDMA and the
 #    client's bytes came over the QP: the connection was upgraded before
@@ -147,7 +152,9 @@ concurrent_case() {
 #   inherited; the parent keeps it and owns the port's RDMA listener.
 # - fork (inetd's and PostgreSQL's model): the parent accepts, forks and
 #   closes its copy; each connection is handed to the child at the fork.
-# $1: prefork|fork. Under TSan they skip themselves: the child's helper
+# - exec (inetd's): as fork, and the child puts the connection on its
+#   stdin and stdout and execs cat (exec-sed: sed), which continues it.
+# $1: prefork|fork|exec|exec-sed. Under TSan they skip themselves: the child's helper
 # thread is a thread started after a threaded fork.
 many_process_case() {
 	local name=$1 port n=4 i holder mode
@@ -155,18 +162,23 @@ many_process_case() {
 		echo "$name: skipped under TSan (a child's helper thread after a threaded fork)"
 		return
 	fi
+	local prog=sovia-echo-fork
 	case $name in
 	prefork) port=5046 holder=worker mode=(-p 2) ;;
 	fork) port=5047 holder=child mode=(-s) ;;
+	exec) port=5048 holder=cat mode=(-s) prog=sovia-execcat ;;
+	exec-sed) port=5049 holder=sed mode=(-s) prog=sovia-execcat ;;
 	esac
+	local -x EXECCAT_PROG=""
+	[ "$name" = exec-sed ] && EXECCAT_PROG="sed -n p"
 	rm -f "$WORK/"*.err
-	LD_PRELOAD=$LIB timeout 600 "$APPS/sovia-echo-fork" "${mode[@]}" $port $n \
+	LD_PRELOAD=$LIB timeout 600 "$APPS/$prog" "${mode[@]}" $port $n \
 		>"$WORK/server.out" 2>"$WORK/server.err" &
 	local srv=$!
 	wait_port $port
 	for i in $(seq $n); do
 		LD_PRELOAD=$LIB run_logged "$WORK/client$i.out" "$WORK/client$i.err" \
-			timeout 600 "$APPS/sovia-echo-fork" -c "$IP" $port $((BYTES / 4)) "$i"
+			timeout 600 "$APPS/$prog" -c "$IP" $port $((BYTES / 4)) "$i"
 		grep -q "^OK" "$WORK/client$i.out" || fail "$name: client $i did not finish"
 		grep -q "another process of the server holds it" "$WORK/client$i.err" ||
 			fail "$name: client $i was not redirected to its $holder"
@@ -183,13 +195,29 @@ many_process_case() {
 	done
 	wait "$srv" || fail "$name: the server failed"
 	grep -q "^OK $n connections" "$WORK/server.out" || fail "$name: the server did not serve everyone"
-	local on_rdma handed
-	on_rdma=$(grep -c "libsovia stats.* server state=rdma " "$WORK/server.err" || true)
-	[ "$on_rdma" -eq $n ] || fail "$name: $on_rdma of $n connections on RDMA at the ${holder}s"
-	if [ "$name" = fork ]; then
-		handed=$(grep -c "handed to the fork's child before its upgrade" "$WORK/server.err" || true)
-		[ "$handed" -eq $n ] || fail "fork: $handed of $n connections handed to a child"
+	local on_rdma handed pid
+	if [ "${name%-sed}" = exec ]; then
+		# cat closes its stderr before it exits (gnulib's close_stdout):
+		# no statistics line; each cat that continued the connection
+		# says when it is on RDMA.
+		on_rdma=0
+		for pid in $(sed -n 's/^libsovia\[\([0-9]*\)\]: info: fd 0: continued after the exec.*/\1/p' "$WORK/server.err"); do
+			grep -q "^libsovia\[$pid\]: info: fd [0-9]*: on RDMA" "$WORK/server.err" &&
+				on_rdma=$((on_rdma + 1))
+		done
 	else
+		on_rdma=$(grep -c "libsovia stats.* server state=rdma " "$WORK/server.err" || true)
+	fi
+	[ "$on_rdma" -eq $n ] || fail "$name: $on_rdma of $n connections on RDMA at the ${holder}s"
+	if [ "$name" != prefork ]; then
+		handed=$(grep -c "handed to the fork's child before its upgrade" "$WORK/server.err" || true)
+		[ "$handed" -eq $n ] || fail "$name: $handed of $n connections handed to a child"
+	fi
+	if [ "${name%-sed}" = exec ]; then
+		local went
+		went=$(grep -c "continued after the exec" "$WORK/server.err" || true)
+		[ "$went" -eq $n ] || fail "$name: $went of $n connections continued by $holder"
+	elif [ "$name" = prefork ]; then
 		echo "prefork: workers not ready for their first connection: $(grep -c "RDMA is not ready" "$WORK/server.err" || true)"
 	fi
 	echo "$name: $n clients x $((BYTES / 4)) bytes echoed exactly, each on RDMA in its $holder"
@@ -238,6 +266,8 @@ concurrent_case sovia-echo-fork 5042
 concurrent_case sovia-execcat 5043
 many_process_case prefork
 many_process_case fork
+many_process_case exec
+many_process_case exec-sed
 held_case sovia-echo-fork 5044
 held_case sovia-execcat 5045
 if [ ${#LATER[@]} -gt 0 ]; then
