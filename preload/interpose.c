@@ -67,12 +67,18 @@ __attribute__((constructor)) static void sv_preload_ctor(void)
 }
 
 /* Normal termination (return from main, exit()): push out what the
- * connections still hold. Writes after this point (stdio's own flush at
- * exit) complete before they return. */
+ * connections still hold, and end those on the QP (the kernel would close
+ * the sockets now). What stdio buffered in FILEs of ours goes first: glibc
+ * writes it only after the destructors. Not in a child that shares the
+ * parent's connections without our fork (_Fork, clone): they are the
+ * parent's. */
 __attribute__((destructor)) static void sv_preload_dtor(void)
 {
-	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside)
+	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside &&
+	    atomic_load(&owner_pid) == (int)getpid()) {
+		sv_stdio_exit_flush();
 		sv_on_exit();
+	}
 }
 
 /* _exit and _Exit skip the destructors, but not the connections' due: a

@@ -97,6 +97,10 @@ void sv_exec_env_done(struct sv_exec_env *ex);
 /* In the new image's constructor: continue what the image before handed on. */
 void sv_exec_inherit(void);
 
+/* At exit, before the connections end: the FILEs made on them write what
+ * they buffered (stdio.c). */
+void sv_stdio_exit_flush(void);
+
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);
 /* From the constructor, single-threaded, before main(), when std fd 0, 1

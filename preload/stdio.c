@@ -139,6 +139,28 @@ void sv_cookie_set_fd(FILE *fp, int fd)
 	cookies_give();
 }
 
+/* At exit glibc writes what its FILEs buffered only after the destructors
+ * ran (_IO_cleanup), after libsovia's exit flush has ended the
+ * connections: a FILE of ours (a taken stdout, an fdopen'ed socket) writes
+ * it now, while the connection takes it. Without the FILEs' locks, as
+ * glibc's exit does: a thread blocked in a call on one holds its lock. */
+void sv_stdio_exit_flush(void)
+{
+	enum { MAX = 256 };
+	FILE *due[MAX];
+	int n = 0;
+	if (atomic_load(&ncookies) == 0 || sv_reentered())
+		return;
+	cookies_take();
+	for (struct cookie *c = cookies; c && n < MAX; c = c->next) {
+		if (c->fp->_IO_write_ptr > c->fp->_IO_write_base)
+			due[n++] = c->fp;
+	}
+	cookies_give();
+	for (int i = 0; i < n; i++)
+		fflush_unlocked(due[i]);
+}
+
 /* The fd of a FILE made here, or -1 (also from inside libsovia, where
  * the list cannot be looked at: glibc's fileno then says EBADF). */
 static int cookie_fd(FILE *fp)

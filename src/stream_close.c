@@ -202,22 +202,30 @@ static void exit_finish_switch(struct sv_stream *s, struct sv_clock *clk)
 	}
 }
 
-/* Our sending on the QP: everything out, then our FIN. The kernel closes
- * the process's fds at its exit, and this process is the connection's
- * only holder (a fork, an exec or SCM_RIGHTS takes a connection on the QP
- * back to TCP first): whether the application closed it (the helper had
- * not finished yet) or left it open (an inetd service: cat exits with the
- * connection on its stdin), the peer gets the end of our stream, as from
- * TCP, not a lost QP. */
+/* Our sending on the QP: everything out, then the FIN of a connection the
+ * application closed but the helper had not finished yet. A connection
+ * left open (an inetd service: cat exits with the connection on its
+ * stdin) ends too, as the kernel's close of the process's fds ends TCP:
+ * this process is its only holder (a fork, an exec or SCM_RIGHTS takes a
+ * connection on the QP back to TCP first), and the peer must see the end
+ * of our stream, not a lost QP. Its FIN is sent only if a credit allows
+ * now: the exit does not wait for peers that give none (they see the QP
+ * lost, as before). The destructor runs before glibc flushes its FILEs;
+ * ours were flushed first (sv_stdio_exit_flush). */
 static void exit_finish_tx(struct sv_stream *s, struct sv_clock *clk)
 {
 	struct sv_proto *p = s->proto;
 	if (!p || s->state == SV_CONN_FALLBACK || s->error || sv_proto_tx_state(p) != SV_TX_OPEN)
 		return;
 	sv_stream_drain(s);
+	if (!s->cl.app_closed && s->state == SV_CONN_RDMA && !s->error &&
+	    sv_proto_tx_state(p) == SV_TX_OPEN) {
+		sv_stream_progress(s, clk, 0);
+		(void)sv_proto_send_fin(p, clk);
+	}
 	uint64_t end = sv_clock_update(clk) + 2000000u;
-	while ((s->cl.app_closed || s->state == SV_CONN_RDMA) &&
-	       sv_proto_tx_state(p) == SV_TX_OPEN && !s->error && sv_clock_update(clk) < end) {
+	while (s->cl.app_closed && sv_proto_tx_state(p) == SV_TX_OPEN && !s->error &&
+	       sv_clock_update(clk) < end) {
 		sv_stream_progress(s, clk, 0);
 		if (sv_proto_send_fin(p, clk) != -EAGAIN)
 			break;
