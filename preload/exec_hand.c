@@ -18,15 +18,16 @@
  * fds one stream, which starts its upgrade at its first use, as a fork's
  * child does. What TCP carried so far comes from the kernel's counters
  * (sv_tcp_app_counts), so bytes the images moved past libsovia (glibc's
- * stdio before the exec, a program not preloaded in between) are counted
- * too.
+ * stdio before the exec, a program between that ignored LD_PRELOAD) are
+ * counted too. What such a program between could do that libsovia cannot
+ * see is leave a child holding the connection (README, Limitations).
  *
- * Only an image that runs libsovia gets the table: the environment passed
- * to exec must preload it, and the process's ids must be the table's
- * creator's (a service inetd runs as another user stays TCP: it must not
- * be able to write the table, where a forged entry would redirect another
- * client's upgrade). Every other connection goes back to plain TCP first,
- * as before (unserved.c). */
+ * The table goes only where the environment passed to exec preloads
+ * libsovia, and only if the process's ids are the table's creator's (a
+ * service inetd runs as another user stays TCP: it must not be able to
+ * write the table, where a forged entry would redirect another client's
+ * upgrade); the new image makes its copy close-on-exec at once. Every
+ * other connection goes back to plain TCP first, as before (unserved.c). */
 #include "config.h"
 #include "log.h"
 #include "ownfd.h"
@@ -63,14 +64,18 @@ static int inherited_fd = -1;
 
 /* ---- Before the exec ------------------------------------------------------- */
 
-/* Does the environment the exec passes preload libsovia (this module)? */
+/* Does the environment the exec passes preload libsovia (this module)?
+ * Asked only when a connection could be handed on. */
 static bool preloads_us(char *const envp[])
 {
+	static const char *name; /* this module's file name, once known */
 	Dl_info info;
-	if (!envp || !dladdr((void *)preloads_us, &info) || !info.dli_fname)
+	if (!name && dladdr((void *)preloads_us, &info) && info.dli_fname) {
+		const char *slash = strrchr(info.dli_fname, '/');
+		name = slash ? slash + 1 : info.dli_fname;
+	}
+	if (!envp || !name)
 		return false;
-	const char *name = strrchr(info.dli_fname, '/');
-	name = name ? name + 1 : info.dli_fname;
 	for (char *const *e = envp; *e; e++) {
 		if (strncmp(*e, "LD_PRELOAD=", 11) == 0)
 			return *name && strstr(*e + 11, name) != NULL;
@@ -172,7 +177,7 @@ void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 	*ex = (struct sv_exec_env){.table_fd = -1};
 	struct handed list[MAX_CONNS];
 	int n = 0;
-	bool ours = preloads_us(envp);
+	int ours = -1; /* unknown yet */
 	int size = sv_fdtable_size();
 	for (int fd = 0; fd < size; fd++) {
 		struct sv_fd *f = sv_fd_get(fd);
@@ -181,9 +186,11 @@ void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 		bool served = f->ops->detach != NULL;
 		int fl = served ? SV_REAL(fcntl)(fd, F_GETFD, 0) : 0;
 		struct sv_hand hand;
-		bool listed = served && fl >= 0 && !(fl & FD_CLOEXEC) && ours &&
-			      f->ops->exec_hand && f->ops->exec_hand(f, &hand) &&
-			      list_fd(list, &n, &hand, fd);
+		bool listed = served && fl >= 0 && !(fl & FD_CLOEXEC) && f->ops->exec_hand &&
+			      f->ops->exec_hand(f, &hand);
+		if (listed && ours < 0)
+			ours = preloads_us(envp);
+		listed = listed && ours > 0 && list_fd(list, &n, &hand, fd);
 		sv_fd_put(f);
 		if (served && !listed && (fl < 0 || !(fl & FD_CLOEXEC)))
 			sv_fd_detach(fd);
@@ -299,10 +306,23 @@ static const char *continue_conn(struct handed *c)
 	return NULL;
 }
 
+/* fd is a holders' table made by libsovia (by its memfd's name), not an
+ * application's file that took the number in an image between. */
+static bool is_table(int fd)
+{
+	char link[64], path[32];
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(path, link, sizeof(link) - 1);
+	if (n < 0)
+		return false;
+	link[n] = '\0';
+	return strncmp(link, "/memfd:sovia-holders", 20) == 0;
+}
+
 void sv_exec_inherit(void)
 {
 	const char *v = getenv(HANDED_VAR);
-	if (!v || getauxval(AT_SECURE) || sv_cfg.disable)
+	if (!v)
 		return;
 	char copy[1024];
 	snprintf(copy, sizeof(copy), "%s", v);
@@ -310,13 +330,19 @@ void sv_exec_inherit(void)
 	const char *p = copy;
 	uint64_t pid, table_fd;
 	if (!number(&p, INT32_MAX, &pid) || pid != (uint64_t)getpid() || !expect(&p, ':') ||
-	    !number(&p, INT32_MAX, &table_fd) || !expect(&p, ':'))
+	    !number(&p, INT32_MAX, &table_fd) || !expect(&p, ':') || !is_table((int)table_fd))
 		return; /* an ancestor's: not for us */
-	struct sv_holders *h = sv_holders_attach((int)table_fd);
+	/* The copy the exec passed has no FD_CLOEXEC: none of our children
+	 * may get the table but through a hand of ours. */
+	SV_REAL(fcntl)((int)table_fd, F_SETFD, FD_CLOEXEC);
+	struct sv_holders *h = NULL;
+	if (!getauxval(AT_SECURE) && !sv_cfg.disable)
+		h = sv_holders_attach((int)table_fd);
 	int own = h ? sv_ownfd_move((int)table_fd) : -1; /* kept for an exec of ours */
 	if (own < 0) {
-		sv_info("exec: the holders' table handed on is not usable: the connections stay "
-			"on TCP");
+		if (!sv_cfg.disable)
+			sv_info("exec: the holders' table handed on is not usable: the "
+				"connections stay on TCP");
 		SV_REAL(close)((int)table_fd);
 		return;
 	}

@@ -5,8 +5,8 @@
  * acceleration:
  *
  *   fork, vfork            every accelerated connection, before the fork
- *   exec*, fexecve         those that survive the exec (no FD_CLOEXEC),
- *                          but a connection handed to this process and
+ *   exec*, fexecve,        those that survive the exec (no FD_CLOEXEC),
+ *   execveat               but a connection handed to this process and
  *                          still untouched: the new image continues it
  *                          (exec_hand.c)
  *   posix_spawn[p]         every one (file actions may hand any fd over)
@@ -250,6 +250,16 @@ SV_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 	if (!exec_begin("fexecve", envp, &ex))
 		return -1;
 	return exec_failed(&ex, SV_REAL(fexecve)(fd, argv, ex.envp ? ex.envp : envp));
+}
+
+SV_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
+			int flags)
+{
+	struct sv_exec_env ex;
+	if (!exec_begin("execveat", envp, &ex))
+		return -1;
+	return exec_failed(&ex, SV_REAL(execveat)(dirfd, path, argv, ex.envp ? ex.envp : envp,
+						  flags));
 }
 
 /* execl, execlp, execle: the list becomes an argv for execv, execvp or

@@ -384,20 +384,6 @@ void sv_holders_claim(const struct sv_hand *hd, uint16_t port)
 		atomic_fetch_add(&hd->h->adds, 1);
 }
 
-void sv_holders_unclaim(const struct sv_hand *hd)
-{
-	struct slot *e = hand_slot(hd);
-	if (!e)
-		return;
-	const uint64_t claim = ((uint64_t)F_CLAIMED << 2) | ((uint64_t)0xffffu << 10);
-	uint64_t st = atomic_load(&e->state);
-	/* On the whole word, like set_bits: an old generation's unclaim
-	 * never lands on the next one. */
-	while (PHASE(st) == SLOT_READY && GEN(st) == hd->gen && (st & claim) &&
-	       !atomic_compare_exchange_weak(&e->state, &st, st & ~claim))
-		;
-}
-
 bool sv_holders_check(const struct sv_hand *hd, const struct sockaddr_storage *server,
 		      const struct sockaddr_storage *client)
 {

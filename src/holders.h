@@ -88,11 +88,6 @@ int sv_holders_hand(struct sv_holders *h, const struct sockaddr_storage *server,
 bool sv_holders_adopt(const struct sv_hand *hd);
 /* The child's RDMA listener for it is at `port`. */
 void sv_holders_claim(const struct sv_hand *hd, uint16_t port);
-/* Before the child execs: its listener goes with the old image, so the
- * owner must not redirect the client there, and the new image's claim
- * must be able to set its own port (a claim never replaces one). Keeps
- * the entry and its other flags. */
-void sv_holders_unclaim(const struct sv_hand *hd);
 /* In an exec'd image, before it trusts what it was told: is hd's entry
  * (the same generation) still a connection handed and adopted by this
  * process (exec keeps the pid), not spoiled, between exactly server and

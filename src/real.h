@@ -61,6 +61,7 @@
 	X(execvp, int, (const char *, char *const[]))                                       \
 	X(execvpe, int, (const char *, char *const[], char *const[]))                       \
 	X(fexecve, int, (int, char *const[], char *const[]))                                \
+	X(execveat, int, (int, const char *, char *const[], char *const[], int))             \
 	X(posix_spawn, int, (pid_t *, const char *, const posix_spawn_file_actions_t *,     \
 			     const posix_spawnattr_t *, char *const[], char *const[]))       \
 	X(posix_spawnp, int, (pid_t *, const char *, const posix_spawn_file_actions_t *,    \

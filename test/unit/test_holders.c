@@ -397,36 +397,3 @@ Test(holders, check_accepts_only_the_adopters_unspoiled_entry)
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
-
-/* The adopter unclaims before it execs: no redirect to its listener,
- * which goes with the old image; the new image's claim sets its port. */
-Test(holders, an_unclaimed_hand_is_not_found_until_claimed_again)
-{
-	struct sv_holders *h = sv_holders_get();
-	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.6", 40042);
-	struct sv_hand hd;
-	cr_assert_eq(sv_holders_hand(h, &srv, &cli, &hd), 0);
-	cr_assert(sv_holders_adopt(&hd));
-	sv_holders_claim(&hd, 64041);
-	sv_holders_release_first(&hd);
-	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64041);
-	struct sv_hand next = hd;
-	next.gen++;
-	sv_holders_unclaim(&next);
-	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64041, "another generation's unclaim took");
-	sv_holders_unclaim(&hd);
-	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0, "redirected to the departed listener");
-	cr_assert(sv_holders_sole(&hd), "the unclaim took more than the claim");
-	cr_assert(sv_holders_check(&hd, &srv, &cli));
-	uint64_t adds = sv_holders_adds(h);
-	sv_holders_claim(&hd, 64042);
-	cr_assert_eq(sv_holders_find(h, &srv, &cli), 64042, "the new claim lost to the old port");
-	cr_assert_gt(sv_holders_adds(h), adds, "a waiting request would not look again");
-	sv_holders_unclaim(&hd);
-	sv_holders_unclaim(&hd); /* twice: nothing more happens */
-	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0);
-	cr_assert(sv_holders_sole(&hd));
-	sv_holders_drop(&hd);
-	sv_holders_unclaim(&hd); /* gone: nothing happens */
-	cr_assert_eq(sv_holders_find(h, &srv, &cli), 0);
-}
