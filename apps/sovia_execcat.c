@@ -12,13 +12,15 @@
  * at once, and after all children exited prints "OK CONNS connections"
  * and exits 0, or 1 if a cat failed. EXECCAT_PROG="sed -n p" (words split
  * at spaces) runs another echoing program instead of cat: sed uses
- * glibc's stdio on the socket.
+ * glibc's stdio on the socket. `sovia-execcat -e` is such a program: an
+ * echo through fread and fwrite whose last bytes exit() writes.
  *
  * Client: one connection; sends a stream of BYTES payload bytes with seed
  * SEED (echo_common.h) and checks the echo. Prints "OK" and exits 0 if the
  * echo was exact. */
 #include "echo_common.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,7 +47,21 @@ static int child(int c)
 	echo_die(WHO " child", "exec");
 }
 
+/* -e: an echo through stdio that leaves its last bytes in stdout's buffer
+ * for exit() to write (no fflush, no fclose), as many small programs do. */
+static int stdio_echo(void)
+{
+	char b[4096];
+	size_t n;
+	while ((n = fread(b, 1, sizeof(b), stdin)) > 0)
+		if (fwrite(b, 1, n, stdout) != n)
+			return 1;
+	return ferror(stdin) ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 2 && strcmp(argv[1], "-e") == 0)
+		return stdio_echo();
 	return echo_fork_main(WHO, argc, argv, child, "a cat");
 }

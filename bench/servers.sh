@@ -9,7 +9,7 @@
 #              (transactions/s), COPY ... TO STDOUT of about 50 MB (md5
 #              against the server's own)
 #   inetd      openbsd-inetd, a program exec'd per connection with the
-#              socket on stdin/stdout (cat): nc sends a few MB and reads
+#              socket on stdin/stdout (cat): nc sends 32 MB and reads
 #              them back (cmp)
 #   echo-fork  apps/sovia-echo-fork, accept then fork: 30 MB each way
 # each once with both ends preloaded with libsovia (SOVIA_STATS=1) and once
@@ -71,7 +71,7 @@ SMALL_SIZE=${SOVIA_SRV_SMALL_SIZE:-1024}
 PGBENCH_SECS=${SOVIA_SRV_PGBENCH_SECS:-10}
 PGBENCH_CLIENTS=${SOVIA_SRV_PGBENCH_CLIENTS:-8}
 COPY_MB=${SOVIA_SRV_COPY_MB:-50}
-INETD_MB=${SOVIA_SRV_INETD_MB:-4}
+INETD_MB=${SOVIA_SRV_INETD_MB:-32}
 ECHO_MB=${SOVIA_SRV_ECHO_MB:-30}
 
 mkdir -p "$OUT"
@@ -646,7 +646,7 @@ EOF
 	echo "$RAW/inetd.$med.nc.err" >"$RAW/.cl"
 	server_delta "$RAW/inetd.$med.srv" "$RAW/inetd.$med.svc.*.err"
 	local pre
-	pre=$(cat "$RAW"/inetd."$med".svc.*.err 2>/dev/null | grep -c "continued after the exec" || true)
+	pre=$(grep -c "continued after the exec" "$RAW/inetd.$med.srv" || true)
 	result inetd "echo${INETD_MB}MB" "$med" "$st" "$bv" "$(mb_s "$bv" "$secs")" MiB/s "$secs" "$RAW/.cl" \
 		"$RAW/inetd.$med.srv" "$s0" "$s1" "${why:+$why; }both_ways inetd_preloaded=$PRE_INETD svc_continued=${pre:-0}"
 	stop_bg "$pid"

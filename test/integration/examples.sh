@@ -23,11 +23,13 @@
 #    after the other: the connection handed to the child at the fork is
 #    handed on across the exec, and cat (preloaded) carries the echo over
 #    RDMA (asserted per connection). Again with sed, whose glibc stdio
-#    on the socket libsovia's constructor takes over.
+#    on the socket libsovia's constructor takes over, and with an stdio
+#    echo whose last bytes exit() writes.
 # 4. prefork: workers accept on the socket they inherited; the parent
 #    redirects each upgrade request to its worker, and the echo goes over
 #    RDMA (asserted per connection). Again with sed, whose glibc stdio
-#    on the socket libsovia's constructor takes over.
+#    on the socket libsovia's constructor takes over, and with an stdio
+#    echo whose last bytes exit() writes.
 # 5. fork and exec again, one connection each, the parent held (SIGUSR1)
 #    between accept and fork until the connection is on RDMA and the
 #    client's bytes came over the QP: the connection was upgraded before
@@ -153,8 +155,9 @@ concurrent_case() {
 # - fork (inetd's and PostgreSQL's model): the parent accepts, forks and
 #   closes its copy; each connection is handed to the child at the fork.
 # - exec (inetd's): as fork, and the child puts the connection on its
-#   stdin and stdout and execs cat (exec-sed: sed), which continues it.
-# $1: prefork|fork|exec|exec-sed. Under TSan they skip themselves: the child's helper
+#   stdin and stdout and execs cat (exec-sed: sed; exec-stdio: an fread and
+#   fwrite echo that leaves its last bytes to exit()), which continues it.
+# $1: prefork|fork|exec|exec-sed|exec-stdio. Under TSan they skip themselves: the child's helper
 # thread is a thread started after a threaded fork.
 many_process_case() {
 	local name=$1 port n=4 i holder mode
@@ -168,9 +171,11 @@ many_process_case() {
 	fork) port=5047 holder=child mode=(-s) ;;
 	exec) port=5048 holder=cat mode=(-s) prog=sovia-execcat ;;
 	exec-sed) port=5049 holder=sed mode=(-s) prog=sovia-execcat ;;
+	exec-stdio) port=5050 holder=execcat-e mode=(-s) prog=sovia-execcat ;;
 	esac
 	local -x EXECCAT_PROG=""
 	[ "$name" = exec-sed ] && EXECCAT_PROG="sed -n p"
+	[ "$name" = exec-stdio ] && EXECCAT_PROG="$APPS/sovia-execcat -e"
 	rm -f "$WORK/"*.err
 	LD_PRELOAD=$LIB timeout 600 "$APPS/$prog" "${mode[@]}" $port $n \
 		>"$WORK/server.out" 2>"$WORK/server.err" &
@@ -196,7 +201,7 @@ many_process_case() {
 	wait "$srv" || fail "$name: the server failed"
 	grep -q "^OK $n connections" "$WORK/server.out" || fail "$name: the server did not serve everyone"
 	local on_rdma handed pid
-	if [ "${name%-sed}" = exec ]; then
+	if [ "${name%-*}" = exec ]; then
 		# cat closes its stderr before it exits (gnulib's close_stdout):
 		# no statistics line; each cat that continued the connection
 		# says when it is on RDMA.
@@ -213,7 +218,7 @@ many_process_case() {
 		handed=$(grep -c "handed to the fork's child before its upgrade" "$WORK/server.err" || true)
 		[ "$handed" -eq $n ] || fail "$name: $handed of $n connections handed to a child"
 	fi
-	if [ "${name%-sed}" = exec ]; then
+	if [ "${name%-*}" = exec ]; then
 		local went
 		went=$(grep -c "continued after the exec" "$WORK/server.err" || true)
 		[ "$went" -eq $n ] || fail "$name: $went of $n connections continued by $holder"
@@ -268,6 +273,7 @@ many_process_case prefork
 many_process_case fork
 many_process_case exec
 many_process_case exec-sed
+many_process_case exec-stdio
 held_case sovia-echo-fork 5044
 held_case sovia-execcat 5045
 if [ ${#LATER[@]} -gt 0 ]; then
