@@ -263,7 +263,7 @@ SV_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *co
 }
 
 /* execl, execlp, execle: the list becomes an argv for execv, execvp or
- * execve (which detach). */
+ * execve (which hand on or detach). */
 enum exec_kind { EXEC_PATH, EXEC_SEARCH, EXEC_ENV };
 
 static int exec_list(enum exec_kind kind, const char *file, const char *arg0, va_list ap)

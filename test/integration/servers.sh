@@ -5,16 +5,19 @@
 #   PostgreSQL, a backend forked per connection (accept then fork): pgbench
 #     -i, pgbench with 8 clients (exit 0, no failed transaction), and a COPY
 #     ... TO STDOUT of about 50 MB (size and md5 against the server's own);
-#   sovia-echo-fork, accept then fork: 30 MB each way, checked byte by byte.
+#   sovia-echo-fork, accept then fork: 30 MB each way, checked byte by byte;
+#   openbsd-inetd, which forks and execs cat with the connection on its
+#     stdin and stdout: nc sends 32 MB and reads them back (cmp), and cat
+#     must have continued the connection after the exec.
 # Every client connection must end on RDMA. bench/servers.sh drives the
 # programs (with the libsovia medium only); this test judges its results.
-# The prefork (nginx) and exec (inetd) models are not judged here yet
-# (README, Limitations).
+# The prefork model (nginx) is not judged here yet (README, Limitations).
 #
-# SOVIA_IT_SERVERS_PROGS overrides the programs ("postgres echo-fork").
+# SOVIA_IT_SERVERS_PROGS overrides the programs ("postgres echo-fork
+# inetd").
 . "$(dirname "$0")/lib.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-PROGS=${SOVIA_IT_SERVERS_PROGS:-postgres echo-fork}
+PROGS=${SOVIA_IT_SERVERS_PROGS:-postgres echo-fork inetd}
 MIN_PCT=80
 
 "$ROOT/bench/servers.sh" --lib "$LIB" --build "$BUILD" --out "$WORK/out" --media libsovia \
@@ -57,6 +60,12 @@ for p in $PROGS; do
 		judge postgres copy50MB 1
 		;;
 	echo-fork) judge echo-fork echo30MB 1 ;;
+	inetd)
+		judge inetd echo32MB 1
+		line=$(grep "^RESULT prog=inetd workload=echo32MB medium=libsovia " "$RES")
+		[ "$(field "$line" detail | sed -n 's/.*svc_continued=\([0-9]*\).*/\1/p')" = 1 ] ||
+			fail "inetd: cat did not continue the connection after the exec ($(field "$line" detail))"
+		;;
 	*) fail "no judgement for $p" ;;
 	esac
 done
