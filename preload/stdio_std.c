@@ -197,11 +197,9 @@ static int std_fd_of(FILE *fp)
 	return -1;
 }
 
-SV_EXPORT FILE *freopen(const char *path, const char *mode, FILE *fp)
+/* std_reopen, with the caller's errno kept when it succeeds. */
+static FILE *reopen_std(int fd, const char *path, const char *mode, FILE *fp)
 {
-	int fd = std_fd_of(fp);
-	if (fd < 0)
-		return SV_REAL(freopen)(path, mode, fp);
 	int saved = errno;
 	FILE *r = std_reopen(fd, path, mode, fp);
 	if (r)
@@ -209,14 +207,14 @@ SV_EXPORT FILE *freopen(const char *path, const char *mode, FILE *fp)
 	return r;
 }
 
+SV_EXPORT FILE *freopen(const char *path, const char *mode, FILE *fp)
+{
+	int fd = std_fd_of(fp);
+	return fd < 0 ? SV_REAL(freopen)(path, mode, fp) : reopen_std(fd, path, mode, fp);
+}
+
 SV_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *fp)
 {
 	int fd = std_fd_of(fp);
-	if (fd < 0)
-		return SV_REAL(freopen64)(path, mode, fp);
-	int saved = errno;
-	FILE *r = std_reopen(fd, path, mode, fp);
-	if (r)
-		errno = saved;
-	return r;
+	return fd < 0 ? SV_REAL(freopen64)(path, mode, fp) : reopen_std(fd, path, mode, fp);
 }
