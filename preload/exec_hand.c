@@ -306,17 +306,21 @@ static const char *continue_conn(struct handed *c)
 	return NULL;
 }
 
-/* fd is a holders' table made by libsovia (by its memfd's name), not an
- * application's file that took the number in an image between. */
+/* fd is a holders' table made by libsovia (by its memfd's name, or
+ * without /proc by its seals), not an application's file that took the
+ * number in an image between. */
 static bool is_table(int fd)
 {
 	char link[64], path[32];
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n < 0)
-		return false;
-	link[n] = '\0';
-	return strncmp(link, "/memfd:sovia-holders", 20) == 0;
+	if (n >= 0) {
+		link[n] = '\0';
+		return strncmp(link, "/memfd:sovia-holders", 20) == 0;
+	}
+	const int seals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW;
+	int got = SV_REAL(fcntl)(fd, F_GET_SEALS);
+	return got >= 0 && (got & seals) == seals;
 }
 
 void sv_exec_inherit(void)
@@ -329,12 +333,18 @@ void sv_exec_inherit(void)
 	unsetenv(HANDED_VAR); /* this process's alone */
 	const char *p = copy;
 	uint64_t pid, table_fd;
-	if (!number(&p, INT32_MAX, &pid) || pid != (uint64_t)getpid() || !expect(&p, ':') ||
+	if (!number(&p, INT32_MAX, &pid) || !expect(&p, ':') ||
 	    !number(&p, INT32_MAX, &table_fd) || !expect(&p, ':') || !is_table((int)table_fd))
-		return; /* an ancestor's: not for us */
+		return;
 	/* The copy the exec passed has no FD_CLOEXEC: none of our children
 	 * may get the table but through a hand of ours. */
 	SV_REAL(fcntl)((int)table_fd, F_SETFD, FD_CLOEXEC);
+	if (pid != (uint64_t)getpid()) {
+		/* An ancestor's, through an image between that ignored
+		 * LD_PRELOAD: not for us, and neither is its table. */
+		SV_REAL(close)((int)table_fd);
+		return;
+	}
 	struct sv_holders *h = NULL;
 	if (!getauxval(AT_SECURE) && !sv_cfg.disable)
 		h = sv_holders_attach((int)table_fd);

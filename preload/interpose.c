@@ -68,17 +68,26 @@ __attribute__((constructor)) static void sv_preload_ctor(void)
 
 /* Normal termination (return from main, exit()): push out what the
  * connections still hold, and end those on the QP (the kernel would close
- * the sockets now). What stdio buffered in FILEs of ours goes first: glibc
- * writes it only after the destructors. Not in a child that shares the
- * parent's connections without our fork (_Fork, clone): they are the
- * parent's. */
+ * the sockets now). What stdio buffered in FILEs of ours goes first.
+ * Both come last, after every library's destructor (a C++ stream or a
+ * logger may write in one), just before glibc's own flush of its FILEs:
+ * the destructor registers them as an exit handler, which glibc runs
+ * after the destructors. Not in a child that shares the parent's
+ * connections without our fork (_Fork, clone): they are the parent's. */
+extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso);
+
+static void last_exit_flush(void *unused)
+{
+	(void)unused;
+	sv_stdio_exit_flush();
+	sv_on_exit();
+}
+
 __attribute__((destructor)) static void sv_preload_dtor(void)
 {
 	if (atomic_load_explicit(&sv_initialised, memory_order_acquire) && !sv_tls_inside &&
-	    atomic_load(&owner_pid) == (int)getpid()) {
-		sv_stdio_exit_flush();
-		sv_on_exit();
-	}
+	    atomic_load(&owner_pid) == (int)getpid() && __cxa_atexit(last_exit_flush, NULL, NULL))
+		last_exit_flush(NULL);
 }
 
 /* _exit and _Exit skip the destructors, but not the connections' due: a

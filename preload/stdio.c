@@ -142,23 +142,34 @@ void sv_cookie_set_fd(FILE *fp, int fd)
 /* At exit glibc writes what its FILEs buffered only after the destructors
  * ran (_IO_cleanup), after libsovia's exit flush has ended the
  * connections: a FILE of ours (a taken stdout, an fdopen'ed socket) writes
- * it now, while the connection takes it. Without the FILEs' locks, as
- * glibc's exit does: a thread blocked in a call on one holds its lock. */
+ * it first, while the connection takes it. Each is locked while it is
+ * still listed (so another thread's fclose cannot free it under us, nor
+ * flush it at the same time); one whose lock is held (a thread blocked in
+ * a call on it) is left to glibc's exit, as glibc's own flush skips
+ * locking. In batches, a bounded number of them. */
 void sv_stdio_exit_flush(void)
 {
-	enum { MAX = 256 };
-	FILE *due[MAX];
-	int n = 0;
-	if (atomic_load(&ncookies) == 0 || sv_reentered())
+	enum { BATCH = 64 };
+	int total = atomic_load(&ncookies);
+	if (total == 0 || sv_reentered())
 		return;
-	cookies_take();
-	for (struct cookie *c = cookies; c && n < MAX; c = c->next) {
-		if (c->fp->_IO_write_ptr > c->fp->_IO_write_base)
-			due[n++] = c->fp;
+	for (int pass = 0; pass <= total / BATCH + 1; pass++) {
+		FILE *due[BATCH];
+		int n = 0;
+		cookies_take();
+		for (struct cookie *c = cookies; c && n < BATCH; c = c->next) {
+			FILE *fp = c->fp;
+			if (fp->_IO_write_ptr > fp->_IO_write_base && ftrylockfile(fp) == 0)
+				due[n++] = fp;
+		}
+		cookies_give();
+		if (n == 0)
+			return;
+		for (int i = 0; i < n; i++) {
+			fflush_unlocked(due[i]);
+			funlockfile(due[i]);
+		}
 	}
-	cookies_give();
-	for (int i = 0; i < n; i++)
-		fflush_unlocked(due[i]);
 }
 
 /* The fd of a FILE made here, or -1 (also from inside libsovia, where
