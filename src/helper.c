@@ -194,7 +194,10 @@ static void sleep_once(int timeout, bool on_hub)
 		pfd[n++] = (struct pollfd){.fd = h.wakefd, .events = POLLIN};
 	}
 	int cm = -1;
-	if (h.ch) {
+	/* After a credential change the kernel refuses the channel's events
+	 * (ucma's write check) yet reports it readable while they are queued:
+	 * watched, it would wake us at once, for ever. */
+	if (h.ch && !atomic_load(&h.creds_stale)) {
 		cm = n;
 		pfd[n++] = (struct pollfd){.fd = h.ch->fd, .events = POLLIN};
 	}

@@ -20,6 +20,7 @@ static struct sv_lock net_lock = SV_LOCK_INIT(SV_RANK_TRANSPORT);
 static unsigned violations;
 static char why[256];
 static bool no_route;
+static bool stale_channels; /* fake_net_stale_channels */
 static bool reflect_challenge;
 static uint64_t delivered;
 static long break_after = -1;
@@ -808,6 +809,13 @@ static int f_get_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev)
 {
 	struct fchan *c = (struct fchan *)ch;
 	sv_lock(&net_lock);
+	if (stale_channels) {
+		/* The kernel's ucma refuses the read; the events stay queued
+		 * and the channel's fd readable. */
+		sv_unlock(&net_lock);
+		errno = EACCES;
+		return -1;
+	}
 	struct fev *e = c->head;
 	if (e) {
 		c->head = e->next;
@@ -965,6 +973,7 @@ void fake_net_use(void)
 	violations = 0;
 	why[0] = '\0';
 	no_route = false;
+	stale_channels = false;
 	reflect_challenge = false;
 	break_after = -1;
 	hold_side = FAKE_NONE;
@@ -997,6 +1006,13 @@ void fake_net_start_now(void)
 	start_gated = false;
 	pthread_cond_broadcast(&start_cv);
 	pthread_mutex_unlock(&start_mu);
+}
+
+void fake_net_stale_channels(bool on)
+{
+	sv_lock(&net_lock);
+	stale_channels = on;
+	sv_unlock(&net_lock);
 }
 
 void fake_net_no_route(bool on)

@@ -4,6 +4,7 @@
 #include "harness.h"
 
 #include "config.h"
+#include "helper.h"
 #include "pinned.h"
 
 #include <criterion/criterion.h>
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -423,5 +425,38 @@ Test(fallback, privileged_ports_upgrade_a_port_below_1024)
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
 		     sv_conn_state_name(h_state(p.c)));
 	exchange(&p, 32, true);
+	h_pair_free(&p);
+}
+
+/* CPU time this process used, in milliseconds. */
+static long cpu_ms(void)
+{
+	struct rusage ru;
+	cr_assert_eq(getrusage(RUSAGE_SELF, &ru), 0);
+	return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000L +
+	       (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000L;
+}
+
+/* After a credential change the kernel refuses our rdma_cm channel's
+ * events (preload/creds.c) but still reports it readable while they are
+ * queued: the helper must stop watching it, not wake for it at once, for
+ * ever (ftpd's session after its euid changes, when an old connection's
+ * disconnect arrives). Idle, the process uses next to no CPU; spinning,
+ * a whole core. */
+Test(fallback, a_stale_channel_does_not_spin_the_helper)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	sv_helper_creds_changed("a test");
+	fake_net_stale_channels(true);
+	fake_net_break_all(); /* disconnect events wait on the channel */
+	usleep(200000);       /* the connections' own failover settles */
+	long t0 = cpu_ms();
+	uint64_t until = h_ms() + 1000;
+	while (h_ms() < until)
+		usleep(10000);
+	long used = cpu_ms() - t0;
+	cr_assert_lt(used, 300, "the process used %ld ms of CPU in an idle second", used);
+	fake_net_stale_channels(false);
 	h_pair_free(&p);
 }
