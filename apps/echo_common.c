@@ -182,10 +182,12 @@ int echo_poll_client(const char *who, const char *host, const char *port,
 	size_t out_len = 0, out_off = 0; /* out[out_off, out_len) not yet sent */
 	int wr_done = 0;
 	while (got < total || !wr_done) {
+		/* Paused after the first chunk until the go file exists. */
+		int paused = s->go && sent > 0 && out_off == out_len && access(s->go, F_OK) < 0;
 		struct pollfd p = {.fd = fd, .events = POLLIN};
-		if (!wr_done)
+		if (!wr_done && !paused)
 			p.events |= POLLOUT;
-		if (poll(&p, 1, -1) < 0) {
+		if (poll(&p, 1, paused ? 50 : -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			echo_die(who, "poll");
@@ -194,7 +196,7 @@ int echo_poll_client(const char *who, const char *host, const char *port,
 			fprintf(stderr, "%s: poll: POLLNVAL\n", who);
 			return -1;
 		}
-		if (!wr_done && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
+		if (!wr_done && !paused && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
 			for (;;) {
 				if (out_off == out_len) {
 					if (sent == total) {
@@ -215,6 +217,8 @@ int echo_poll_client(const char *who, const char *host, const char *port,
 					echo_die(who, "send");
 				out_off += (size_t)w;
 				sent += (uint64_t)w;
+				if (s->go && out_off == out_len && sent == out_len)
+					break; /* the first chunk: see whether to pause */
 			}
 		}
 		if (p.revents & (POLLIN | POLLERR | POLLHUP)) {
@@ -376,15 +380,16 @@ int echo_fork_main(const char *who, int argc, char **argv, int (*child)(int fd),
 			return fork_server(who, atoi(argv[2 + hold]), atoi(argv[3 + hold]), hold,
 					   child, what);
 	}
-	if (argc == 6 && strcmp(argv[1], "-c") == 0) {
+	if ((argc == 6 || argc == 7) && strcmp(argv[1], "-c") == 0) {
 		struct echo_stream s = {.seed = (uint32_t)strtoul(argv[5], NULL, 0),
-					.len = strtoull(argv[4], NULL, 0)};
+					.len = strtoull(argv[4], NULL, 0),
+					.go = argc == 7 ? argv[6] : NULL};
 		if (echo_poll_client(who, argv[2], argv[3], &s) < 0)
 			return 1;
 		printf("OK %llu bytes echoed\n", (unsigned long long)echo_total(&s));
 		return 0;
 	}
-	fprintf(stderr, "usage: %s -s [-S] PORT CONNS | -p WORKERS PORT CONNS | -c HOST PORT BYTES SEED\n",
+	fprintf(stderr, "usage: %s -s [-S] PORT CONNS | -p WORKERS PORT CONNS | -c HOST PORT BYTES SEED [GO]\n",
 		who);
 	return 2;
 }

@@ -20,6 +20,9 @@
 struct echo_stream {
 	uint32_t seed;
 	uint64_t len; /* payload bytes, after the header */
+	/* A client sends its first 64 KiB, then waits until this file exists
+	 * before it sends the rest (NULL: it never waits). */
+	const char *go;
 };
 
 /* Total bytes of the stream, header included. */
@@ -51,8 +54,9 @@ int echo_check_end(const struct echo_check *c, const char *who);
 /* Connects to host:port (blocking connect; the socket then goes
  * non-blocking and poll() drives both directions, so a peer that echoes
  * before it has read everything never deadlocks with us), sends the
- * stream, shuts down writing, and reads the echo until EOF, checking
- * every byte. Returns 0 if the echo was the stream, exactly. */
+ * stream (pausing after its first chunk until s->go exists, if set),
+ * shuts down writing, and reads the echo until EOF, checking every byte.
+ * Returns 0 if the echo was the stream, exactly. */
 int echo_poll_client(const char *who, const char *host, const char *port,
                      const struct echo_stream *s);
 

@@ -4,7 +4,7 @@
  *
  *   sovia-echo-fork -s [-S] PORT CONNS
  *   sovia-echo-fork -p WORKERS PORT CONNS
- *   sovia-echo-fork -c HOST PORT BYTES SEED
+ *   sovia-echo-fork -c HOST PORT BYTES SEED [GO]
  *
  * Server: listens on PORT (all IPv4 addresses); for each of CONNS
  * connections it forks a child that echoes every byte with blocking
@@ -18,7 +18,8 @@
  *
  * Client: one connection; sends a stream of BYTES payload bytes with seed
  * SEED and checks the echo (poll() and a non-blocking socket). Prints "OK"
- * and exits 0 if the echo was exact. */
+ * and exits 0 if the echo was exact. With GO, it sends its first 64 KiB, then waits
+ * until the file GO exists. */
 #include "echo_common.h"
 
 #include <errno.h>

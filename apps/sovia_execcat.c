@@ -3,7 +3,7 @@
  * sends a stream and checks the echo. Nothing here knows about libsovia.
  *
  *   sovia-execcat -s [-S] PORT CONNS
- *   sovia-execcat -c HOST PORT BYTES SEED
+ *   sovia-execcat -c HOST PORT BYTES SEED [GO]
  *
  * Server: listens on PORT (all IPv4 addresses); for each of CONNS
  * connections it forks; the child dup2()s the socket onto 0 and 1, closes
@@ -17,7 +17,8 @@
  *
  * Client: one connection; sends a stream of BYTES payload bytes with seed
  * SEED (echo_common.h) and checks the echo. Prints "OK" and exits 0 if the
- * echo was exact. */
+ * echo was exact. With GO, it sends its first 64 KiB, then waits
+ * until the file GO exists. */
 #include "echo_common.h"
 
 #include <stdio.h>
