@@ -306,23 +306,6 @@ static const char *continue_conn(struct handed *c)
 	return NULL;
 }
 
-/* fd is a holders' table made by libsovia (by its memfd's name, or
- * without /proc by its seals), not an application's file that took the
- * number in an image between. */
-static bool is_table(int fd)
-{
-	char link[64], path[32];
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n >= 0) {
-		link[n] = '\0';
-		return strncmp(link, "/memfd:sovia-holders", 20) == 0;
-	}
-	const int seals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW;
-	int got = SV_REAL(fcntl)(fd, F_GET_SEALS);
-	return got >= 0 && (got & seals) == seals;
-}
-
 void sv_exec_inherit(void)
 {
 	const char *v = getenv(HANDED_VAR);
@@ -334,7 +317,8 @@ void sv_exec_inherit(void)
 	const char *p = copy;
 	uint64_t pid, table_fd;
 	if (!number(&p, INT32_MAX, &pid) || !expect(&p, ':') ||
-	    !number(&p, INT32_MAX, &table_fd) || !expect(&p, ':') || !is_table((int)table_fd))
+	    !number(&p, INT32_MAX, &table_fd) || !expect(&p, ':') ||
+	    !sv_holders_is_table((int)table_fd))
 		return;
 	/* The copy the exec passed has no FD_CLOEXEC: none of our children
 	 * may get the table but through a hand of ours. */

@@ -184,24 +184,24 @@ int sv_holders_fd(const struct sv_holders *h)
 	return h && h == atomic_load(&table) ? atomic_load(&table_fd) : -1;
 }
 
-/* Is the file at fd a table we may map: a sealed memfd of the table's
- * size, owned by this image's effective user? 0 or -errno. The seals are
- * read first: once they are there, the size seen after cannot change. */
-static int check_table_file(int fd)
+/* Is the file at fd a table's: a sealed memfd of the table's size? Its
+ * owner in *uid. The seals are read first: once they are there, the size
+ * seen after cannot change. */
+static bool table_file(int fd, uid_t *uid)
 {
 	int seals = SV_REAL(fcntl)(fd, F_GET_SEALS);
-	if (seals < 0)
-		return -errno; /* not a memfd (nor shmem) */
-	if ((seals & SV_HOLDERS_SEALS) != SV_HOLDERS_SEALS)
-		return -EINVAL; /* resizable: a holder could SIGBUS us */
 	struct stat sb;
-	if (fstat(fd, &sb) < 0)
-		return -errno;
-	if (!S_ISREG(sb.st_mode) || sb.st_size != (off_t)sizeof(struct sv_holders))
-		return -EINVAL;
-	if (sb.st_uid != geteuid())
-		return -EPERM;
-	return 0;
+	/* Not a memfd, or resizable (a holder could SIGBUS us). */
+	if (seals < 0 || (seals & SV_HOLDERS_SEALS) != SV_HOLDERS_SEALS || fstat(fd, &sb) < 0)
+		return false;
+	*uid = sb.st_uid;
+	return S_ISREG(sb.st_mode) && sb.st_size == (off_t)sizeof(struct sv_holders);
+}
+
+bool sv_holders_is_table(int fd)
+{
+	uid_t uid;
+	return fd >= 0 && table_file(fd, &uid);
 }
 
 /* Was the mapped table made by this layout and this image's user and
@@ -219,7 +219,8 @@ static bool table_is_ours(struct sv_holders *h)
 
 struct sv_holders *sv_holders_attach(int fd)
 {
-	if (fd < 0 || check_table_file(fd) < 0)
+	uid_t owner;
+	if (fd < 0 || !table_file(fd, &owner) || owner != geteuid())
 		return NULL;
 	void *m = mmap(NULL, sizeof(struct sv_holders), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED)

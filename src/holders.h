@@ -45,6 +45,9 @@ int sv_holders_fd(const struct sv_holders *h);
  * run as another user cannot forge claims in a root server's table. The
  * caller keeps, and may close, fd; the mapping stays. */
 struct sv_holders *sv_holders_attach(int fd);
+/* Is fd a holders' table's file (whoever made it)? An exec'd image closes
+ * only such an fd, never an application's file that took the number. */
+bool sv_holders_is_table(int fd);
 
 /* A child of the table's process inherited a listening socket: the owner
  * looks for holders from now on (sv_holders_forked). */

@@ -232,6 +232,12 @@ Test(holders, the_table_is_on_a_sealed_memfd_of_libsovias_own)
 	cr_assert_eq(errno, EPERM);
 	cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1, "writes could be sealed off");
 	cr_assert_eq(errno, EPERM);
+	cr_assert(sv_holders_is_table(fd), "an exec'd image would not recognise it");
+	int pfd[2];
+	cr_assert_eq(pipe(pfd), 0);
+	cr_assert_not(sv_holders_is_table(pfd[0]), "an application's pipe taken for a table");
+	close(pfd[0]);
+	close(pfd[1]);
 	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.4", 40020);
 	cr_assert_geq(sv_holders_add(h, &srv, &cli, 61020), 0, "the refused resizes broke it");
 	cr_assert_eq(sv_holders_find(h, &srv, &cli), 61020);
