@@ -299,7 +299,7 @@ static const char *continue_conn(struct handed *c)
 		if (c->fds[k] <= STDERR_FILENO && sv_stdio_take_std(c->fds[k]) < 0)
 			return "stdio was used before libsovia's constructor";
 	}
-	if (!sv_stream_fd_adopt_exec(c->fds, c->nfds, &c->hand, tx, rx))
+	if (!sv_stream_fd_adopt(c->fds, c->nfds, &c->hand, tx, rx))
 		return "no memory";
 	sv_info("fd %d: continued after the exec, at %" PRIu64 " bytes out, %" PRIu64 " in",
 		c->fds[0], tx, rx);

@@ -130,7 +130,7 @@ static void h_after_fork(struct sv_fd *f, pid_t pid)
 		spoil(h, f->fd, "an inherited epoll set watches");
 		return;
 	}
-	h->moved = sv_stream_fd_adopt(f->fd, &h->hand, h->tx, h->rx);
+	h->moved = sv_stream_fd_adopt(&f->fd, 1, &h->hand, h->tx, h->rx);
 }
 
 const struct sv_fd_ops sv_held_ops = {

@@ -417,22 +417,8 @@ void sv_listen_accepted(struct sv_fd *lf, int fd)
 	sv_leave();
 }
 
-bool sv_stream_fd_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx)
-{
-	sv_enter();
-	struct sv_stream *s = sv_stream_adopt(fd, hand, tx, rx);
-	bool ok = false;
-	if (s) {
-		sv_stream_get(s); /* for the upgrade, past the entry's reference */
-		ok = replace_entry(fd, &sv_stream_ops, s); /* started at its first use */
-		sv_stream_put(s);
-	}
-	sv_leave();
-	return ok;
-}
-
-bool sv_stream_fd_adopt_exec(const int *fds, int n, const struct sv_hand *hand, uint64_t tx,
-			     uint64_t rx)
+bool sv_stream_fd_adopt(const int *fds, int n, const struct sv_hand *hand, uint64_t tx,
+			uint64_t rx)
 {
 	sv_enter();
 	struct sv_stream *s = sv_stream_adopt(fds[0], hand, tx, rx);

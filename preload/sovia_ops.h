@@ -34,13 +34,12 @@ void sv_listen_atfork_child(struct sv_fd *f);
 extern const struct sv_fd_ops sv_held_ops;
 struct sv_held;
 struct sv_held *sv_held_new(const struct sv_hand *hand, uint64_t tx, uint64_t rx);
-/* The child takes it: fd becomes a stream of its own (sovia_ops.c). True
- * when it did (the stream releases the hand from then on). */
-bool sv_stream_fd_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx);
-/* After an exec: the connection handed on by the image before (exec_hand.c)
- * becomes a stream on fds[0..n-1], TCP having carried tx and rx bytes. */
-bool sv_stream_fd_adopt_exec(const int *fds, int n, const struct sv_hand *hand, uint64_t tx,
-			     uint64_t rx);
+/* The child takes it (held.c), or the image after an exec continues it
+ * (exec_hand.c): fds[0..n-1] become one stream of its own, TCP having
+ * carried tx and rx bytes; its upgrade starts at its first use. True when
+ * they did (the stream releases the hand from then on). */
+bool sv_stream_fd_adopt(const int *fds, int n, const struct sv_hand *hand, uint64_t tx,
+			uint64_t rx);
 
 /* fd's connection is plain TCP now: its entry (and its copies', the entries
  * with the same priv) become the kernel's. */
