@@ -42,6 +42,12 @@ struct sv_cm_ops {
 	void (*atfork_child)(void);
 };
 
+/* librdmacm's calls are made between these (sv_cm_rdma does): a fork
+ * waits until no thread is between them, so that librdmacm's own locks are
+ * free in the child. */
+void sv_cm_calls_enter(void);
+void sv_cm_calls_leave(void);
+
 /* The table in use: librdmacm's unless sv_cm_use put another. */
 extern const struct sv_cm_ops *sv_cm;
 extern const struct sv_cm_ops sv_cm_rdma;

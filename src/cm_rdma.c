@@ -5,11 +5,63 @@
 #include "ownfd.h"
 #include "verbs.h"
 
+#include <errno.h>
+#include <pthread.h>
+
+/* librdmacm keeps process-wide state under its own mutex (its device list,
+ * each device's protection domain as ids come and go: every id that binds,
+ * resolves, gets a connect request or is destroyed takes it). A fork while
+ * another thread holds it (the helper answers a connect request while a
+ * prefork server forks its workers) would leave it held in the child for
+ * ever, and the child's first upgrade would wait on it for ever. So every
+ * librdmacm call is made under a read lock that a fork takes for writing
+ * (pthread_atfork): the fork waits for the calls in flight, none of which
+ * blocks (the event channel is non-blocking). */
+static pthread_rwlock_t calls = PTHREAD_RWLOCK_INITIALIZER;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT; /* kept across forks */
+
+static void fork_prepare(void)
+{
+	pthread_rwlock_wrlock(&calls);
+}
+
+static void fork_parent(void)
+{
+	pthread_rwlock_unlock(&calls);
+}
+
+static void fork_child(void)
+{
+	/* The writer is the forking thread, under another thread id here
+	 * (an unlock would count it a reader's): the only thread starts
+	 * with a free lock. */
+	pthread_rwlock_init(&calls, NULL);
+}
+
+static void guard_install(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+void sv_cm_calls_enter(void)
+{
+	pthread_once(&guard_once, guard_install);
+	pthread_rwlock_rdlock(&calls);
+}
+
+void sv_cm_calls_leave(void)
+{
+	int saved = errno;
+	pthread_rwlock_unlock(&calls);
+	errno = saved;
+}
+
 /* librdmacm opens every device once and keeps its context for the
  * process: those files are libsovia's, not the application's, and a
  * daemon's close-all must not take them (ownfd.h). */
 static struct rdma_event_channel *create_event_channel(void)
 {
+	sv_cm_calls_enter();
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	int n = 0;
 	struct ibv_context **ctxs = ch ? rdma_get_devices(&n) : NULL;
@@ -20,8 +72,35 @@ static struct rdma_event_channel *create_event_channel(void)
 		}
 		rdma_free_devices(ctxs);
 	}
+	sv_cm_calls_leave();
 	return ch;
 }
+
+#define GUARDED(name, params, args)                                                         \
+	static int g_##name params                                                          \
+	{                                                                                   \
+		sv_cm_calls_enter();                                                        \
+		int r_ = rdma_##name args;                                                  \
+		sv_cm_calls_leave();                                                        \
+		return r_;                                                                  \
+	}
+
+GUARDED(create_id,
+	(struct rdma_event_channel * ch, struct rdma_cm_id **id, void *ctx, enum rdma_port_space ps),
+	(ch, id, ctx, ps))
+GUARDED(destroy_id, (struct rdma_cm_id * id), (id))
+GUARDED(resolve_addr, (struct rdma_cm_id * id, struct sockaddr *src, struct sockaddr *dst, int ms),
+	(id, src, dst, ms))
+GUARDED(resolve_route, (struct rdma_cm_id * id, int ms), (id, ms))
+GUARDED(connect, (struct rdma_cm_id * id, struct rdma_conn_param *p), (id, p))
+GUARDED(accept, (struct rdma_cm_id * id, struct rdma_conn_param *p), (id, p))
+GUARDED(reject, (struct rdma_cm_id * id, const void *pd, uint8_t len), (id, pd, len))
+GUARDED(establish, (struct rdma_cm_id * id), (id))
+GUARDED(disconnect, (struct rdma_cm_id * id), (id))
+GUARDED(bind_addr, (struct rdma_cm_id * id, struct sockaddr *a), (id, a))
+GUARDED(listen, (struct rdma_cm_id * id, int backlog), (id, backlog))
+GUARDED(get_cm_event, (struct rdma_event_channel * ch, struct rdma_cm_event **ev), (ch, ev))
+GUARDED(ack_cm_event, (struct rdma_cm_event * ev), (ev))
 
 static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_proto_params *prm)
 {
@@ -33,19 +112,19 @@ static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_
 
 const struct sv_cm_ops sv_cm_rdma = {
 	.create_event_channel = create_event_channel,
-	.create_id = rdma_create_id,
-	.destroy_id = rdma_destroy_id,
-	.resolve_addr = rdma_resolve_addr,
-	.resolve_route = rdma_resolve_route,
-	.connect = rdma_connect,
-	.accept = rdma_accept,
-	.reject = rdma_reject,
-	.establish = rdma_establish,
-	.disconnect = rdma_disconnect,
-	.bind_addr = rdma_bind_addr,
-	.listen = rdma_listen,
-	.get_event = rdma_get_cm_event,
-	.ack_event = rdma_ack_cm_event,
+	.create_id = g_create_id,
+	.destroy_id = g_destroy_id,
+	.resolve_addr = g_resolve_addr,
+	.resolve_route = g_resolve_route,
+	.connect = g_connect,
+	.accept = g_accept,
+	.reject = g_reject,
+	.establish = g_establish,
+	.disconnect = g_disconnect,
+	.bind_addr = g_bind_addr,
+	.listen = g_listen,
+	.get_event = g_get_cm_event,
+	.ack_event = g_ack_cm_event,
 	.peer_addr = rdma_get_peer_addr,
 	.local_addr = rdma_get_local_addr,
 	.create_qp = create_qp,

@@ -79,39 +79,9 @@ static void run_jobs(void)
 
 /* rdma_cm's first use loads the device providers: slow (seconds under
  * emulation), so it happens here and never in the application's calls. */
-/* rdma_cm's first use opens the device files and loads the providers
- * under librdmacm's and libibverbs' own locks. A fork in the middle of it
- * would leave those locks held in the child, whose own first use would
- * then wait for ever (a prefork server forks its workers right after
- * listen(), while our helper starts): a fork waits until it is over. */
-static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t fork_guard_once = PTHREAD_ONCE_INIT; /* kept across forks */
-
-static void fork_prepare(void)
-{
-	pthread_mutex_lock(&init_mu);
-}
-
-static void fork_parent(void)
-{
-	pthread_mutex_unlock(&init_mu);
-}
-
-static void fork_child(void)
-{
-	pthread_mutex_unlock(&init_mu); /* this thread's, the forking one */
-}
-
-static void fork_guard(void)
-{
-	pthread_atfork(fork_prepare, fork_parent, fork_child);
-}
-
 static void init_rdma(void)
 {
-	pthread_mutex_lock(&init_mu);
-	h.ch = sv_cm->create_event_channel();
-	pthread_mutex_unlock(&init_mu);
+	h.ch = sv_cm->create_event_channel(); /* a fork waits for it (cm_rdma.c) */
 	if (!h.ch) {
 		int err = errno ? -errno : -ENODEV;
 		sv_info("no rdma_cm (%s): connections stay on TCP", strerror(-err));
@@ -253,7 +223,6 @@ static void *helper_main(void *arg)
 static void start_once(void)
 {
 	sv_enter();
-	pthread_once(&fork_guard_once, fork_guard);
 	h.wakefd = sv_ownfd_move(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
 	if (h.wakefd < 0) {
 		h.err = -errno;
