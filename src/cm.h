@@ -38,6 +38,10 @@ struct sv_cm_ops {
 	 * prm, in the INIT state. 0 or -errno (not the librdmacm convention). */
 	int (*create_qp)(struct sv_qp **out, struct rdma_cm_id *id,
 			 const struct sv_proto_params *prm);
+	/* Does a connection between these addresses run over a link of an
+	 * RDMA device (links.h)? */
+	bool (*on_rdma_link)(const struct sockaddr_storage *local,
+			     const struct sockaddr_storage *peer);
 	/* In a fork's child: what the parent opened is the parent's. */
 	void (*atfork_child)(void);
 };

@@ -2,6 +2,7 @@
  * libsovia's own device context for each connection (verbs.c). */
 #include "cm.h"
 
+#include "links.h"
 #include "ownfd.h"
 #include "verbs.h"
 
@@ -128,6 +129,7 @@ const struct sv_cm_ops sv_cm_rdma = {
 	.peer_addr = rdma_get_peer_addr,
 	.local_addr = rdma_get_local_addr,
 	.create_qp = create_qp,
+	.on_rdma_link = sv_links_on_rdma,
 	.atfork_child = sv_verbs_atfork_child,
 };
 

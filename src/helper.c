@@ -10,6 +10,7 @@
 #include "lock.h"
 #include "log.h"
 #include "ownfd.h"
+#include "peers.h"
 #include "pinned.h"
 #include "real.h"
 #include "upgrade.h"
@@ -200,8 +201,12 @@ static void *helper_main(void *arg)
 	sv_lock_go_first(); /* lock.h: the application's calls give way to it */
 	uint64_t t0 = sv_now_us();
 	init_rdma();
+	uint64_t took = sv_now_us() - t0;
 	sv_dbg("helper: rdma_cm %s after %llu ms", atomic_load(&h.rdma) > 0 ? "ready" : "unusable",
-	       (unsigned long long)((sv_now_us() - t0) / 1000));
+	       (unsigned long long)(took / 1000));
+	/* A first contact's hold is judged by it (stream_switch.c). */
+	if (atomic_load(&h.rdma) > 0)
+		sv_peers_note_startup(took > UINT32_MAX ? UINT32_MAX : (uint32_t)took);
 	run_jobs();
 	for (;;) {
 		uint64_t now = sv_now_us();

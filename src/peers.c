@@ -40,8 +40,14 @@
 #define SV_PEERS_PLAIN_TTL_S 60u
 
 /* key[0..3]: the address as IPv6 (IPv4 mapped, ::ffff:a.b.c.d), network
- * order; key[4]: 1 << 16 for the host, 2 << 16 | port (network order) for
- * one of its ports. An empty slot's key is all zero and matches nothing. */
+ * order; key[4]: the kind, and a port in network order:
+ *   KIND_HOST << 16        a host (setup_us: time to RDMA, 0: no route);
+ *   KIND_PORT << 16 | port a plain server's port (setup_us 0);
+ *   KIND_CLIENT << 16      a plain client's host (setup_us 0);
+ *   KIND_SELF << 16        address all zero: this host's longest rdma_cm
+ *                          start-up (setup_us).
+ * An empty slot's key is all zero and matches nothing. */
+enum { KIND_HOST = 1, KIND_PORT = 2, KIND_CLIENT = 3, KIND_SELF = 4 };
 struct slot {
 	_Atomic uint32_t seq;
 	_Atomic uint32_t key[5];
@@ -129,9 +135,9 @@ static uint32_t now_s(void)
 	return (uint32_t)ts.tv_sec + 1; /* never 0 */
 }
 
-/* The key of a peer's host (port false) or of its port. False for an
- * address that is neither IPv4 nor IPv6. */
-static bool make_key(const struct sockaddr_storage *ss, bool port, uint32_t key[5])
+/* The key of kind `kind` for a peer's address (its port only in
+ * KIND_PORT's). False for an address that is neither IPv4 nor IPv6. */
+static bool kind_key(const struct sockaddr_storage *ss, unsigned kind, uint32_t key[5])
 {
 	uint8_t a[16];
 	uint16_t p;
@@ -149,8 +155,14 @@ static bool make_key(const struct sockaddr_storage *ss, bool port, uint32_t key[
 		return false;
 	}
 	memcpy(key, a, 16);
-	key[4] = port ? 2u << 16 | p : 1u << 16; /* a port's key never is its host's */
+	key[4] = kind << 16 | (kind == KIND_PORT ? p : 0u); /* kinds never share a key */
 	return true;
+}
+
+/* The key of a peer's host (port false) or of its port. */
+static bool make_key(const struct sockaddr_storage *ss, bool port, uint32_t key[5])
+{
+	return kind_key(ss, port ? KIND_PORT : KIND_HOST, key);
 }
 
 static uint32_t hash(const uint32_t key[5])
@@ -282,6 +294,51 @@ void sv_peers_learn(const struct sockaddr_storage *peer, bool client, uint32_t s
 	put(key, setup_us ? setup_us : 1);
 	if (client && make_key(peer, true, key))
 		drop(key);
+	if (kind_key(peer, KIND_CLIENT, key))
+		drop(key);
+}
+
+bool sv_peers_first_contact(const struct sockaddr_storage *peer)
+{
+	uint32_t key[5], setup, age;
+	if (!make_key(peer, false, key))
+		return false;
+	if (find(key, &setup, &age) && age < (setup ? SV_PEERS_TTL_S : SV_PEERS_PLAIN_TTL_S))
+		return false; /* a libsovia host, or one without a route */
+	return !(kind_key(peer, KIND_CLIENT, key) && find(key, &setup, &age) &&
+		 age < SV_PEERS_TTL_S);
+}
+
+void sv_peers_plain_client(const struct sockaddr_storage *peer)
+{
+	uint32_t key[5];
+	if (kind_key(peer, KIND_CLIENT, key))
+		put(key, 0);
+}
+
+static const uint32_t self_key[5] = {0, 0, 0, 0, KIND_SELF << 16};
+/* This process's longest, kept across fork: a prefork worker starts
+ * rdma_cm with its parent's libraries and devices already loaded (a few
+ * ms), which says nothing of a fresh client's start-up; its parent's
+ * does, and its parent may have written it to another user's table. */
+static _Atomic uint32_t own_startup;
+
+void sv_peers_note_startup(uint32_t us)
+{
+	uint32_t setup, age, own = atomic_load(&own_startup);
+	while (us > own && !atomic_compare_exchange_weak(&own_startup, &own, us))
+		;
+	if (!us || (find(self_key, &setup, &age) && age < SV_PEERS_TTL_S && setup >= us))
+		return;
+	put(self_key, us);
+}
+
+uint32_t sv_peers_startup(void)
+{
+	uint32_t setup, age, own = atomic_load(&own_startup);
+	if (find(self_key, &setup, &age) && age < SV_PEERS_TTL_S && setup > own)
+		return setup;
+	return own;
 }
 
 void sv_peers_plain_port(const struct sockaddr_storage *peer)

@@ -8,10 +8,14 @@
  * SOVIA_PEER_HOLD_MS) and starts its upgrade at once. A wrong or lost
  * entry costs one connection its first bytes on TCP, or one bounded hold.
  *
- * Two kinds of entry, keyed by address: a host whose libsovia took a
+ * Four kinds of entry. Keyed by address: a host whose libsovia took a
  * connection to RDMA, with the time that took (or, for a minute, a host
- * with no RDMA route); and a host's port where no libsovia listened (a
- * plain server), so that its clients neither wait nor try for a minute. */
+ * with no RDMA route); a host's port where no libsovia listened (a plain
+ * server), so that its clients neither wait nor try for a minute; and a
+ * host whose client did not ask for RDMA while a server held its first
+ * writes (a plain client), so that the server does not hold for it again.
+ * And one of the user's own: the longest this host's rdma_cm took to
+ * start, which tells how long a first contact may hold. */
 #ifndef SV_PEERS_H
 #define SV_PEERS_H
 
@@ -42,6 +46,23 @@ void sv_peers_plain_port(const struct sockaddr_storage *peer);
 /* No RDMA path to this peer's host (now): it is forgotten as a libsovia
  * host, and known to have no route for a minute. */
 void sv_peers_no_route(const struct sockaddr_storage *peer);
+
+/* Is a connection from this client's host a first contact: nothing
+ * known of it (neither libsovia nor a plain client) within a day? */
+bool sv_peers_first_contact(const struct sockaddr_storage *peer);
+
+/* A client of this host did not ask for RDMA while our first writes
+ * waited for it: a first contact from there holds no more, for a day (or
+ * until a connection with it reaches RDMA). */
+void sv_peers_plain_client(const struct sockaddr_storage *peer);
+
+/* This process's rdma_cm took `us` microseconds to start. */
+void sv_peers_note_startup(uint32_t us);
+
+/* The longest rdma_cm start-up of the user's processes on this host
+ * within a day, or of this process and the processes it was forked from
+ * (microseconds; 0: none known). */
+uint32_t sv_peers_startup(void);
 
 /* Use the table at `path` (created 0600 if missing) instead of the
  * default one, or a table of this process only (path NULL): for tests.

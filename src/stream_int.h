@@ -168,6 +168,9 @@ struct sv_switch {
 	 * writes wait for the QP until this time rather than go on TCP
 	 * (0: no hold). Only while nothing of ours went on TCP. */
 	uint64_t hold_until;
+	/* Server: that hold is a first contact's (an unknown client on an
+	 * RDMA link): if no request came in it, the client is plain. */
+	bool hold_first_contact;
 	/* A write was refused (EAGAIN) or waited for that hold: from then on
 	 * poll says "not writable" until it ends. Until then the kernel
 	 * answers, so that a program that polls for POLLOUT to learn that its
@@ -424,9 +427,10 @@ int sv_stream_write_echo(struct sv_stream *s);
 /* Both directions settled on the QP: the connection is "rdma" (and its
  * peer is remembered as one that speaks libsovia). */
 void sv_stream_maybe_rdma(struct sv_stream *s);
-/* A new connection whose peer is known to speak libsovia (peers.h) holds
- * its first writes for the QP, within SOVIA_PEER_HOLD_MS: true when it
- * does. With the lock, before any byte went on TCP. */
+/* A new connection whose peer is known to speak libsovia (peers.h), or a
+ * server's first contact with a client on an RDMA link, holds its first
+ * writes for the QP, within SOVIA_PEER_HOLD_MS: true when it does. With
+ * the lock, before any byte went on TCP. */
 bool sv_stream_hold_first(struct sv_stream *s);
 /* Is sending held for the QP that way now (not past the switch, nothing
  * written on TCP, not fallen back)? */

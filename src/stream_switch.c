@@ -3,6 +3,7 @@
  * checks that prove the RDMA peer is the TCP peer. */
 #include "stream_int.h"
 
+#include "cm.h"
 #include "config.h"
 #include "log.h"
 #include "peers.h"
@@ -34,19 +35,34 @@ void sv_stream_maybe_rdma(struct sv_stream *s)
 
 /* ---- A known peer's first writes ------------------------------------------------ */
 
-/* The hold lasts what this host's connections took to reach RDMA, four
- * times over (a fresh process starts rdma_cm first) plus 50 ms, within
- * SOVIA_PEER_HOLD_MS. */
+/* How long a hold lasts: what this host's connections took to reach RDMA
+ * with that peer, four times over (a fresh process starts rdma_cm first)
+ * plus 50 ms, within SOVIA_PEER_HOLD_MS. A server's first contact with a
+ * client on an RDMA link (nothing known of its host) holds too, for four
+ * times the longest rdma_cm start-up of this host plus 50 ms: a client
+ * that speaks libsovia asks for its QP once its rdma_cm started, and a
+ * server's first writes (an HTTP response, a banner) are then all on RDMA
+ * from the first connection on. A plain client pays that hold once a day
+ * per host (sv_peers_plain_client). */
 bool sv_stream_hold_first(struct sv_stream *s)
 {
 	uint32_t setup;
-	if (!sv_cfg.peer_hold_ms || s->tcp_tx || s->cl.tx_shut ||
-	    !sv_peers_expect(&s->tuple.peer, s->is_client, &setup))
+	if (!sv_cfg.peer_hold_ms || s->tcp_tx || s->cl.tx_shut)
 		return false;
+	bool first = false;
+	if (!sv_peers_expect(&s->tuple.peer, s->is_client, &setup)) {
+		first = !s->is_client && sv_peers_first_contact(&s->tuple.peer) &&
+			sv_cm->on_rdma_link(&s->tuple.local, &s->tuple.peer);
+		if (!first)
+			return false;
+		setup = sv_peers_startup();
+	}
 	uint64_t cap = (uint64_t)sv_cfg.peer_hold_ms * 1000u, want = 50000u + 4u * (uint64_t)setup;
 	s->sw.hold_until = sv_now_us() + (want < cap ? want : cap);
-	sv_dbg("fd %d: the peer speaks libsovia: its first writes wait up to %llu ms for RDMA",
-	       s->fd, (unsigned long long)((want < cap ? want : cap) / 1000));
+	s->sw.hold_first_contact = first;
+	sv_dbg("fd %d: %s: its first writes wait up to %llu ms for RDMA", s->fd,
+	       first ? "a first contact on an RDMA link" : "the peer speaks libsovia",
+	       (unsigned long long)((want < cap ? want : cap) / 1000));
 	return true;
 }
 
@@ -70,6 +86,9 @@ void sv_stream_end_hold(struct sv_stream *s, uint64_t now)
 	if (holding && now < s->sw.hold_until)
 		return;
 	s->sw.hold_until = 0;
+	if (holding && s->sw.hold_first_contact && s->state == SV_CONN_TCP)
+		sv_peers_plain_client(&s->tuple.peer); /* it never asked */
+	s->sw.hold_first_contact = false;
 	if (holding) {
 		sv_info("fd %d: RDMA is not ready: the first writes go on TCP", s->fd);
 		sv_stream_wake(s);

@@ -22,6 +22,7 @@ static char why[256];
 static bool no_route;
 static bool stale_channels; /* fake_net_stale_channels */
 static bool reflect_challenge;
+static bool rdma_links; /* fake_net_rdma_links */
 static uint64_t delivered;
 static long break_after = -1;
 static enum fake_side hold_side;
@@ -891,6 +892,13 @@ static void f_atfork_child(void)
 	pthread_mutex_init(&chan_mu, NULL);
 }
 
+static bool f_on_rdma_link(const struct sockaddr_storage *local, const struct sockaddr_storage *peer)
+{
+	(void)local;
+	(void)peer;
+	return rdma_links;
+}
+
 static const struct sv_cm_ops fake_ops = {
 	.create_event_channel = f_create_event_channel,
 	.create_id = f_create_id,
@@ -909,6 +917,7 @@ static const struct sv_cm_ops fake_ops = {
 	.peer_addr = f_peer_addr,
 	.local_addr = f_local_addr,
 	.create_qp = f_create_qp,
+	.on_rdma_link = f_on_rdma_link,
 	.atfork_child = f_atfork_child,
 };
 
@@ -975,6 +984,7 @@ void fake_net_use(void)
 	no_route = false;
 	stale_channels = false;
 	reflect_challenge = false;
+	rdma_links = false;
 	break_after = -1;
 	hold_side = FAKE_NONE;
 	device_lost[FAKE_CLIENT] = device_lost[FAKE_SERVER] = false;
@@ -991,6 +1001,11 @@ unsigned fake_net_violations(void)
 const char *fake_net_why(void)
 {
 	return why;
+}
+
+void fake_net_rdma_links(bool on)
+{
+	rdma_links = on;
 }
 
 void fake_net_slow_start(void)

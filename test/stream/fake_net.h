@@ -42,6 +42,9 @@ void fake_net_start_now(void);
 /* rdma_cm's channels refuse to give their events (EACCES), as the kernel
  * does once the process changed credentials: they stay readable. */
 void fake_net_stale_channels(bool on);
+/* Every connection runs over an RDMA device's link (links.h); by default
+ * none does, as on loopback. */
+void fake_net_rdma_links(bool on);
 /* The next connect requests find no route (ADDR_ERROR). */
 void fake_net_no_route(bool on);
 /* Accepts hand the client its own challenge back (a rogue listener that

@@ -126,6 +126,77 @@ Test(peers, an_unknown_peer_never_waits)
 	h_pair_free(&p);
 }
 
+/* A server's first contact with a client on an RDMA link: its answer
+ * waits for the client's request (a client asks once its rdma_cm started),
+ * and every byte of it goes over the QP; the host is then known. */
+Test(peers, a_first_contact_on_an_rdma_link_answers_over_rdma)
+{
+	fake_net_rdma_links(true);
+	sv_cfg.peer_hold_ms = 60000;
+	sv_peers_note_startup(10000000); /* only the switch ends the hold */
+	fake_net_slow_start();
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	uint8_t b = 7, g;
+	long end;
+	cr_assert_eq(h_write(p.c, &b, 1, MSG_DONTWAIT), 1, "the client held its request");
+	cr_assert_eq(h_read_all(p.s, &g, 1, &end), 1);
+	cr_assert_eq(h_write(p.s, &b, 1, MSG_DONTWAIT), -EAGAIN, "the answer went on TCP");
+	struct h_writer ws = {.s = p.s, .len = N, .seed = 2};
+	h_writer_start(&ws);
+	fake_net_start_now();
+	uint8_t *got = malloc(N);
+	cr_assert_eq(h_read_all(p.c, got, N, &end), N);
+	cr_assert(h_pattern_ok(got, N, 2, 0));
+	h_writer_join(&ws);
+	cr_assert_eq(ws.written, N);
+	struct h_counts s = h_counts(p.s);
+	cr_assert_eq(s.tcp_tx, 0, "server: %llu bytes on TCP", (unsigned long long)s.tcp_tx);
+	cr_assert_eq(s.rdma_tx, N);
+	cr_assert(!sv_peers_first_contact(&p.s->tuple.peer), "the host was not learnt");
+	free(got);
+	h_pair_free(&p);
+}
+
+/* A plain client on an RDMA link: the server's first answer waits out the
+ * hold once, then goes on TCP; the host is marked, and the next connection
+ * from it does not wait. Off the RDMA links nothing waits at all
+ * (an_unknown_peer_never_waits). */
+Test(peers, a_plain_client_on_an_rdma_link_is_held_once)
+{
+	fake_net_rdma_links(true);
+	sv_peers_note_startup(1); /* a hold of 50 ms */
+	struct pair p;
+	h_listen(&p, true);
+	struct sockaddr_in a;
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(p.lfd, (struct sockaddr *)&a, &al), 0);
+	for (int round = 0; round < 2; round++) {
+		int cfd = socket(AF_INET, SOCK_STREAM, 0);
+		cr_assert_eq(connect(cfd, (struct sockaddr *)&a, sizeof(a)), 0);
+		int sfd = accept(p.lfd, NULL, NULL);
+		cr_assert_geq(sfd, 0);
+		struct sv_stream *s = sv_stream_new(sfd, false);
+		h_start_server(s, p.l);
+		uint8_t b = 7, g = 0;
+		long w = h_write(s, &b, 1, MSG_DONTWAIT);
+		if (round == 0) {
+			cr_assert_eq(w, -EAGAIN, "a first contact on an RDMA link did not hold");
+			cr_assert_eq(h_write(s, &b, 1, 0), 1, "the held answer never went");
+		} else {
+			cr_assert_eq(w, 1, "a known plain client was held again");
+		}
+		cr_assert_eq(h_counts(s).tcp_tx, 1);
+		cr_assert_eq(read(cfd, &g, 1), 1);
+		cr_assert_eq(g, 7);
+		cr_assert(!sv_peers_first_contact(&s->tuple.peer), "the plain client was not marked");
+		sv_stream_put(s);
+		close(cfd);
+	}
+	h_pair_free(&p);
+}
+
 /* The QP does not come in time: the held writes go on TCP when the hold is
  * over, and a non-blocking writer is told it may write. */
 Test(peers, a_hold_ends_on_time)

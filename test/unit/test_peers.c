@@ -112,6 +112,43 @@ Test(peers, a_host_without_a_route_is_plain_for_its_clients)
 	cr_assert(expect(a, true));
 }
 
+/* A server's first contact: a host nothing is known of, until a
+ * connection with it reaches RDMA or its client turns out plain. */
+Test(peers, a_first_contact_is_a_host_nothing_is_known_of)
+{
+	sv_peers_use(NULL);
+	struct sockaddr_storage a = v4("10.0.0.1", 40000), b = v4("10.0.0.2", 40001);
+	cr_assert(sv_peers_first_contact(&a));
+	sv_peers_plain_client(&a);
+	cr_assert(!sv_peers_first_contact(&a), "a plain client's host would hold again");
+	struct sockaddr_storage a2 = v4("10.0.0.1", 40002);
+	cr_assert(!sv_peers_first_contact(&a2), "the mark is the host's");
+	cr_assert(!expect(a, false), "a plain client's host is no libsovia host");
+	cr_assert(!sv_peers_plain(&a), "a plain client's host kept its clients from trying");
+	cr_assert(sv_peers_first_contact(&b));
+	/* A connection with it reached RDMA after all: a libsovia host. */
+	sv_peers_learn(&a, false, 100);
+	cr_assert(expect(a, false));
+	cr_assert(!sv_peers_first_contact(&a));
+	sv_peers_no_route(&b);
+	cr_assert(!sv_peers_first_contact(&b), "a host without a route is no first contact");
+	cr_assert(!sv_peers_first_contact(&(struct sockaddr_storage){0}), "no address");
+}
+
+/* The longest rdma_cm start-up noted is kept. */
+Test(peers, the_longest_startup_is_kept)
+{
+	sv_peers_use(NULL);
+	cr_assert_eq(sv_peers_startup(), 0);
+	sv_peers_note_startup(300);
+	sv_peers_note_startup(100);
+	cr_assert_eq(sv_peers_startup(), 300);
+	sv_peers_note_startup(450000);
+	cr_assert_eq(sv_peers_startup(), 450000);
+	struct sockaddr_storage any = v4("0.0.0.0", 0);
+	cr_assert(sv_peers_first_contact(&any), "the start-up is no host");
+}
+
 /* More hosts than one run of slots holds, all hashing apart or together:
  * the newest are kept, and nothing else is mistaken for them. */
 Test(peers, many_hosts)
