@@ -365,24 +365,26 @@ nginx_medium() { # medium
 
 	# Small requests: SMALL_CONNS curl processes at once, each with its
 	# share of the requests as URLs of one command (one keep-alive
-	# connection each: curl reuses it); each response's code, size and
-	# the connections curl opened are checked.
+	# connection each: curl reuses it). Each response's code, size and
+	# the connections curl opened are checked (curl's -w lines, on its
+	# stderr), and each curl's bodies, one after the other on its stdout,
+	# against that many copies of the file.
 	local per=$((SMALL_REQS / SMALL_CONNS)) i pids=() cfg
 	: >"$RAW/.cl"
 	for i in $(seq "$SMALL_CONNS"); do
 		cfg="$SCRATCH/curl.$i.cfg"
 		for _ in $(seq "$per"); do
 			echo "url = \"http://$IP:$NGX_PORT/small.bin\""
-			echo "output = \"/dev/null\""
 		done >"$cfg"
 	done
+	for _ in $(seq "$per"); do cat "$SCRATCH/small.bin"; done >"$SCRATCH/small.expect"
 	mark_servers
 	s0=$(snap) t0=$(now)
 	for i in $(seq "$SMALL_CONNS"); do
 		# shellcheck disable=SC2046
 		timeout -k 5 300 env $(medium_env "$med") curl -sS -K "$SCRATCH/curl.$i.cfg" \
-			-w '%{http_code} %{size_download} %{num_connects}\n' \
-			>"$RAW/nginx.$med.small.$i.out" 2>"$RAW/nginx.$med.small.$i.err" &
+			-w '%{stderr}%{http_code} %{size_download} %{num_connects}\n' \
+			>"$SCRATCH/small.$i.body" 2>"$RAW/nginx.$med.small.$i.err" &
 		pids+=($!)
 		echo "$RAW/nginx.$med.small.$i.err" >>"$RAW/.cl"
 	done
@@ -391,13 +393,20 @@ nginx_medium() { # medium
 	t1=$(now)
 	sleep 0.5
 	s1=$(snap)
-	local ok n conns
+	local ok n conns bodies=0
+	for i in $(seq "$SMALL_CONNS"); do
+		# curl's own lines: "code size connects"
+		awk 'NF == 3 && $1 ~ /^[0-9][0-9][0-9]$/' "$RAW/nginx.$med.small.$i.err" \
+			>"$RAW/nginx.$med.small.$i.out"
+		cmp -s "$SCRATCH/small.$i.body" "$SCRATCH/small.expect" && bodies=$((bodies + 1))
+	done
+	rm -f "$SCRATCH"/small.*.body "$SCRATCH/small.expect"
 	ok=$(cat "$RAW"/nginx."$med".small.*.out | awk -v s="$SMALL_SIZE" '$1 == 200 && $2 == s' | wc -l)
 	n=$((per * SMALL_CONNS))
 	conns=$(cat "$RAW"/nginx."$med".small.*.out | awk '{c += $3} END {print c + 0}')
 	secs=$(elapsed "$t0" "$t1")
-	st=failed bv=0 why="curl exit $rc; $ok of $n answers right"
-	if [ "$rc" = 0 ] && [ "$ok" = "$n" ]; then
+	st=failed bv=0 why="curl exit $rc; $ok of $n answers right; $bodies of $SMALL_CONNS connections' bodies right"
+	if [ "$rc" = 0 ] && [ "$ok" = "$n" ] && [ "$bodies" = "$SMALL_CONNS" ]; then
 		st=ok bv=$((n * SMALL_SIZE)) why=""
 	fi
 	server_delta "$RAW/nginx.$med.small.srv" ""
