@@ -38,6 +38,8 @@
 #
 # usage: servers.sh --lib LIBSOVIA_SO --build BUILD_DIR --out DIR
 #   [--media "libsovia tcp"] [--progs "nginx postgres inetd echo-fork"]
+#   [--log LEVEL]   SOVIA_LOG for the libsovia medium's processes (their
+#                   lines go to the servers' and clients' files in raw/)
 # Run it in the bed:
 #   test/bed/sovia-bed --timeout 1500 -- bench/servers.sh \
 #       --lib build/preload/libsovia.so --build build --out OUT
@@ -45,6 +47,7 @@ set -uo pipefail
 LIB="" BUILD="" OUT=""
 MEDIA="libsovia tcp"
 PROGS="nginx postgres inetd echo-fork"
+LOG=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--lib) LIB=$2; shift ;;
@@ -52,6 +55,7 @@ while [ $# -gt 0 ]; do
 	--out) OUT=$2; shift ;;
 	--media) MEDIA=$2; shift ;;
 	--progs) PROGS=$2; shift ;;
+	--log) LOG=$2; shift ;;
 	*) echo "servers.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
@@ -142,7 +146,7 @@ wait_port() { # port timeout_s pid
 # Environment of a medium's processes (both ends).
 medium_env() {
 	case "$1" in
-	libsovia) echo "LD_PRELOAD=$LIB SOVIA_STATS=1 SOVIA_UPGRADE_TIMEOUT_MS=30000" ;;
+	libsovia) echo "LD_PRELOAD=$LIB SOVIA_STATS=1 SOVIA_UPGRADE_TIMEOUT_MS=30000${LOG:+ SOVIA_LOG=$LOG}" ;;
 	tcp) echo "SOVIA_BENCH_MEDIUM=tcp" ;;
 	esac
 }

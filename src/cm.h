@@ -48,7 +48,9 @@ struct sv_cm_ops {
 
 /* librdmacm's calls are made between these (sv_cm_rdma does): a fork
  * waits until no thread is between them, so that librdmacm's own locks are
- * free in the child. */
+ * free in the child. They nest, and a step that must not be split by a
+ * fork may be made between them too, as long as no thread waits there for
+ * another that is about to fork. */
 void sv_cm_calls_enter(void);
 void sv_cm_calls_leave(void);
 

@@ -199,14 +199,20 @@ static void *helper_main(void *arg)
 	(void)arg;
 	sv_enter(); /* the libraries this thread calls go straight to libc */
 	sv_lock_go_first(); /* lock.h: the application's calls give way to it */
+	/* rdma_cm's start and the note of how long it took are one step for
+	 * a fork (cm.h): a child forked in between (a prefork server forks
+	 * while we start) would judge a first contact by its own start-up,
+	 * a few ms with its parent's libraries loaded (stream_switch.c), and
+	 * open a peer table of its own instead of sharing its parent's. */
+	sv_cm_calls_enter();
 	uint64_t t0 = sv_now_us();
 	init_rdma();
 	uint64_t took = sv_now_us() - t0;
-	sv_dbg("helper: rdma_cm %s after %llu ms", atomic_load(&h.rdma) > 0 ? "ready" : "unusable",
-	       (unsigned long long)(took / 1000));
-	/* A first contact's hold is judged by it (stream_switch.c). */
 	if (atomic_load(&h.rdma) > 0)
 		sv_peers_note_startup(took > UINT32_MAX ? UINT32_MAX : (uint32_t)took);
+	sv_cm_calls_leave();
+	sv_dbg("helper: rdma_cm %s after %llu ms", atomic_load(&h.rdma) > 0 ? "ready" : "unusable",
+	       (unsigned long long)(took / 1000));
 	run_jobs();
 	for (;;) {
 		uint64_t now = sv_now_us();

@@ -109,6 +109,8 @@ static void open_table(void)
 		path = def;
 	}
 	tab = path ? map_file(path) : NULL;
+	if (tab)
+		sv_dbg("peer table %s", path);
 	if (!tab) {
 		if (path)
 			sv_dbg("peer table %s not usable: this process keeps its own", path);
