@@ -213,8 +213,12 @@ case_to_rdma_max() {
 	local port=$1
 	head -c 262144 /dev/urandom >"$WORK/srv.in"
 	"$H" pattern -n $((4096 + 65536)) >"$WORK/want"
-	LD_PRELOAD=$LIB timeout 300 nc -N -l "$IP" "$port" <"$WORK/srv.in" >"$WORK/server.out" \
-		2>"$WORK/server.err" &
+	# nc -l quits at its peer's EOF whenever its input buffer is empty
+	# (netcat-openbsd), leaving the rest of its input unsent. The attacker
+	# ends its sending at once, so nc's writes must not wait for a first
+	# contact's hold (which a peer that fails the challenge ends anyway).
+	LD_PRELOAD=$LIB SOVIA_PEER_HOLD_MS=0 timeout 300 nc -N -l "$IP" "$port" <"$WORK/srv.in" \
+		>"$WORK/server.out" 2>"$WORK/server.err" &
 	local srv=$!
 	wait_port "$port"
 	mem_watch "$(child_of $srv)" "$WORK/mem" "$RSS_MB"
