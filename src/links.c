@@ -24,8 +24,6 @@
 #define SV_GID_GAP 8
 #define SV_GID_MAX 1024
 
-#define ARPHRD_INFINIBAND_ 32 /* if_arp.h's, without its other names */
-
 struct link {
 	sa_family_t family;
 	uint8_t addr[16], mask[16];
@@ -106,6 +104,7 @@ static bool rdma_netdev(const char *name)
 			return true;
 	char path[128], type[16];
 	snprintf(path, sizeof(path), "/sys/class/net/%s/type", name);
+	/* 32: ARPHRD_INFINIBAND */
 	return read_line(path, type, sizeof(type)) && strcmp(type, "32") == 0;
 }
 
