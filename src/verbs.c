@@ -12,6 +12,7 @@
 #include "real.h"
 #include "verbs.h"
 #include "verbs_int.h"
+#include "verbs_db.h"
 
 #include "hub.h"
 #include "lock.h"
@@ -270,6 +271,8 @@ static int xp_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iov
 	};
 	struct ibv_send_wr *bad;
 	r = ibv_post_send(v->qp, &wr, &bad);
+	if (r == EACCES || r == -EACCES) /* a credential change: verbs_db.c */
+		r = sv_verbs_ring_rxe(v->qp) == 0 ? 0 : EACCES;
 	if (r) {
 		r = neg_err(r);
 		sv_dbg("verbs: ibv_post_send (slot %u, %d sge): %s", slot, nsge, strerror(-r));
