@@ -16,6 +16,11 @@ struct sv_qp;
 
 struct sv_cm_ops {
 	struct rdma_event_channel *(*create_event_channel)(void);
+	void (*destroy_event_channel)(struct rdma_event_channel *ch);
+	/* Move every id of the process that is on another channel to ch,
+	 * with its queued events (rdma_migrate_id); after a credential change
+	 * (helper.c). No event taken may be unacknowledged. */
+	int (*move_ids)(struct rdma_event_channel *ch);
 	int (*create_id)(struct rdma_event_channel *ch, struct rdma_cm_id **id, void *ctx,
 			 enum rdma_port_space ps);
 	int (*destroy_id)(struct rdma_cm_id *id);

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 
 /* librdmacm keeps process-wide state under its own mutex (its device list,
  * each device's protection domain as ids come and go: every id that binds,
@@ -77,6 +78,67 @@ static struct rdma_event_channel *create_event_channel(void)
 	return ch;
 }
 
+static void destroy_event_channel(struct rdma_event_channel *ch)
+{
+	sv_ownfd_del(ch->fd); /* librdmacm closes it */
+	sv_cm_calls_enter();
+	rdma_destroy_event_channel(ch);
+	sv_cm_calls_leave();
+}
+
+/* Every id of the process not destroyed yet, for move_ids: librdmacm keeps
+ * no list of its own that we may read. Ids come from create_id and from
+ * connect requests (get_cm_event). */
+static struct {
+	pthread_mutex_t mu;
+	struct rdma_cm_id **v;
+	size_t n, cap;
+} live = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int live_add(struct rdma_cm_id *id)
+{
+	int r = 0;
+	pthread_mutex_lock(&live.mu);
+	if (live.n == live.cap) {
+		size_t cap = live.cap ? live.cap * 2 : 64;
+		struct rdma_cm_id **v = realloc(live.v, cap * sizeof(*v));
+		if (v) {
+			live.v = v;
+			live.cap = cap;
+		}
+	}
+	if (live.n < live.cap)
+		live.v[live.n++] = id;
+	else
+		r = -ENOMEM;
+	pthread_mutex_unlock(&live.mu);
+	return r;
+}
+
+static void live_del(struct rdma_cm_id *id)
+{
+	pthread_mutex_lock(&live.mu);
+	for (size_t i = live.n; i-- > 0;)
+		if (live.v[i] == id) {
+			live.v[i] = live.v[--live.n];
+			break;
+		}
+	pthread_mutex_unlock(&live.mu);
+}
+
+static int move_ids(struct rdma_event_channel *ch)
+{
+	int r = 0;
+	sv_cm_calls_enter();
+	pthread_mutex_lock(&live.mu);
+	for (size_t i = 0; i < live.n && r == 0; i++)
+		if (live.v[i]->channel != ch)
+			r = rdma_migrate_id(live.v[i], ch);
+	pthread_mutex_unlock(&live.mu);
+	sv_cm_calls_leave();
+	return r;
+}
+
 #define GUARDED(name, params, args)                                                         \
 	static int g_##name params                                                          \
 	{                                                                                   \
@@ -90,6 +152,38 @@ GUARDED(create_id,
 	(struct rdma_event_channel * ch, struct rdma_cm_id **id, void *ctx, enum rdma_port_space ps),
 	(ch, id, ctx, ps))
 GUARDED(destroy_id, (struct rdma_cm_id * id), (id))
+GUARDED(get_cm_event, (struct rdma_event_channel * ch, struct rdma_cm_event **ev), (ch, ev))
+
+static int create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, void *ctx,
+		     enum rdma_port_space ps)
+{
+	if (g_create_id(ch, id, ctx, ps) < 0)
+		return -1;
+	if (live_add(*id) < 0) {
+		g_destroy_id(*id);
+		errno = ENOMEM;
+		return -1;
+	}
+	return 0;
+}
+
+static int destroy_id(struct rdma_cm_id *id)
+{
+	live_del(id);
+	return g_destroy_id(id);
+}
+
+static int get_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev)
+{
+	if (g_get_cm_event(ch, ev) < 0)
+		return -1;
+	/* A request's id is new; one we could not note is never moved to
+	 * another channel: after a credential change it fails its calls,
+	 * and its connection stays on TCP. */
+	if ((*ev)->event == RDMA_CM_EVENT_CONNECT_REQUEST)
+		(void)live_add((*ev)->id);
+	return 0;
+}
 GUARDED(resolve_addr, (struct rdma_cm_id * id, struct sockaddr *src, struct sockaddr *dst, int ms),
 	(id, src, dst, ms))
 GUARDED(resolve_route, (struct rdma_cm_id * id, int ms), (id, ms))
@@ -100,7 +194,6 @@ GUARDED(establish, (struct rdma_cm_id * id), (id))
 GUARDED(disconnect, (struct rdma_cm_id * id), (id))
 GUARDED(bind_addr, (struct rdma_cm_id * id, struct sockaddr *a), (id, a))
 GUARDED(listen, (struct rdma_cm_id * id, int backlog), (id, backlog))
-GUARDED(get_cm_event, (struct rdma_event_channel * ch, struct rdma_cm_event **ev), (ch, ev))
 GUARDED(ack_cm_event, (struct rdma_cm_event * ev), (ev))
 
 static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_proto_params *prm)
@@ -111,10 +204,22 @@ static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_
 	return r;
 }
 
+static void atfork_child(void)
+{
+	/* The parent's ids are the parent's (and its list may have been
+	 * in a realloc of another thread's: left as it is). */
+	pthread_mutex_init(&live.mu, NULL);
+	live.v = NULL;
+	live.n = live.cap = 0;
+	sv_verbs_atfork_child();
+}
+
 const struct sv_cm_ops sv_cm_rdma = {
 	.create_event_channel = create_event_channel,
-	.create_id = g_create_id,
-	.destroy_id = g_destroy_id,
+	.destroy_event_channel = destroy_event_channel,
+	.move_ids = move_ids,
+	.create_id = create_id,
+	.destroy_id = destroy_id,
 	.resolve_addr = g_resolve_addr,
 	.resolve_route = g_resolve_route,
 	.connect = g_connect,
@@ -124,13 +229,13 @@ const struct sv_cm_ops sv_cm_rdma = {
 	.disconnect = g_disconnect,
 	.bind_addr = g_bind_addr,
 	.listen = g_listen,
-	.get_event = g_get_cm_event,
+	.get_event = get_event,
 	.ack_event = g_ack_cm_event,
 	.peer_addr = rdma_get_peer_addr,
 	.local_addr = rdma_get_local_addr,
 	.create_qp = create_qp,
 	.on_rdma_link = sv_links_on_rdma,
-	.atfork_child = sv_verbs_atfork_child,
+	.atfork_child = atfork_child,
 };
 
 const struct sv_cm_ops *sv_cm = &sv_cm_rdma;

@@ -14,6 +14,7 @@
 #include "pinned.h"
 #include "real.h"
 #include "upgrade.h"
+#include "upgrade_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,20 +37,31 @@ struct job {
 	struct job *next;
 };
 
+/* Channels opened before the current one whose ids could not all be moved
+ * yet (the credentials changed again meanwhile): kept until they are. */
+#define SV_OLD_CHANNELS 8
+
 static struct {
 	pthread_once_t once;
 	int err;            /* the thread could not start */
 	atomic_int rdma;    /* 0 starting, 1 ready, -errno: no rdma_cm here */
-	/* The process changed credentials while the helper ran: our RDMA
-	 * files are no longer usable (preload/creds.c). */
+	/* Credential changes since the thread started (preload/creds.c). */
+	atomic_uint cred_gen;
+	/* Our rdma_cm files cannot follow the credentials (a new channel, or
+	 * moving the ids to it, failed): RDMA is over for new connections. */
 	atomic_bool creds_stale;
 	struct sv_lock lock; /* jobs, started */
-	struct job *jobs;
+	struct job *jobs, **jobs_tail;
 	pthread_t thread;
 	struct rdma_event_channel *ch;
+	unsigned ch_gen; /* the change h.ch was opened after (the helper's) */
+	struct rdma_event_channel *old_ch[SV_OLD_CHANNELS];
+	int nold;
 	int wakefd;
 	bool started; /* wakefd exists */
-} h = {.once = PTHREAD_ONCE_INIT, .lock = SV_LOCK_INIT(SV_RANK_HELPER)};
+} h = {.once = PTHREAD_ONCE_INIT, .lock = SV_LOCK_INIT(SV_RANK_HELPER), .jobs_tail = &h.jobs};
+
+static __thread bool on_helper __attribute__((tls_model("initial-exec")));
 
 void sv_helper_wake(void)
 {
@@ -68,6 +80,7 @@ static void run_jobs(void)
 	sv_lock(&h.lock);
 	struct job *j = h.jobs;
 	h.jobs = NULL;
+	h.jobs_tail = &h.jobs;
 	sv_unlock(&h.lock);
 	int st = sv_helper_rdma_state();
 	while (j) {
@@ -80,20 +93,77 @@ static void run_jobs(void)
 
 /* rdma_cm's first use loads the device providers: slow (seconds under
  * emulation), so it happens here and never in the application's calls. */
+/* A new rdma_cm event channel, non-blocking, libsovia's (ownfd.h); NULL
+ * with errno set. */
+static struct rdma_event_channel *open_channel(void)
+{
+	struct rdma_event_channel *ch = sv_cm->create_event_channel();
+	if (!ch)
+		return NULL;
+	ch->fd = sv_ownfd_move(ch->fd); /* rdma_cm reads and closes it by this field */
+	int fl = SV_REAL(fcntl)(ch->fd, F_GETFL);
+	SV_REAL(fcntl)(ch->fd, F_SETFL, fl | O_NONBLOCK);
+	SV_REAL(fcntl)(ch->fd, F_SETFD, FD_CLOEXEC);
+	return ch;
+}
+
 static void init_rdma(void)
 {
-	h.ch = sv_cm->create_event_channel(); /* a fork waits for it (cm_rdma.c) */
+	h.ch_gen = atomic_load(&h.cred_gen);
+	h.ch = open_channel(); /* a fork waits for it (cm_rdma.c) */
 	if (!h.ch) {
 		int err = errno ? -errno : -ENODEV;
 		sv_info("no rdma_cm (%s): connections stay on TCP", strerror(-err));
 		atomic_store(&h.rdma, err);
 		return;
 	}
-	h.ch->fd = sv_ownfd_move(h.ch->fd); /* rdma_cm reads and closes it by this field */
-	int fl = SV_REAL(fcntl)(h.ch->fd, F_GETFL);
-	SV_REAL(fcntl)(h.ch->fd, F_SETFL, fl | O_NONBLOCK);
-	SV_REAL(fcntl)(h.ch->fd, F_SETFD, FD_CLOEXEC);
 	atomic_store(&h.rdma, 1);
+}
+
+/* The kernel lets only the very credentials that opened an rdma_cm file
+ * write to it, and every rdma_cm call is a write: after each credential
+ * change (ftpd's seteuid around a data connection's bind) this thread
+ * opens a new channel, which only it may use, and moves every id to it
+ * (the move is a write to the new channel: the old one need not be
+ * usable), listeners and connections alike, with their queued events.
+ * The old channel is closed once it has no id left. Until then it is not
+ * watched: the kernel reports it readable while events wait, yet refuses
+ * to hand them over. */
+static void follow_credentials(void)
+{
+	unsigned gen;
+	while (h.ch && !atomic_load(&h.creds_stale) &&
+	       (gen = atomic_load(&h.cred_gen)) != h.ch_gen) {
+		struct rdma_event_channel *ch = open_channel();
+		if (!ch || h.nold == SV_OLD_CHANNELS) {
+			sv_info("rdma_cm cannot follow the credential change (%s): "
+				"new connections stay on TCP",
+				ch ? "too many changes in a row" : strerror(errno));
+			if (ch)
+				sv_cm->destroy_event_channel(ch);
+			atomic_store(&h.creds_stale, true);
+			return;
+		}
+		h.old_ch[h.nold++] = h.ch;
+		h.ch = ch;
+		h.ch_gen = gen;
+		sv_lock(&sv_up_lock); /* no event of an id is in a hand meanwhile */
+		int r = sv_cm->move_ids(ch);
+		sv_unlock(&sv_up_lock);
+		if (r < 0 && atomic_load(&h.cred_gen) == gen) {
+			sv_info("rdma_cm: moving to a new channel after a credential change: %s: "
+				"new connections stay on TCP",
+				strerror(errno));
+			atomic_store(&h.creds_stale, true);
+			return;
+		}
+		if (r == 0) {
+			while (h.nold > 0)
+				sv_cm->destroy_event_channel(h.old_ch[--h.nold]);
+			sv_dbg("rdma_cm: a new channel after credential change %u", gen);
+		}
+		/* else the credentials changed again while we moved: again */
+	}
 }
 
 int sv_helper_rdma_state(void)
@@ -113,30 +183,63 @@ void sv_helper_creds_changed(const char *call)
 	sv_lock(&h.lock);
 	/* Before the helper thread exists nothing of RDMA is open yet: the
 	 * thread and its files will share the new credentials. */
-	bool stale = h.started && !atomic_load(&h.creds_stale);
-	if (stale)
-		atomic_store(&h.creds_stale, true);
+	bool counts = h.started;
+	if (counts)
+		atomic_fetch_add(&h.cred_gen, 1);
 	sv_unlock(&h.lock);
-	if (stale)
-		sv_info("the process changed its credentials (%s) after libsovia opened RDMA: "
-			"new connections stay on TCP", call);
+	if (counts) {
+		sv_dbg("the process changed its credentials (%s): rdma_cm follows", call);
+		sv_helper_wake();
+	}
+}
+
+bool sv_helper_may_call_cm(void)
+{
+	return on_helper || atomic_load(&h.cred_gen) == 0;
+}
+
+int sv_helper_defer(void (*fn)(void *arg, int rdma_err), void *arg)
+{
+	struct job *j = malloc(sizeof(*j));
+	if (!j)
+		return -ENOMEM;
+	j->fn = fn;
+	j->arg = arg;
+	j->next = NULL;
+	sv_lock(&h.lock);
+	bool ok = h.started;
+	if (ok) {
+		*h.jobs_tail = j;
+		h.jobs_tail = &j->next;
+	}
+	sv_unlock(&h.lock);
+	if (!ok) {
+		free(j);
+		return -ESRCH;
+	}
+	sv_helper_wake();
+	return 0;
 }
 
 int sv_helper_when_ready(void (*fn)(void *arg, int rdma_err), void *arg)
 {
 	int st = sv_helper_rdma_state();
-	if (st != 0)
+	/* After a credential change only the helper may call rdma_cm. */
+	bool here = sv_helper_may_call_cm();
+	if (st < 0 || (st > 0 && here))
 		return st < 0 ? st : 1; /* the caller goes on at once */
 	struct job *j = malloc(sizeof(*j));
 	if (!j)
 		return -ENOMEM;
 	j->fn = fn;
 	j->arg = arg;
+	j->next = NULL;
 	sv_lock(&h.lock);
 	st = atomic_load(&h.rdma);
-	if (st == 0) {
-		j->next = h.jobs;
-		h.jobs = j;
+	if (st == 0 || (st > 0 && !here)) {
+		*h.jobs_tail = j;
+		h.jobs_tail = &j->next;
+		st = 0;
 	}
 	sv_unlock(&h.lock);
 	if (st != 0) {
@@ -168,7 +271,7 @@ static void sleep_once(int timeout, bool on_hub)
 	/* After a credential change the kernel refuses the channel's events
 	 * (ucma's write check) yet reports it readable while they are queued:
 	 * watched, it would wake us at once, for ever. */
-	if (h.ch && !atomic_load(&h.creds_stale)) {
+	if (h.ch && !atomic_load(&h.creds_stale) && h.ch_gen == atomic_load(&h.cred_gen)) {
 		cm = n;
 		pfd[n++] = (struct pollfd){.fd = h.ch->fd, .events = POLLIN};
 	}
@@ -182,6 +285,7 @@ static void sleep_once(int timeout, bool on_hub)
 		sv_hub_sleep_end(&sl, pfd, nhub);
 		sv_hub_drain_unled(); /* nobody else will: it stands in */
 	}
+	follow_credentials();
 	run_jobs();
 	if (r <= 0)
 		return;
@@ -198,6 +302,7 @@ static void *helper_main(void *arg)
 {
 	(void)arg;
 	sv_enter(); /* the libraries this thread calls go straight to libc */
+	on_helper = true;
 	sv_lock_go_first(); /* lock.h: the application's calls give way to it */
 	/* rdma_cm's start and the note of how long it took are one step for
 	 * a fork (cm.h): a child forked in between (a prefork server forks
@@ -213,6 +318,7 @@ static void *helper_main(void *arg)
 	sv_cm_calls_leave();
 	sv_dbg("helper: rdma_cm %s after %llu ms", atomic_load(&h.rdma) > 0 ? "ready" : "unusable",
 	       (unsigned long long)(took / 1000));
+	follow_credentials();
 	run_jobs();
 	for (;;) {
 		uint64_t now = sv_now_us();
@@ -283,7 +389,14 @@ void sv_helper_atfork_child(void)
 	h.err = 0;
 	atomic_store(&h.rdma, 0);
 	atomic_store(&h.creds_stale, false); /* nothing of RDMA is open here yet */
+	atomic_store(&h.cred_gen, 0);
+	for (int i = 0; i < h.nold; i++)
+		sv_ownfd_close(h.old_ch[i]->fd);
+	h.nold = 0;
+	h.ch_gen = 0;
+	on_helper = false; /* the thread that forked may have been the helper: no */
 	h.jobs = NULL;
+	h.jobs_tail = &h.jobs;
 	h.ch = NULL;
 	h.wakefd = -1;
 }

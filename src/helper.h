@@ -15,13 +15,22 @@ int sv_helper_start(void);
 
 /* rdma_cm on the helper: 0 still starting, 1 ready, -errno unavailable. */
 int sv_helper_rdma_state(void);
-/* The process changed its credentials (`call`, e.g. "seteuid"). Once the
- * helper runs, RDMA files opened before are unusable (preload/creds.c):
- * sv_helper_rdma_state() reports -EACCES from then on. */
+/* The process changed its credentials (`call`, e.g. "seteuid"). The
+ * kernel then refuses every rdma_cm call on a channel opened before
+ * (preload/creds.c): the helper opens a new one and moves the ids to it,
+ * and from then on only the helper calls rdma_cm. */
 void sv_helper_creds_changed(const char *call);
-/* The RDMA files are unusable because the credentials changed (else,
- * while sv_helper_rdma_state() < 0, there is no RDMA here). */
+/* rdma_cm could not follow a credential change: RDMA is over for new
+ * connections (sv_helper_rdma_state() reports -EACCES; else, while it is
+ * < 0, there is no RDMA here). */
 bool sv_helper_creds_stale(void);
+/* May this thread call rdma_cm now: the helper always, any thread until
+ * the first credential change. */
+bool sv_helper_may_call_cm(void);
+/* Run fn(arg, 0) on the helper, soon, after the work queued before it
+ * (rdma_cm calls of a thread that may not make them). 0, or -errno (no
+ * helper: fn is not called). */
+int sv_helper_defer(void (*fn)(void *arg, int rdma_err), void *arg);
 
 /* Run fn(arg, rdma_err) on the helper once rdma_cm is ready (rdma_err 0) or
  * known to be unavailable (-errno). Returns 0 when queued; 1 when it is

@@ -224,9 +224,11 @@ static void start_connect(struct sv_stream *s)
 	sv_lock(&sv_up_lock);
 	struct rdma_cm_id *id;
 	if (sv_cm->create_id(sv_helper_channel(), &id, s, RDMA_PS_TCP) < 0) {
-		sv_dbg("fd %d: rdma_create_id: %s", s->fd, strerror(errno));
+		int err = errno;
+		sv_dbg("fd %d: rdma_create_id: %s", s->fd, strerror(err));
 		sv_unlock(&sv_up_lock);
-		fall_back(s, SV_FB_NO_ROUTE);
+		/* EACCES: the credentials changed while we were on the way here */
+		fall_back(s, err == EACCES ? SV_FB_CREDENTIALS : SV_FB_NO_ROUTE);
 		return;
 	}
 	sv_lock(&s->lock);
@@ -522,6 +524,21 @@ void sv_upgrade_events(struct rdma_event_channel *ch)
 
 /* ---- The QP's end ---------------------------------------------------------- */
 
+static void destroy_job(void *arg, int rdma_err)
+{
+	(void)rdma_err;
+	sv_lock(&sv_up_lock);
+	sv_cm->destroy_id(arg);
+	sv_unlock(&sv_up_lock);
+}
+
+void sv_up_destroy_id(struct rdma_cm_id *id)
+{
+	id->context = NULL; /* its events, if any come first, are nobody's */
+	if (sv_helper_may_call_cm() || sv_helper_defer(destroy_job, id) < 0)
+		sv_cm->destroy_id(id);
+}
+
 void sv_upgrade_forget(struct sv_stream *s)
 {
 	sv_lock(&sv_up_lock);
@@ -529,16 +546,34 @@ void sv_upgrade_forget(struct sv_stream *s)
 		s->id->context = NULL;
 	destroy_qp(s);
 	if (s->id) {
-		sv_cm->destroy_id(s->id);
+		sv_up_destroy_id(s->id);
 		s->id = NULL;
 	}
 	sv_unlock(&sv_up_lock);
 }
 
-void sv_upgrade_disconnect(struct sv_stream *s)
+static void disconnect_job(void *arg, int rdma_err)
 {
+	(void)rdma_err;
+	struct sv_stream *s = arg;
+	sv_lock(&sv_up_lock);
 	if (s->id)
 		sv_cm->disconnect(s->id);
+	sv_unlock(&sv_up_lock);
+	sv_stream_put(s);
+}
+
+void sv_upgrade_disconnect(struct sv_stream *s)
+{
+	if (s->id) {
+		if (sv_helper_may_call_cm()) {
+			sv_cm->disconnect(s->id);
+		} else {
+			sv_stream_get(s);
+			if (sv_helper_defer(disconnect_job, s) < 0)
+				sv_stream_put(s); /* no helper: no id either */
+		}
+	}
 	if (s->qp)
 		s->qp->ops->to_error(s->qp);
 }

@@ -37,6 +37,10 @@ void sv_up_established(struct sv_stream *s);
 /* Reject and forget a request (the id is the caller's to destroy); with
  * `say`, the rejection says that it is ours, our version and why. */
 void sv_up_reject(struct rdma_cm_id *id, bool say, enum sv_cm_rej why);
+/* Destroy id (a stream's or a listener's, its context cleared first): at
+ * once, or on the helper when this thread may not call rdma_cm
+ * (helper.h). */
+void sv_up_destroy_id(struct rdma_cm_id *id);
 /* upgrade_server.c: a connect request arrived on a listener. A refused id
  * is left in *destroy: it may not be destroyed while its own event is not
  * acknowledged yet. */

@@ -103,7 +103,7 @@ static void listener_put(struct sv_listener *l)
 	if (--l->refs > 0)
 		return;
 	if (l->id)
-		sv_cm->destroy_id(l->id);
+		sv_up_destroy_id(l->id);
 	free(l);
 }
 

@@ -1,5 +1,6 @@
 /* The in-process fake of rdma_cm and RC queue pairs: see fake_net.h. */
 #include "fake_net.h"
+#include "helper.h"
 
 #include "hub.h"
 #include "lock.h"
@@ -20,11 +21,16 @@ static struct sv_lock net_lock = SV_LOCK_INIT(SV_RANK_TRANSPORT);
 static unsigned violations;
 static char why[256];
 static bool no_route;
-static bool stale_channels; /* fake_net_stale_channels */
+static bool refuse_moves; /* fake_net_refuse_moves */
+/* Credential changes (fake_net_creds_change) and rdma_cm calls refused for
+ * them (fake_net_cm_refused). */
+static unsigned cred_gen, cm_refused;
+static bool any_channel;
 static bool reflect_challenge;
 static bool rdma_links; /* fake_net_rdma_links */
 static uint64_t delivered;
 static long break_after = -1;
+static long refuse_after = -1; /* fake_net_refuse_posts_after */
 static enum fake_side hold_side;
 static unsigned qps_created;
 /* rdma_cm's first use waits for fake_net_start_now() (fake_net_slow_start). */
@@ -230,6 +236,8 @@ static void deliver(struct fqp *f, uint32_t slot, const uint8_t *bytes, uint32_t
 	push_cqe(p, false, false, b, len);
 	push_cqe(f, true, false, slot, len);
 	delivered++;
+	if (refuse_after > 0)
+		refuse_after--;
 	if (break_after > 0 && --break_after == 0)
 		break_pair(f);
 }
@@ -282,6 +290,8 @@ static int q_post_send(void *ctx, uint32_t slot, uint32_t len, const struct iove
 	int r = 0;
 	if (f->state == QP_INIT) {
 		r = -EINVAL; /* as ibv_post_send before RTS */
+	} else if (refuse_after == 0) {
+		r = -EACCES; /* nothing sent; the QP stays as it is */
 	} else if (f->state == QP_ERR) {
 		push_cqe(f, true, true, slot, 0);
 	} else if (break_after == 0) {
@@ -534,6 +544,7 @@ struct fid {
 	uint32_t qp_num;
 	uint8_t req_pd[64];     /* a connect's private data, as sent */
 	uint8_t req_len;
+	bool destroyed;
 	struct fid *next;       /* every id (never freed: events may name them) */
 };
 
@@ -546,7 +557,38 @@ struct fev {
 struct fchan {
 	struct rdma_event_channel ch; /* first */
 	struct fev *head, *tail;
+	unsigned gen;     /* the credential change it was opened after */
+	pthread_t opener; /* and by whom */
 };
+
+/* Would the kernel let this thread write to c (ib_safe_file_access)? Until
+ * the first change every thread shares the credentials that opened it;
+ * after one, each thread has credentials of its own, and a file opened
+ * since is writable by its opener alone, until the next change. With
+ * net_lock; a refusal sets errno and counts. */
+static bool chan_ok(const struct fchan *c)
+{
+	if (c->gen == cred_gen && (cred_gen == 0 || pthread_equal(c->opener, pthread_self())))
+		return true;
+	cm_refused++;
+	errno = EACCES;
+	return false;
+}
+
+static bool id_ok(struct rdma_cm_id *id)
+{
+	return chan_ok((const struct fchan *)id->channel);
+}
+
+/* The write every rdma_cm call on id is: refused, the call fails. */
+#define CHECK_ID(id)                                                                        \
+	do {                                                                                \
+		sv_lock(&net_lock);                                                         \
+		bool ok_ = id_ok(id);                                                       \
+		sv_unlock(&net_lock);                                                       \
+		if (!ok_)                                                                   \
+			return -1;                                                          \
+	} while (0)
 
 static struct fid *ids;
 
@@ -597,12 +639,74 @@ static struct rdma_event_channel *f_create_event_channel(void)
 	pthread_mutex_unlock(&start_mu);
 	struct fchan *c = xcalloc(1, sizeof(*c));
 	c->ch.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	sv_lock(&net_lock);
+	c->gen = cred_gen;
+	c->opener = pthread_self();
+	any_channel = true;
+	sv_unlock(&net_lock);
 	return &c->ch;
+}
+
+/* Its memory stays: an id never moved would still name it. */
+static void f_destroy_event_channel(struct rdma_event_channel *ch)
+{
+	sv_lock(&net_lock);
+	close(ch->fd);
+	ch->fd = -1;
+	sv_unlock(&net_lock);
+}
+
+/* rdma_migrate_id for every id not destroyed: a write to the new channel,
+ * the old one's events going with their id. */
+static int f_move_ids(struct rdma_event_channel *ch)
+{
+	struct fchan *to = (struct fchan *)ch;
+	sv_lock(&net_lock);
+	if (!chan_ok(to) || refuse_moves) {
+		if (refuse_moves)
+			errno = EACCES;
+		sv_unlock(&net_lock);
+		return -1;
+	}
+	for (struct fid *f = ids; f; f = f->next) {
+		struct fchan *from = (struct fchan *)f->id.channel;
+		if (f->destroyed || from == to)
+			continue;
+		f->id.channel = ch;
+		for (struct fev **pe = &from->head, *prev = NULL; *pe;) {
+			struct fev *e = *pe;
+			if (e->ev.id != &f->id) {
+				prev = e;
+				pe = &e->next;
+				continue;
+			}
+			*pe = e->next;
+			if (from->tail == e)
+				from->tail = prev;
+			e->next = NULL;
+			if (to->tail)
+				to->tail->next = e;
+			else
+				to->head = e;
+			to->tail = e;
+			notify(to->ch.fd);
+			if (from->ch.fd >= 0)
+				unnotify(from->ch.fd);
+		}
+	}
+	sv_unlock(&net_lock);
+	return 0;
 }
 
 static int f_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **out, void *ctx,
 		       enum rdma_port_space ps)
 {
+	sv_lock(&net_lock);
+	if (!chan_ok((struct fchan *)ch)) {
+		sv_unlock(&net_lock);
+		return -1;
+	}
+	sv_unlock(&net_lock);
 	struct fid *f = xcalloc(1, sizeof(*f));
 	f->id.channel = ch;
 	f->id.context = ctx;
@@ -619,6 +723,11 @@ static int f_destroy_id(struct rdma_cm_id *id)
 {
 	struct fid *f = (struct fid *)id;
 	sv_lock(&net_lock);
+	if (!id_ok(id)) { /* librdmacm returns before freeing anything */
+		sv_unlock(&net_lock);
+		return -1;
+	}
+	f->destroyed = true;
 	f->listening = false;
 	f->id.context = NULL;
 	if (f->peer)
@@ -631,6 +740,7 @@ static int f_destroy_id(struct rdma_cm_id *id)
 static int f_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst,
 			  int timeout_ms)
 {
+	CHECK_ID(id);
 	(void)timeout_ms;
 	struct fid *f = (struct fid *)id;
 	size_t len = dst->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
@@ -646,6 +756,7 @@ static int f_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct so
 
 static int f_resolve_route(struct rdma_cm_id *id, int timeout_ms)
 {
+	CHECK_ID(id);
 	(void)timeout_ms;
 	sv_lock(&net_lock);
 	queue_event((struct fid *)id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0, NULL, NULL, 0);
@@ -666,6 +777,7 @@ static bool addr_match(const struct sockaddr_storage *listen, const struct socka
 
 static int f_connect(struct rdma_cm_id *id, struct rdma_conn_param *cp)
 {
+	CHECK_ID(id);
 	struct fid *f = (struct fid *)id;
 	sv_lock(&net_lock);
 	f->qp_num = cp->qp_num;
@@ -699,6 +811,7 @@ static int f_connect(struct rdma_cm_id *id, struct rdma_conn_param *cp)
 
 static int f_accept(struct rdma_cm_id *id, struct rdma_conn_param *cp)
 {
+	CHECK_ID(id);
 	struct fid *r = (struct fid *)id;
 	sv_lock(&net_lock);
 	struct fid *c = r->peer;
@@ -725,6 +838,7 @@ static int f_accept(struct rdma_cm_id *id, struct rdma_conn_param *cp)
 
 static int f_reject(struct rdma_cm_id *id, const void *pd, uint8_t len)
 {
+	CHECK_ID(id);
 	struct fid *r = (struct fid *)id;
 	sv_lock(&net_lock);
 	if (r->peer)
@@ -735,6 +849,7 @@ static int f_reject(struct rdma_cm_id *id, const void *pd, uint8_t len)
 
 static int f_establish(struct rdma_cm_id *id)
 {
+	CHECK_ID(id);
 	struct fid *c = (struct fid *)id;
 	sv_lock(&net_lock);
 	c->connected = true;
@@ -764,6 +879,7 @@ static bool lost_device_of(const struct fid *f);
 
 static int f_disconnect(struct rdma_cm_id *id)
 {
+	CHECK_ID(id);
 	sv_lock(&net_lock);
 	if (lost_device_of((struct fid *)id)) {
 		sv_unlock(&net_lock);
@@ -776,6 +892,7 @@ static int f_disconnect(struct rdma_cm_id *id)
 
 static int f_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 {
+	CHECK_ID(id);
 	static uint16_t next_port = 50000; /* rdma_cm's own port space */
 	struct fid *f = (struct fid *)id;
 	memcpy(&f->src, addr, addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
@@ -799,6 +916,7 @@ static struct sockaddr *f_local_addr(struct rdma_cm_id *id)
 
 static int f_listen(struct rdma_cm_id *id, int backlog)
 {
+	CHECK_ID(id);
 	(void)backlog;
 	sv_lock(&net_lock);
 	((struct fid *)id)->listening = true;
@@ -810,11 +928,10 @@ static int f_get_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev)
 {
 	struct fchan *c = (struct fchan *)ch;
 	sv_lock(&net_lock);
-	if (stale_channels) {
+	if (!chan_ok(c)) {
 		/* The kernel's ucma refuses the read; the events stay queued
 		 * and the channel's fd readable. */
 		sv_unlock(&net_lock);
-		errno = EACCES;
 		return -1;
 	}
 	struct fev *e = c->head;
@@ -849,6 +966,11 @@ static int f_create_qp(struct sv_qp **out, struct rdma_cm_id *id,
 		       const struct sv_proto_params *prm)
 {
 	struct fid *fi = (struct fid *)id;
+	sv_lock(&net_lock);
+	bool ok = id_ok(id); /* rdma_init_qp_attr */
+	sv_unlock(&net_lock);
+	if (!ok)
+		return -EACCES;
 	struct fqp *f = xcalloc(1, sizeof(*f));
 	f->q.ops = &qp_ops;
 	f->nrecv = sv_proto_nrecv(prm);
@@ -901,6 +1023,8 @@ static bool f_on_rdma_link(const struct sockaddr_storage *local, const struct so
 
 static const struct sv_cm_ops fake_ops = {
 	.create_event_channel = f_create_event_channel,
+	.destroy_event_channel = f_destroy_event_channel,
+	.move_ids = f_move_ids,
 	.create_id = f_create_id,
 	.destroy_id = f_destroy_id,
 	.resolve_addr = f_resolve_addr,
@@ -982,10 +1106,14 @@ void fake_net_use(void)
 	violations = 0;
 	why[0] = '\0';
 	no_route = false;
-	stale_channels = false;
+	refuse_moves = false;
+	cm_refused = 0;
+	cred_gen = 0;
+	any_channel = false;
 	reflect_challenge = false;
 	rdma_links = false;
 	break_after = -1;
+	refuse_after = -1;
 	hold_side = FAKE_NONE;
 	device_lost[FAKE_CLIENT] = device_lost[FAKE_SERVER] = false;
 	sv_unlock(&net_lock);
@@ -1023,11 +1151,40 @@ void fake_net_start_now(void)
 	pthread_mutex_unlock(&start_mu);
 }
 
-void fake_net_stale_channels(bool on)
+void fake_net_creds_change(void)
 {
 	sv_lock(&net_lock);
-	stale_channels = on;
+	/* Threads made after a change share their maker's credentials: with
+	 * no channel open yet, nothing is refused later. */
+	if (any_channel)
+		cred_gen++;
 	sv_unlock(&net_lock);
+	sv_helper_creds_changed("a test");
+}
+
+void fake_net_refuse_moves(bool on)
+{
+	sv_lock(&net_lock);
+	refuse_moves = on;
+	sv_unlock(&net_lock);
+}
+
+unsigned fake_net_live_ids(void)
+{
+	unsigned n = 0;
+	sv_lock(&net_lock);
+	for (struct fid *f = ids; f; f = f->next)
+		n += !f->destroyed;
+	sv_unlock(&net_lock);
+	return n;
+}
+
+unsigned fake_net_cm_refused(void)
+{
+	sv_lock(&net_lock);
+	unsigned n = cm_refused;
+	sv_unlock(&net_lock);
+	return n;
 }
 
 void fake_net_no_route(bool on)
@@ -1043,6 +1200,13 @@ uint64_t fake_net_delivered(void)
 	uint64_t n = delivered;
 	sv_unlock(&net_lock);
 	return n;
+}
+
+void fake_net_refuse_posts_after(long n)
+{
+	sv_lock(&net_lock);
+	refuse_after = n;
+	sv_unlock(&net_lock);
 }
 
 void fake_net_break_after(long n)

@@ -39,9 +39,17 @@ const char *fake_net_why(void);
  * fake_net_start_now(). */
 void fake_net_slow_start(void);
 void fake_net_start_now(void);
-/* rdma_cm's channels refuse to give their events (EACCES), as the kernel
- * does once the process changed credentials: they stay readable. */
-void fake_net_stale_channels(bool on);
+/* The process changes credentials (preload/creds.c's call included). As
+ * the kernel does, every rdma_cm call on a channel opened before fails
+ * with EACCES (its events stay queued, its fd readable), and a channel
+ * opened after it serves only the thread that opened it. */
+void fake_net_creds_change(void);
+/* rdma_cm calls refused for the credentials since fake_net_use. */
+unsigned fake_net_cm_refused(void);
+/* rdma_cm ids not destroyed. */
+unsigned fake_net_live_ids(void);
+/* Moving ids to another channel fails (EACCES). */
+void fake_net_refuse_moves(bool on);
 /* Every connection runs over an RDMA device's link (links.h); by default
  * none does, as on loopback. */
 void fake_net_rdma_links(bool on);
@@ -56,6 +64,10 @@ uint64_t fake_net_delivered(void);
 /* Break every connected pair after `n` more delivered messages (counted
  * over all QPs; 0 breaks at the next send; -1 never). */
 void fake_net_break_after(long n);
+/* After `n` more delivered messages, every post of a send fails with
+ * EACCES and sends nothing, the QP staying as it is (a kernel that refuses
+ * the doorbell after a credential change, a registration that fails). */
+void fake_net_refuse_posts_after(long n);
 /* Hold the sends of one side's QPs, those alive and those created from
  * now on: they stay in flight, neither delivered nor completed, until a
  * break loses them. */

@@ -1,0 +1,123 @@
+/* Credential changes (seteuid, setgroups...: preload/creds.c). The kernel
+ * then refuses every rdma_cm call on a channel opened before, and a
+ * channel opened after serves only the thread that opened it (the fake
+ * network models both). libsovia moves its ids to a new channel on the
+ * helper and makes every later rdma_cm call there: connections on RDMA
+ * go on, listeners keep answering, new connections are upgraded, and no
+ * call is ever refused. */
+#include "harness.h"
+
+#include "helper.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+TestSuite(creds, .init = h_setup, .fini = h_teardown, .timeout = 60);
+
+/* Bytes both ways over the pair, checked, all of them over RDMA. */
+static void exchange_rdma(struct pair *p, uint64_t seed)
+{
+	uint8_t out[6000], in[6000];
+	long end;
+	h_pattern(out, sizeof(out), seed, 0);
+	struct h_counts c0 = h_counts(p->c), s0 = h_counts(p->s);
+	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(p->s, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
+	cr_assert_eq(h_write_all(p->s, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(p->c, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
+	struct h_counts c = h_counts(p->c), s = h_counts(p->s);
+	cr_assert_eq(c.rdma_tx - c0.rdma_tx, sizeof(out), "the client's bytes went on TCP");
+	cr_assert_eq(s.rdma_tx - s0.rdma_tx, sizeof(out), "the server's bytes went on TCP");
+}
+
+static void wait_rdma(struct pair *p)
+{
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA,
+		     "client: %s (fallback=%s)", sv_conn_state_name(h_state(p->c)),
+		     sv_fallback_name(h_fallback(p->c)));
+	cr_assert_eq(h_wait_state(p->s, SV_CONN_RDMA, 10000), SV_CONN_RDMA,
+		     "server: %s (fallback=%s)", sv_conn_state_name(h_state(p->s)),
+		     sv_fallback_name(h_fallback(p->s)));
+}
+
+/* Close both ends and the listener. */
+static void close_pair(struct pair *p)
+{
+	cr_assert_eq(sv_stream_close(p->c, p->cfd), 0);
+	long end;
+	uint8_t b;
+	cr_assert_eq(h_read_all(p->s, &b, 1, &end), 0);
+	cr_assert_eq(end, 0, "the server did not read the client's end");
+	cr_assert_eq(sv_stream_close(p->s, p->sfd), 0);
+	h_pair_free(p);
+}
+
+/* Once every id is destroyed (the helper's deferred calls included), none
+ * of the calls was refused. */
+static void all_gone(void)
+{
+	uint64_t until = h_ms() + 10000;
+	while (fake_net_live_ids() > 0 && h_ms() < until)
+		usleep(5000);
+	cr_assert_eq(fake_net_live_ids(), 0, "%u rdma_cm ids were never destroyed",
+		     fake_net_live_ids());
+	cr_assert_eq(fake_net_cm_refused(), 0, "%u rdma_cm calls were refused",
+		     fake_net_cm_refused());
+}
+
+/* A connection on RDMA before the change keeps going over RDMA after it,
+ * and its close (a disconnect and a destroy, from the application's
+ * thread) is made on the helper. */
+Test(creds, a_connection_on_rdma_goes_on)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	exchange_rdma(&p, 1);
+	fake_net_creds_change();
+	exchange_rdma(&p, 2);
+	cr_assert_eq(h_state(p.c), SV_CONN_RDMA);
+	close_pair(&p);
+	all_gone();
+}
+
+/* A listener made before the change answers a request that comes after it,
+ * and the new connection goes over RDMA. */
+Test(creds, a_listener_made_before_upgrades_after)
+{
+	struct pair a, b;
+	h_pair_rdma(&a);
+	h_listen(&b, true);
+	fake_net_creds_change();
+	h_connect(&b);
+	wait_rdma(&b);
+	exchange_rdma(&b, 3);
+	close_pair(&b);
+	close_pair(&a);
+	all_gone();
+}
+
+/* ftpd changes its euid around every data connection's bind: each of
+ * several connections, listened for and connected after a change of its
+ * own, goes over RDMA. */
+Test(creds, every_connection_after_a_change_goes_over_rdma)
+{
+	struct pair first;
+	h_pair_rdma(&first); /* rdma_cm is up before the first change */
+	for (int i = 0; i < 5; i++) {
+		fake_net_creds_change();
+		fake_net_creds_change(); /* seteuid(0), bind, seteuid(user) */
+		struct pair p;
+		h_listen(&p, true);
+		h_connect(&p);
+		wait_rdma(&p);
+		exchange_rdma(&p, 10 + (uint64_t)i);
+		cr_assert_eq(h_fallback(p.c), SV_FB_NONE);
+		close_pair(&p);
+	}
+	close_pair(&first);
+	all_gone();
+}
