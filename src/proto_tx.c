@@ -323,9 +323,12 @@ static long coalesce(struct sv_proto *p, const struct iovec *iov, int iovcnt, si
 		r = sv_pr_flush_pending(p, SV_FLUSH_NODELAY);
 	else if (sv_pr_tx_idle(p) && !p->cork && !(flags & MSG_MORE))
 		r = sv_pr_flush_pending(p, SV_FLUSH_IDLE);
-	/* The data is taken either way; a flush short of credit stays pending. */
+	/* The data is taken either way: a flush short of credit stays
+	 * pending, and a failed one (the QP broke) left it pending for the
+	 * abort, which keeps it for TCP. Reporting the failure here would have
+	 * the caller send the write's bytes again; its next call hears it. */
 	if (r < 0 && r != -EAGAIN)
-		return r;
+		return (long)total;
 	if (p->pending_slot >= 0 && !p->pending_deadline)
 		p->pending_deadline = sv_clock_now(clk) + p->prm.coalesce_timeout_us;
 	return (long)total;

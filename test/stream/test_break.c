@@ -148,6 +148,38 @@ ParameterizedTest(struct break_case *bc, qp_break, at_a_random_point)
 	h_pair_free(&p);
 }
 
+#define REFUSE_CASES 40
+
+ParameterizedTestParameters(qp_break, when_posts_are_refused)
+{
+	static struct break_case cases[REFUSE_CASES];
+	for (unsigned i = 0; i < REFUSE_CASES; i++) {
+		srand(2000 + i);
+		cases[i].seed = 2000 + i;
+		cases[i].after = 1 + rand() % 200;
+	}
+	return cr_make_param_array(struct break_case, cases, REFUSE_CASES);
+}
+
+/* From a random point on, every post of a send fails (and sends nothing):
+ * each end resumes over TCP, and both read every byte of the other's
+ * stream, unchanged, then its EOF. */
+ParameterizedTest(struct break_case *bc, qp_break, when_posts_are_refused)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	fake_net_refuse_posts_after(bc->after);
+	enum { N = 400000 };
+	struct side c, s;
+	side_start(&c, p.c, p.cfd, bc->seed, bc->seed + 1, N);
+	side_start(&s, p.s, p.sfd, bc->seed + 1, bc->seed, N);
+	pthread_join(c.t, NULL);
+	pthread_join(s.t, NULL);
+	judge(bc, &s, &c, "client to server");
+	judge(bc, &c, &s, "server to client");
+	h_pair_free(&p);
+}
+
 /* The peer shut its sending down (its FIN came over the QP), then the QP
  * ends while ours is still open, a corked write waiting in the coalescing
  * buffer: that is no close of the peer, which may still read. Our sending
