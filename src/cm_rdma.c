@@ -115,17 +115,6 @@ static int live_add(struct rdma_cm_id *id)
 	return r;
 }
 
-static void live_del(struct rdma_cm_id *id)
-{
-	pthread_mutex_lock(&live.mu);
-	for (size_t i = live.n; i-- > 0;)
-		if (live.v[i] == id) {
-			live.v[i] = live.v[--live.n];
-			break;
-		}
-	pthread_mutex_unlock(&live.mu);
-}
-
 static int move_ids(struct rdma_event_channel *ch)
 {
 	int r = 0;
@@ -167,10 +156,23 @@ static int create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, void
 	return 0;
 }
 
+/* The id leaves the list only once it is gone: a destroy the kernel
+ * refused (the credentials changed) leaves it whole, to be moved to the
+ * next channel and destroyed there. Callers hold the upgrade's lock, as
+ * move_ids' do: nobody takes an event meanwhile, for which the destroy
+ * would wait. */
 static int destroy_id(struct rdma_cm_id *id)
 {
-	live_del(id);
-	return g_destroy_id(id);
+	pthread_mutex_lock(&live.mu);
+	int r = g_destroy_id(id);
+	if (r == 0)
+		for (size_t i = live.n; i-- > 0;)
+			if (live.v[i] == id) {
+				live.v[i] = live.v[--live.n];
+				break;
+			}
+	pthread_mutex_unlock(&live.mu);
+	return r;
 }
 
 static int get_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev)

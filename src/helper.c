@@ -53,7 +53,9 @@ static struct {
 	struct sv_lock lock; /* jobs, started */
 	struct job *jobs, **jobs_tail;
 	pthread_t thread;
-	struct rdma_event_channel *ch;
+	/* Read by other threads (sv_helper_channel) until the first change,
+	 * when the helper may replace it: atomic. */
+	struct rdma_event_channel *_Atomic ch;
 	unsigned ch_gen; /* the change h.ch was opened after (the helper's) */
 	struct rdma_event_channel *old_ch[SV_OLD_CHANNELS];
 	int nold;
@@ -198,20 +200,30 @@ bool sv_helper_may_call_cm(void)
 	return on_helper || atomic_load(&h.cred_gen) == 0;
 }
 
-int sv_helper_defer(void (*fn)(void *arg, int rdma_err), void *arg)
+static struct job *new_job(void (*fn)(void *arg, int rdma_err), void *arg)
 {
 	struct job *j = malloc(sizeof(*j));
+	if (j)
+		*j = (struct job){.fn = fn, .arg = arg};
+	return j;
+}
+
+/* At the end of the queue: jobs run in order. With h.lock. */
+static void push_job(struct job *j)
+{
+	*h.jobs_tail = j;
+	h.jobs_tail = &j->next;
+}
+
+int sv_helper_defer(void (*fn)(void *arg, int rdma_err), void *arg)
+{
+	struct job *j = new_job(fn, arg);
 	if (!j)
 		return -ENOMEM;
-	j->fn = fn;
-	j->arg = arg;
-	j->next = NULL;
 	sv_lock(&h.lock);
 	bool ok = h.started;
-	if (ok) {
-		*h.jobs_tail = j;
-		h.jobs_tail = &j->next;
-	}
+	if (ok)
+		push_job(j);
 	sv_unlock(&h.lock);
 	if (!ok) {
 		free(j);
@@ -228,17 +240,13 @@ int sv_helper_when_ready(void (*fn)(void *arg, int rdma_err), void *arg)
 	bool here = sv_helper_may_call_cm();
 	if (st < 0 || (st > 0 && here))
 		return st < 0 ? st : 1; /* the caller goes on at once */
-	struct job *j = malloc(sizeof(*j));
+	struct job *j = new_job(fn, arg);
 	if (!j)
 		return -ENOMEM;
-	j->fn = fn;
-	j->arg = arg;
-	j->next = NULL;
 	sv_lock(&h.lock);
 	st = atomic_load(&h.rdma);
 	if (st == 0 || (st > 0 && !here)) {
-		*h.jobs_tail = j;
-		h.jobs_tail = &j->next;
+		push_job(j);
 		st = 0;
 	}
 	sv_unlock(&h.lock);
@@ -321,6 +329,7 @@ static void *helper_main(void *arg)
 	follow_credentials();
 	run_jobs();
 	for (;;) {
+		follow_credentials(); /* before any rdma_cm call of this round */
 		uint64_t now = sv_now_us();
 		bool on_hub = false;
 		uint64_t next = sv_watch_service_all(now, &on_hub);

@@ -528,15 +528,22 @@ static void destroy_job(void *arg, int rdma_err)
 {
 	(void)rdma_err;
 	sv_lock(&sv_up_lock);
-	sv_cm->destroy_id(arg);
+	int r = sv_cm->destroy_id(arg);
+	int err = errno;
 	sv_unlock(&sv_up_lock);
+	/* The credentials changed again since the helper followed them: it
+	 * follows first at its next wake-up, then this goes again. */
+	if (r < 0 && err == EACCES && !sv_helper_creds_stale())
+		sv_helper_defer(destroy_job, arg);
 }
 
 void sv_up_destroy_id(struct rdma_cm_id *id)
 {
 	id->context = NULL; /* its events, if any come first, are nobody's */
-	if (sv_helper_may_call_cm() || sv_helper_defer(destroy_job, id) < 0)
-		sv_cm->destroy_id(id);
+	if (!sv_helper_may_call_cm() && sv_helper_defer(destroy_job, id) == 0)
+		return;
+	if (sv_cm->destroy_id(id) < 0 && errno == EACCES && !sv_helper_creds_stale())
+		sv_helper_defer(destroy_job, id); /* as destroy_job */
 }
 
 void sv_upgrade_forget(struct sv_stream *s)
@@ -557,9 +564,12 @@ static void disconnect_job(void *arg, int rdma_err)
 	(void)rdma_err;
 	struct sv_stream *s = arg;
 	sv_lock(&sv_up_lock);
-	if (s->id)
-		sv_cm->disconnect(s->id);
+	int r = s->id ? sv_cm->disconnect(s->id) : 0;
+	int err = errno;
 	sv_unlock(&sv_up_lock);
+	if (r < 0 && err == EACCES && !sv_helper_creds_stale() &&
+	    sv_helper_defer(disconnect_job, s) == 0)
+		return; /* again once the helper followed (destroy_job) */
 	sv_stream_put(s);
 }
 

@@ -265,3 +265,26 @@ uint64_t h_helper_looks(struct sv_stream *s)
 	sv_unlock(&s->lock);
 	return n;
 }
+
+void h_exchange(struct pair *p, uint64_t seed, bool rdma)
+{
+	uint8_t out[5000], in[5000];
+	long end;
+	h_pattern(out, sizeof(out), seed, 0);
+	struct h_counts c0 = h_counts(p->c), s0 = h_counts(p->s);
+	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(p->s, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
+	cr_assert_eq(h_write_all(p->s, out, sizeof(out)), (long)sizeof(out));
+	cr_assert_eq(h_read_all(p->c, in, sizeof(in), &end), sizeof(in));
+	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
+	struct h_counts c = h_counts(p->c), s = h_counts(p->s);
+	if (rdma) {
+		cr_assert_eq(c.rdma_tx - c0.rdma_tx, sizeof(out), "the client's bytes went on RDMA");
+		cr_assert_eq(s.rdma_tx - s0.rdma_tx, sizeof(out), "the server's bytes went on RDMA");
+	} else {
+		cr_assert_eq(c.rdma_tx + s.rdma_tx, 0);
+		cr_assert_eq(c.tcp_tx - c0.tcp_tx, sizeof(out), "the client's bytes went on TCP");
+		cr_assert_eq(s.tcp_tx - s0.tcp_tx, sizeof(out), "the server's bytes went on TCP");
+	}
+}

@@ -52,6 +52,11 @@ enum sv_conn_state h_state(struct sv_stream *s);
 enum sv_fallback h_fallback(struct sv_stream *s);
 enum sv_conn_state h_wait_state(struct sv_stream *s, enum sv_conn_state want, int ms);
 
+/* 5,000 bytes of pattern `seed` each way over the pair, checked, and the
+ * medium that carried them: all of them over RDMA (rdma), or all over TCP
+ * with nothing ever on RDMA. */
+void h_exchange(struct pair *p, uint64_t seed, bool rdma);
+
 /* Bytes each way by medium. */
 struct h_counts {
 	uint64_t rdma_tx, rdma_rx, tcp_tx, tcp_rx, gave_back, got_back;

@@ -16,24 +16,6 @@
 
 TestSuite(creds, .init = h_setup, .fini = h_teardown, .timeout = 60);
 
-/* Bytes both ways over the pair, checked, all of them over RDMA. */
-static void exchange_rdma(struct pair *p, uint64_t seed)
-{
-	uint8_t out[6000], in[6000];
-	long end;
-	h_pattern(out, sizeof(out), seed, 0);
-	struct h_counts c0 = h_counts(p->c), s0 = h_counts(p->s);
-	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
-	cr_assert_eq(h_read_all(p->s, in, sizeof(in), &end), sizeof(in));
-	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
-	cr_assert_eq(h_write_all(p->s, out, sizeof(out)), (long)sizeof(out));
-	cr_assert_eq(h_read_all(p->c, in, sizeof(in), &end), sizeof(in));
-	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
-	struct h_counts c = h_counts(p->c), s = h_counts(p->s);
-	cr_assert_eq(c.rdma_tx - c0.rdma_tx, sizeof(out), "the client's bytes went on TCP");
-	cr_assert_eq(s.rdma_tx - s0.rdma_tx, sizeof(out), "the server's bytes went on TCP");
-}
-
 static void wait_rdma(struct pair *p)
 {
 	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA,
@@ -76,9 +58,9 @@ Test(creds, a_connection_on_rdma_goes_on)
 {
 	struct pair p;
 	h_pair_rdma(&p);
-	exchange_rdma(&p, 1);
+	h_exchange(&p, 1, true);
 	fake_net_creds_change();
-	exchange_rdma(&p, 2);
+	h_exchange(&p, 2, true);
 	cr_assert_eq(h_state(p.c), SV_CONN_RDMA);
 	close_pair(&p);
 	all_gone();
@@ -94,7 +76,7 @@ Test(creds, a_listener_made_before_upgrades_after)
 	fake_net_creds_change();
 	h_connect(&b);
 	wait_rdma(&b);
-	exchange_rdma(&b, 3);
+	h_exchange(&b, 3, true);
 	close_pair(&b);
 	close_pair(&a);
 	all_gone();
@@ -114,7 +96,7 @@ Test(creds, every_connection_after_a_change_goes_over_rdma)
 		h_listen(&p, true);
 		h_connect(&p);
 		wait_rdma(&p);
-		exchange_rdma(&p, 10 + (uint64_t)i);
+		h_exchange(&p, 10 + (uint64_t)i, true);
 		cr_assert_eq(h_fallback(p.c), SV_FB_NONE);
 		close_pair(&p);
 	}

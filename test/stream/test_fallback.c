@@ -25,31 +25,6 @@
 
 TestSuite(fallback, .init = h_setup, .fini = h_teardown, .timeout = 60);
 
-/* Bytes over the pair both ways, checked, and which medium carried them:
- * on TCP, nothing ever went over RDMA. */
-static void exchange(struct pair *p, uint64_t seed, bool rdma)
-{
-	uint8_t out[5000], in[5000];
-	long end;
-	h_pattern(out, sizeof(out), seed, 0);
-	struct h_counts c0 = h_counts(p->c), s0 = h_counts(p->s);
-	cr_assert_eq(h_write_all(p->c, out, sizeof(out)), (long)sizeof(out));
-	cr_assert_eq(h_read_all(p->s, in, sizeof(in), &end), sizeof(in));
-	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
-	cr_assert_eq(h_write_all(p->s, out, sizeof(out)), (long)sizeof(out));
-	cr_assert_eq(h_read_all(p->c, in, sizeof(in), &end), sizeof(in));
-	cr_assert(h_pattern_ok(in, sizeof(in), seed, 0));
-	struct h_counts c = h_counts(p->c), s = h_counts(p->s);
-	if (rdma) {
-		cr_assert_eq(c.rdma_tx - c0.rdma_tx, sizeof(out), "the client's bytes went on RDMA");
-		cr_assert_eq(s.rdma_tx - s0.rdma_tx, sizeof(out), "the server's bytes went on RDMA");
-	} else {
-		cr_assert_eq(c.rdma_tx + s.rdma_tx, 0);
-		cr_assert_eq(c.tcp_tx - c0.tcp_tx, sizeof(out), "the client's bytes went on TCP");
-		cr_assert_eq(s.tcp_tx - s0.tcp_tx, sizeof(out), "the server's bytes went on TCP");
-	}
-}
-
 /* A server without libsovia (no RDMA listener): the client asks again a
  * few times, then stays on TCP, "rejected". */
 Test(fallback, no_listener_at_the_peer)
@@ -60,7 +35,7 @@ Test(fallback, no_listener_at_the_peer)
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
 		     sv_conn_state_name(h_state(p.c)));
 	cr_assert_eq(h_fallback(p.c), SV_FB_REJECTED);
-	exchange(&p, 30, false);
+	h_exchange(&p, 30, false);
 	cr_assert(sv_stream_kernel_only(p.c));
 	h_pair_free(&p);
 }
@@ -76,7 +51,7 @@ Test(fallback, no_route)
 	h_connect(&p);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.c), SV_FB_NO_ROUTE);
-	exchange(&p, 30, false);
+	h_exchange(&p, 30, false);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.s), SV_FB_TIMEOUT);
 	cr_assert_eq(fake_net_qps_created(), 0);
@@ -168,7 +143,7 @@ ParameterizedTest(unsigned *pins, fallback, past_the_budget_a_connection_waits_f
 	cr_assert_neq(h_state(b.c), SV_CONN_RDMA);
 	cr_assert_neq(h_state(b.c), SV_CONN_FALLBACK, "it waits, it does not give up");
 	cr_assert_eq(h_state(b.s), SV_CONN_TCP, "the server's end waits");
-	exchange(&b, 31, false);
+	h_exchange(&b, 31, false);
 	cr_assert_leq(sv_pinned_taken(), *pins * pin);
 	cr_assert_eq(sv_stream_close(a.c, a.cfd), 0);
 	cr_assert_eq(sv_stream_close(a.s, a.sfd), 0);
@@ -177,7 +152,7 @@ ParameterizedTest(unsigned *pins, fallback, past_the_budget_a_connection_waits_f
 		     sv_conn_state_name(h_state(b.c)));
 	cr_assert_eq(h_wait_state(b.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s",
 		     sv_conn_state_name(h_state(b.s)));
-	exchange(&b, 32, true);
+	h_exchange(&b, 32, true);
 	cr_assert_eq(h_fallback(b.c), SV_FB_NONE);
 	cr_assert_eq(sv_pinned_taken(), 2 * pin);
 	h_pair_free(&b);
@@ -197,7 +172,7 @@ Test(fallback, past_the_budget_until_the_deadline)
 	cr_assert_eq(h_wait_state(b.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(b.c), SV_FB_MEMLOCK, "fallback=%s",
 		     sv_fallback_name(h_fallback(b.c)));
-	exchange(&b, 30, false);
+	h_exchange(&b, 30, false);
 	cr_assert_eq(sv_pinned_taken(), 2 * pin);
 	h_pair_free(&b);
 	h_pair_free(&a);
@@ -216,7 +191,7 @@ Test(fallback, buffers_that_never_fit)
 		     sv_conn_state_name(h_state(b.c)));
 	cr_assert_eq(h_fallback(b.c), SV_FB_MEMLOCK, "fallback=%s",
 		     sv_fallback_name(h_fallback(b.c)));
-	exchange(&b, 30, false);
+	h_exchange(&b, 30, false);
 	cr_assert_eq(sv_pinned_taken(), 0);
 	h_pair_free(&b);
 }
@@ -309,7 +284,7 @@ Test(fallback, without_getrandom_the_challenge_comes_from_urandom)
 	refuse_randomness(false);
 	struct pair p;
 	h_pair_rdma(&p);
-	exchange(&p, 33, true);
+	h_exchange(&p, 33, true);
 	h_pair_free(&p);
 }
 
@@ -325,7 +300,7 @@ Test(fallback, without_random_bytes_it_stays_on_tcp)
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
 		     sv_conn_state_name(h_state(p.c)));
 	cr_assert_eq(h_fallback(p.c), SV_FB_RESOURCES);
-	exchange(&p, 34, false);
+	h_exchange(&p, 34, false);
 	h_pair_free(&p);
 }
 
@@ -404,7 +379,7 @@ Test(fallback, privileged_ports_keep_an_unprivileged_port_on_tcp)
 		     sv_conn_state_name(h_state(p.c)));
 	cr_assert_eq(h_fallback(p.c), SV_FB_UNPRIVILEGED, "fallback=%s",
 		     sv_fallback_name(h_fallback(p.c)));
-	exchange(&p, 31, false);
+	h_exchange(&p, 31, false);
 	cr_assert_eq(fake_net_qps_created(), 0, "the client asked for RDMA");
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	h_pair_free(&p);
@@ -424,7 +399,7 @@ Test(fallback, privileged_ports_upgrade_a_port_below_1024)
 	h_connect(&p);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s",
 		     sv_conn_state_name(h_state(p.c)));
-	exchange(&p, 32, true);
+	h_exchange(&p, 32, true);
 	h_pair_free(&p);
 }
 
