@@ -1,17 +1,17 @@
 /* Credential changes (setuid, seteuid, setgroups, ...).
  *
  * The kernel lets only a task with the very credentials that opened an RDMA
- * device file write to it (ib_safe_file_access: the same struct cred, not
- * merely the same ids), and rxe rings its doorbell with such a write on
- * every post. glibc applies seteuid and friends to each thread, each getting
- * a credential object of its own; so once the process changed credentials,
- * the rdma_cm and verbs files opened before are useless to every thread
- * (ftpd switches euid around each data connection's bind). libsovia then
- * stops upgrading new connections: they stay on TCP, with
- * fallback=credentials. A process that changes credentials before its
- * first upgrade (libsovia opens RDMA lazily, then) is not affected.
- * Connections already on RDMA fail their next post and go on over TCP
- * (docs/protocol.md, "The QP fails"). */
+ * file write to it (ib_safe_file_access: the same struct cred, not merely
+ * the same ids). glibc applies seteuid and friends to each thread, each
+ * getting a credential object of its own; so once the process changed
+ * credentials, the files opened before refuse every thread's writes (ftpd
+ * switches euid around each data connection's bind). Every rdma_cm call is
+ * such a write, and so is rxe's doorbell after each post. Each change is
+ * told to the helper, which moves the rdma_cm ids to a channel of its new
+ * credentials and makes every later rdma_cm call itself (helper.c); rxe's
+ * doorbell goes through ioctl, which is not checked (verbs_db.c). A change
+ * before libsovia's first use of RDMA (it opens RDMA lazily) changes
+ * nothing. */
 #include "guard.h"
 #include "helper.h"
 #include "preload.h"

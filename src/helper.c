@@ -93,8 +93,6 @@ static void run_jobs(void)
 	}
 }
 
-/* rdma_cm's first use loads the device providers: slow (seconds under
- * emulation), so it happens here and never in the application's calls. */
 /* A new rdma_cm event channel, non-blocking, libsovia's (ownfd.h); NULL
  * with errno set. */
 static struct rdma_event_channel *open_channel(void)
@@ -109,6 +107,8 @@ static struct rdma_event_channel *open_channel(void)
 	return ch;
 }
 
+/* rdma_cm's first use loads the device providers: slow (seconds under
+ * emulation), so it happens here and never in the application's calls. */
 static void init_rdma(void)
 {
 	h.ch_gen = atomic_load(&h.cred_gen);

@@ -21,7 +21,7 @@
 #define PS 4096u
 #define NPAGES 512u
 #define BASE ((uintptr_t)0x10000000u)
-#define MAXMR 20000u
+#define MAXMR (1024u * MR_CHUNK)
 #define AT(page, off) ((const void *)(BASE + (uintptr_t)(page) * PS + (off)))
 
 /* The fake address space: the identity of the page mapped at each virtual
@@ -36,7 +36,18 @@ struct fake_mr {
 };
 
 static pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct fake_mr mrs[MAXMR]; /* lkey - 1 indexes it */
+/* Every registration ever made, never reused (a deregistered one stays dead,
+ * so a held entry's deregistration is seen): lkey - 1 indexes them, in
+ * chunks allocated as needed, whose addresses never move. How many a test
+ * makes depends on the scheduling (concurrent_gets_puts_and_remaps' senders
+ * run until the remapper is done): a fixed table ran out on a slow host. */
+#define MR_CHUNK 4096u
+static struct fake_mr *mr_chunks[MAXMR / MR_CHUNK];
+
+static struct fake_mr *mr_at(unsigned int i)
+{
+	return &mr_chunks[i / MR_CHUNK][i % MR_CHUNK];
+}
 static unsigned int nreg, ndereg;
 static atomic_uint bad_dereg, bad_held; /* seen on other threads */
 static int fail_reg[8]; /* errors for the next reg calls, in order, 0 ends */
@@ -59,10 +70,12 @@ static int fake_reg(void *ctx, void *addr, size_t len, void **mr, uint32_t *lkey
 		r = fail_reg[0];
 		memmove(fail_reg, fail_reg + 1, sizeof(fail_reg) - sizeof(fail_reg[0]));
 		fail_reg[7] = 0;
-	} else if (nreg >= MAXMR) {
+	} else if (nreg >= MAXMR ||
+		   (!mr_chunks[nreg / MR_CHUNK] &&
+		    !(mr_chunks[nreg / MR_CHUNK] = calloc(MR_CHUNK, sizeof(struct fake_mr))))) {
 		r = -ENOSPC;
 	} else {
-		struct fake_mr *m = &mrs[nreg++];
+		struct fake_mr *m = mr_at(nreg++);
 		*m = (struct fake_mr){.start = (uintptr_t)addr, .len = len, .live = true};
 		*mr = m;
 		*lkey = nreg;
@@ -136,7 +149,7 @@ static struct sv_regcache_stats stats(void)
 
 static struct fake_mr *mr_of(const struct sv_regcache_ent *e)
 {
-	return &mrs[sv_regcache_lkey(e) - 1];
+	return mr_at(sv_regcache_lkey(e) - 1);
 }
 
 static struct sv_regcache_ent *get(const void *addr, size_t len)
@@ -454,14 +467,18 @@ Test(regcache, destroy_deregisters_cached_entries)
 
 /* Threads sending from overlapping buffers while another remaps pages: an
  * entry is never deregistered while held, and everything ends balanced.
- * The senders go on until the remapper has done all its remaps, so that
- * they overlap however the threads are scheduled. */
+ * The remapper starts once every sender has, and the senders go on until
+ * it has done all its remaps, so that they overlap however the threads are
+ * scheduled. */
 #define REMAPS 2000
+#define SENDERS 4
 static atomic_bool remaps_done;
+static atomic_uint senders_started;
 
 static void *sender(void *arg)
 {
 	unsigned int seed = (unsigned int)(uintptr_t)arg;
+	atomic_fetch_add(&senders_started, 1);
 	for (int i = 0; i < 3000 || !atomic_load(&remaps_done); i++) {
 		unsigned int p = (unsigned int)rand_r(&seed) % 60;
 		size_t len = 1 + (size_t)rand_r(&seed) % (3 * PS);
@@ -485,6 +502,8 @@ static void *sender(void *arg)
 static void *remapper(void *arg)
 {
 	unsigned int seed = 7;
+	while (atomic_load(&senders_started) < SENDERS)
+		sched_yield();
 	for (int i = 0; i < REMAPS; i++) {
 		remap((unsigned int)rand_r(&seed) % 64);
 		if (rand_r(&seed) % 16 == 0)
@@ -499,11 +518,11 @@ Test(regcache, concurrent_gets_puts_and_remaps)
 {
 	sv_regcache_destroy(rc);
 	make(8, 24 * PS, 8 * PS);
-	pthread_t t[4], m;
+	pthread_t t[SENDERS], m;
 	cr_assert_eq(pthread_create(&m, NULL, remapper, NULL), 0);
-	for (uintptr_t i = 0; i < 4; i++)
+	for (uintptr_t i = 0; i < SENDERS; i++)
 		cr_assert_eq(pthread_create(&t[i], NULL, sender, (void *)(i + 1)), 0);
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < SENDERS; i++)
 		pthread_join(t[i], NULL);
 	pthread_join(m, NULL);
 	cr_assert_eq(atomic_load(&bad_held), 0, "a held registration was not usable");
