@@ -134,8 +134,10 @@ static void init_rdma(void)
 static void follow_credentials(void)
 {
 	unsigned gen;
+	bool again = false;
 	while (h.ch && !atomic_load(&h.creds_stale) &&
-	       (gen = atomic_load(&h.cred_gen)) != h.ch_gen) {
+	       ((gen = atomic_load(&h.cred_gen)) != h.ch_gen || again)) {
+		again = false;
 		struct rdma_event_channel *ch = open_channel();
 		if (!ch || h.nold == SV_OLD_CHANNELS) {
 			sv_info("rdma_cm cannot follow the credential change (%s): "
@@ -151,20 +153,25 @@ static void follow_credentials(void)
 		h.ch_gen = gen;
 		sv_lock(&sv_up_lock); /* no event of an id is in a hand meanwhile */
 		int r = sv_cm->move_ids(ch);
+		int err = errno;
 		sv_unlock(&sv_up_lock);
-		if (r < 0 && atomic_load(&h.cred_gen) == gen) {
+		if (r < 0 && err != EACCES) {
 			sv_info("rdma_cm: moving to a new channel after a credential change: %s: "
 				"new connections stay on TCP",
-				strerror(errno));
+				strerror(err));
 			atomic_store(&h.creds_stale, true);
 			return;
 		}
-		if (r == 0) {
-			while (h.nold > 0)
-				sv_cm->destroy_event_channel(h.old_ch[--h.nold]);
-			sv_dbg("rdma_cm: a new channel after credential change %u", gen);
+		if (r < 0) {
+			/* The credentials changed again while we moved. The count
+			 * may not say so yet: creds.c counts a change once the
+			 * call returned, and glibc changed this thread's before. */
+			again = true;
+			continue;
 		}
-		/* else the credentials changed again while we moved: again */
+		while (h.nold > 0)
+			sv_cm->destroy_event_channel(h.old_ch[--h.nold]);
+		sv_dbg("rdma_cm: a new channel after credential change %u", gen);
 	}
 }
 

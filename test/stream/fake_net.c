@@ -26,6 +26,7 @@ static bool refuse_moves; /* fake_net_refuse_moves */
  * them (fake_net_cm_refused). */
 static unsigned cred_gen, cm_refused;
 static bool any_channel;
+static bool change_in_move; /* fake_net_creds_change_in_next_move */
 static bool reflect_challenge;
 static bool rdma_links; /* fake_net_rdma_links */
 static uint64_t delivered;
@@ -568,9 +569,14 @@ struct fchan {
  * net_lock; a refusal sets errno and counts. */
 static bool chan_ok(const struct fchan *c)
 {
-	if (c->gen == cred_gen && (cred_gen == 0 || pthread_equal(c->opener, pthread_self())))
+	bool opener = pthread_equal(c->opener, pthread_self());
+	if (c->gen == cred_gen && (cred_gen == 0 || opener))
 		return true;
-	cm_refused++;
+	/* Only the helper may call rdma_cm after a change: another thread's
+	 * call is a defect. The helper's own call on a channel a newer change
+	 * made stale is the race every change starts; it tries again. */
+	if (cred_gen > 0 && !opener)
+		cm_refused++;
 	errno = EACCES;
 	return false;
 }
@@ -662,6 +668,10 @@ static int f_move_ids(struct rdma_event_channel *ch)
 {
 	struct fchan *to = (struct fchan *)ch;
 	sv_lock(&net_lock);
+	if (change_in_move) {
+		change_in_move = false;
+		cred_gen++; /* the kernel's part only: the library hears of it later */
+	}
 	if (!chan_ok(to) || refuse_moves) {
 		if (refuse_moves)
 			errno = EACCES;
@@ -1110,6 +1120,7 @@ void fake_net_use(void)
 	cm_refused = 0;
 	cred_gen = 0;
 	any_channel = false;
+	change_in_move = false;
 	reflect_challenge = false;
 	rdma_links = false;
 	break_after = -1;
@@ -1161,6 +1172,15 @@ void fake_net_creds_change(void)
 	sv_unlock(&net_lock);
 	sv_helper_creds_changed("a test");
 }
+
+void fake_net_creds_change_in_next_move(void)
+{
+	sv_lock(&net_lock);
+	change_in_move = true;
+	sv_unlock(&net_lock);
+}
+
+
 
 void fake_net_refuse_moves(bool on)
 {

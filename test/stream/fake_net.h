@@ -44,7 +44,14 @@ void fake_net_start_now(void);
  * with EACCES (its events stay queued, its fd readable), and a channel
  * opened after it serves only the thread that opened it. */
 void fake_net_creds_change(void);
-/* rdma_cm calls refused for the credentials since fake_net_use. */
+/* The kernel's part of a change comes while the helper moves its ids, before
+ * the library hears of it (preload/creds.c tells it once the call returned,
+ * and glibc changed every thread's credentials before): the move is
+ * refused. The test tells the library later (sv_helper_creds_changed). */
+void fake_net_creds_change_in_next_move(void);
+/* rdma_cm calls since fake_net_use that the kernel refused because another
+ * thread than the channel's opener made them after a change (not those the
+ * helper made on a channel a newer change made stale: a race it retries). */
 unsigned fake_net_cm_refused(void);
 /* rdma_cm ids not destroyed. */
 unsigned fake_net_live_ids(void);
