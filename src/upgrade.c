@@ -524,17 +524,23 @@ void sv_upgrade_events(struct rdma_event_channel *ch)
 
 /* ---- The QP's end ---------------------------------------------------------- */
 
+static void destroy_job(void *arg, int rdma_err);
+
+/* Destroy id now, with up_lock. A destroy the kernel refused because the
+ * credentials changed again since the helper followed them goes again on
+ * the helper, which follows first at its next wake-up. */
+static void destroy_or_again(struct rdma_cm_id *id)
+{
+	if (sv_cm->destroy_id(id) < 0 && errno == EACCES && !sv_helper_creds_stale())
+		sv_helper_defer(destroy_job, id);
+}
+
 static void destroy_job(void *arg, int rdma_err)
 {
 	(void)rdma_err;
 	sv_lock(&sv_up_lock);
-	int r = sv_cm->destroy_id(arg);
-	int err = errno;
+	destroy_or_again(arg);
 	sv_unlock(&sv_up_lock);
-	/* The credentials changed again since the helper followed them: it
-	 * follows first at its next wake-up, then this goes again. */
-	if (r < 0 && err == EACCES && !sv_helper_creds_stale())
-		sv_helper_defer(destroy_job, arg);
 }
 
 void sv_up_destroy_id(struct rdma_cm_id *id)
@@ -542,8 +548,7 @@ void sv_up_destroy_id(struct rdma_cm_id *id)
 	id->context = NULL; /* its events, if any come first, are nobody's */
 	if (!sv_helper_may_call_cm() && sv_helper_defer(destroy_job, id) == 0)
 		return;
-	if (sv_cm->destroy_id(id) < 0 && errno == EACCES && !sv_helper_creds_stale())
-		sv_helper_defer(destroy_job, id); /* as destroy_job */
+	destroy_or_again(id);
 }
 
 void sv_upgrade_forget(struct sv_stream *s)

@@ -4,7 +4,7 @@
  * network models both). libsovia moves its ids to a new channel on the
  * helper and makes every later rdma_cm call there: connections on RDMA
  * go on, listeners keep answering, new connections are upgraded, and no
- * call is ever refused. */
+ * other thread makes an rdma_cm call after a change. */
 #include "harness.h"
 
 #include "helper.h"
