@@ -560,7 +560,12 @@ struct fchan {
 	struct fev *head, *tail;
 	unsigned gen;     /* the credential change it was opened after */
 	pthread_t opener; /* and by whom */
+	struct fchan *dead_next; /* closed ones, on `dead_chans` */
 };
+
+/* Closed channels: their memory stays reachable (an id never moved would
+ * still name its channel), and is never given back. */
+static struct fchan *dead_chans;
 
 /* Would the kernel let this thread write to c (ib_safe_file_access)? Until
  * the first change every thread shares the credentials that opened it;
@@ -659,6 +664,8 @@ static void f_destroy_event_channel(struct rdma_event_channel *ch)
 	sv_lock(&net_lock);
 	close(ch->fd);
 	ch->fd = -1;
+	((struct fchan *)ch)->dead_next = dead_chans;
+	dead_chans = (struct fchan *)ch;
 	sv_unlock(&net_lock);
 }
 
