@@ -349,6 +349,9 @@ static inline void sv_pr_rxq_pop(struct sv_proto *p)
 	p->rxq_head = (p->rxq_head + 1) % p->rxq_cap;
 	p->rxq_count--;
 }
+/* Twice the room for unread DATA (stashed messages hold entries beyond
+ * the buffers); 0 or -ENOMEM. */
+int sv_pr_rxq_grow(struct sv_proto *p);
 /* A consumed heap slot's memory goes. */
 void sv_pr_slot_done(struct sv_proto *p, struct sv_rx_slot *s);
 /* Payload of receive buffer buf, and of send buffer slot. */

@@ -69,8 +69,11 @@ int sv_pr_on_recv_late(struct sv_proto *p, uint32_t buf, uint32_t byte_len)
 		p->rx_fin = true;
 		p->rx_fin_seq = h.seq;
 	} else if (h.type == SV_MSG_DATA && h.len > 0) {
-		if (p->rxq_count == p->rxq_cap)
-			return p->error; /* every buffer holds one: cannot happen */
+		/* Stashed messages (copied out of their buffers) hold entries
+		 * too: it may be full. The bytes completed at the peer, which
+		 * keeps no copy: drop them and they are lost. */
+		if (p->rxq_count == p->rxq_cap && sv_pr_rxq_grow(p) < 0)
+			return p->error; /* the resume fails: the peer lacks them */
 		*sv_pr_rxq_at(p, p->rxq_count) = (struct sv_rx_slot){.buf = buf, .len = h.len};
 		p->rxq_count++;
 		p->rcv_nxt += h.len;
