@@ -162,8 +162,10 @@ static enum rx_pass rx_pass(struct sv_stream *s, const struct iovec *iov, int io
 		if (*r < 0 && *r != -EAGAIN && sv_proto_error(p)) {
 			if (!s->error)
 				sv_stream_break(s, sv_proto_error(p));
-			if (sv_stream_resuming(s) && !sv_proto_rx_on_qp(p))
-				return RX_AGAIN; /* the QP's part is read: TCP next */
+			/* Resuming: what the QP delivered is read first (the
+			 * core holds it now that the break is known), then TCP. */
+			if (sv_stream_resuming(s))
+				return RX_AGAIN;
 			*r = sv_stream_app_error(s, false);
 		}
 		if (*r != -EAGAIN)

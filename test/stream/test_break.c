@@ -180,6 +180,37 @@ ParameterizedTest(struct break_case *bc, qp_break, when_posts_are_refused)
 	h_pair_free(&p);
 }
 
+/* Our receive call pushes out our coalesced bytes, and that post is
+ * refused: the break is learnt inside the read. The peer's bytes the QP
+ * delivered are still read, then TCP's; it is no end of the stream. */
+Test(qp_break, a_read_that_learns_of_the_break_still_reads)
+{
+	struct pair p;
+	h_pair_rdma(&p);
+	uint8_t out[1000], got[1000], b[10];
+	h_pattern(out, sizeof(out), 11, 0);
+	h_pattern(b, sizeof(b), 12, 0);
+	cr_assert_eq(h_write_all(p.s, out, 600), 600);
+	cr_assert_eq(h_write(p.c, b, sizeof(b), MSG_MORE), (long)sizeof(b)); /* stays coalesced */
+	fake_net_refuse_posts_after(0);
+	long end;
+	cr_assert_eq(h_read_all(p.c, got, 600, &end), 600, "end %ld", end);
+	cr_assert(h_pattern_ok(got, 600, 11, 0));
+	/* The server resumes too (its record is on TCP, or its next post is
+	 * refused): the rest of both streams goes over TCP. */
+	cr_assert_eq(h_write_all(p.s, out + 600, 400), 400);
+	cr_assert_eq(h_read_all(p.c, got + 600, 400, &end), 400, "end %ld", end);
+	cr_assert(h_pattern_ok(got, sizeof(got), 11, 0));
+	cr_assert_eq(h_read_all(p.s, got, sizeof(b), &end), (long)sizeof(b), "end %ld", end);
+	cr_assert(h_pattern_ok(got, sizeof(b), 12, 0));
+	cr_assert_eq(sv_stream_shutdown(p.c, SHUT_WR), 0);
+	cr_assert_eq(sv_stream_shutdown(p.s, SHUT_WR), 0);
+	cr_assert_eq(h_read(p.c, got, 1, 0), 0);
+	cr_assert_eq(h_read(p.s, got, 1, 0), 0);
+	cr_assert(p.c->fo.started && p.c->error == 0 && p.s->error == 0);
+	h_pair_free(&p);
+}
+
 /* The peer shut its sending down (its FIN came over the QP), then the QP
  * ends while ours is still open, a corked write waiting in the coalescing
  * buffer: that is no close of the peer, which may still read. Our sending
