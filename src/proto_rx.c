@@ -175,7 +175,7 @@ static bool qp_part(const struct sv_proto *p)
 }
 
 /* Room for more unread messages than there are buffers (stashed ones). */
-static int rxq_grow(struct sv_proto *p)
+int sv_pr_rxq_grow(struct sv_proto *p)
 {
 	uint32_t ncap = p->rxq_cap * 2;
 	struct sv_rx_slot *n = calloc(ncap, sizeof(*n));
@@ -252,7 +252,7 @@ static int on_data(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 		p->rcv_read += h->len;
 		return r;
 	}
-	if (p->rxq_count == p->rxq_cap && rxq_grow(p) < 0)
+	if (p->rxq_count == p->rxq_cap && sv_pr_rxq_grow(p) < 0)
 		return sv_proto_abort(p, -ENOMEM);
 	struct sv_rx_slot *s = sv_pr_rxq_at(p, p->rxq_count);
 	*s = (struct sv_rx_slot){.buf = buf, .len = h->len};
@@ -325,9 +325,11 @@ static int on_message(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf)
 	return sv_pr_malformed(p);
 }
 
-/* The header's accounting: credits, the acknowledgment. */
+/* The header's accounting: credits, the acknowledgment. It sends nothing:
+ * a send that fails aborts the core, and the message must be taken first
+ * (its bytes are the peer's, completed there: the resume counts them). */
 static int take_header(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf,
-		       uint32_t byte_len)
+		       uint32_t byte_len, bool *acked)
 {
 	if (byte_len != SV_HDR_SIZE + (uint64_t)h->len || h->len > sv_pr_rx_cap(p, buf))
 		return sv_pr_malformed(p);
@@ -343,10 +345,9 @@ static int take_header(struct sv_proto *p, const struct sv_hdr *h, uint32_t buf,
 	if (r < 0)
 		return r;
 	p->st.rx_msgs++;
-	if (h->ack > p->snd_una) {
+	*acked = h->ack > p->snd_una;
+	if (*acked)
 		p->snd_una = h->ack;
-		return sv_pr_flush_if_idle(p); /* Nagle: everything acknowledged */
-	}
 	return 0;
 }
 
@@ -358,9 +359,12 @@ int sv_proto_on_recv(struct sv_proto *p, uint32_t buf, uint32_t byte_len, struct
 		return sv_pr_malformed(p);
 	struct sv_hdr h;
 	sv_hdr_decode(p->xp.ops->recv_buf(p->xp.ctx, buf), &h);
-	int r = take_header(p, &h, buf, byte_len);
+	bool acked = false;
+	int r = take_header(p, &h, buf, byte_len, &acked);
 	if (r == 0)
 		r = on_message(p, &h, buf);
+	if (r == 0 && acked)
+		r = sv_pr_flush_if_idle(p); /* Nagle: everything acknowledged */
 	if (r < 0)
 		return r;
 	/* New credits may release data that waited for them, then DRAINs. */
