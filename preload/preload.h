@@ -103,10 +103,11 @@ void sv_stdio_exit_flush(void);
 
 /* In a fork child: the FILEs fdopen made stay known (stdio.c). */
 void sv_stdio_atfork_child(void);
-/* From the constructor, single-threaded, before main(), when std fd 0, 1
- * or 2 carries a handed connection: stdin, stdout or stderr becomes a
- * FILE whose calls come through the interposer, in libsovia's variable
- * and in libc's own (stdio_std.c). 0 (also when already taken), -EBUSY
+/* When std fd 0, 1 or 2 carries a connection (the constructor of an
+ * image exec'd on a handed one; a dup2 of a stream there): stdin, stdout
+ * or stderr becomes a FILE whose calls come through the interposer, in
+ * libsovia's variable and in libc's own (stdio_std.c). Not from a signal
+ * handler (it allocates). 0 (also when already taken), -EBUSY
  * when something already used or replaced glibc's FILE (it stays), or
  * another -errno. */
 int sv_stdio_take_std(int fd);

@@ -189,21 +189,38 @@ static bool replace_entry(int fd, const struct sv_fd_ops *ops, void *priv)
 	return ok;
 }
 
-/* A copy on 0, 1 or 2 is refused (the connection then goes back to plain
- * TCP): glibc's stdin, stdout and stderr read and write those fds with
- * its internal calls, past the interposer, and a program dup2()s a socket
- * there to use them (ftpd's control connection, inetd-style servers).
- * Unless libsovia's own FILE is that fd's (sv_stdio_take_std, after an
- * exec), or the connection was handed to us untouched: inetd's child
- * puts it on 0-2 only to exec the service, which continues it
- * (exec_hand.c); until then it stays TCP. */
+/* glibc's stdin, stdout and stderr read and write fds 0-2 with its
+ * internal calls, past the interposer, and a program dup2()s a socket
+ * there to use them: ftpd -D's child puts its control connection on 0 and
+ * 1, then reads commands with getc(stdin) and answers with printf(). So
+ * libsovia's own FILE takes that fd's place (sv_stdio_take_std), if
+ * nothing used glibc's yet, and the copy is a stream like any other.
+ * Otherwise the copy is refused (the connection goes back to plain TCP),
+ * unless the connection was handed to us untouched: inetd's child puts it
+ * on 0-2 only to exec the service, which continues it (exec_hand.c);
+ * until then it stays TCP. */
+static bool std_copy_ok(struct sv_stream *s, int ofd, int nfd)
+{
+	if (sv_stdio_ours(nfd))
+		return true;
+	int r = sv_stdio_take_std(nfd);
+	if (r == 0) {
+		sv_dbg("fd %d: a copy on %d: libsovia's FILE replaces glibc's %s", ofd, nfd,
+		       nfd == 0 ? "stdin" : nfd == 1 ? "stdout" : "stderr");
+		return true;
+	}
+	if (sv_stream_expose_std(s))
+		return true;
+	sv_info("fd %d: a copy on %d, whose stdio FILE was used already (%s): back to TCP", ofd,
+		nfd, strerror(-r));
+	return false;
+}
+
 static bool st_add_copy(struct sv_fd *f, int nfd)
 {
 	sv_enter();
 	struct sv_stream *s = raw_stream(f);
-	if (nfd <= STDERR_FILENO && !sv_stdio_ours(nfd) && !sv_stream_expose_std(s)) {
-		sv_dbg("fd %d: a copy on %d, where stdio would bypass libsovia: back to TCP", f->fd,
-		       nfd);
+	if (nfd <= STDERR_FILENO && !std_copy_ok(s, f->fd, nfd)) {
 		sv_leave();
 		return false;
 	}

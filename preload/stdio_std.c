@@ -1,9 +1,12 @@
-/* stdin, stdout and stderr of an image exec'd on a handed connection:
- * glibc's own FILEs read and write fds 0-2 with its internal calls, past
- * the interposer, so once the connection moves to RDMA they would miss
- * bytes or put them out of order. Before main(), libsovia's constructor
- * replaces each one whose fd carries the connection by a cookie FILE
- * (stdio.c), whose calls come back through read, write and close.
+/* stdin, stdout and stderr where fds 0-2 carry a connection: glibc's own
+ * FILEs read and write those fds with its internal calls, past the
+ * interposer, so once the connection moves to RDMA they would miss bytes
+ * or put them out of order. Each one whose fd carries a connection is
+ * replaced by a cookie FILE (stdio.c), whose calls come back through
+ * read, write and close: in an image exec'd on a handed connection, by
+ * libsovia's constructor before main(); in a process that dup2()s a
+ * stream onto 0-2 (ftpd -D's child), at the dup2. Only a FILE nothing
+ * used yet is replaced.
  * freopen() of such a FILE keeps it, on the new file. */
 #include "preload.h"
 #include "real.h"

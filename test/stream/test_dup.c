@@ -5,6 +5,7 @@
  * refuses leaves both fds as they were, and F_DUPFD copies are the same
  * stream. */
 #include "preload_harness.h"
+#include "preload.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -162,16 +163,18 @@ Test(dup, fcntl_dupfd_cloexec_makes_the_same_stream)
 	fcntl_dup(F_DUPFD_CLOEXEC);
 }
 
-/* A copy on stdout: glibc's stdout writes fd 1 with its internal calls,
- * past the interposer, so the stream goes back to plain TCP and both fds
- * are the kernel's socket: bytes written before the copy, then through
- * either fd, arrive in order. */
-Test(dup, a_copy_on_stdout_takes_the_stream_back_to_tcp)
+/* A copy on stdout whose glibc FILE was used already (bytes may sit in
+ * its buffer): glibc's stdout writes fd 1 with its internal calls, past
+ * the interposer, so the stream goes back to plain TCP and both fds are
+ * the kernel's socket: bytes written before the copy, then through either
+ * fd, arrive in order. */
+Test(dup, a_copy_on_a_used_stdout_takes_the_stream_back_to_tcp)
 {
 	struct pair a;
 	ph_pair_rdma(&a);
 	bytes_arrive(a.cfd, a.sfd, 5000, 53);
 	fflush(stdout);
+	cr_assert_lt(fwide(stdout, -1), 0); /* used: byte-oriented from now on */
 	int saved = dup(STDOUT_FILENO);
 	cr_assert_geq(saved, 0);
 	int r = dup2(a.cfd, STDOUT_FILENO);
@@ -182,6 +185,7 @@ Test(dup, a_copy_on_stdout_takes_the_stream_back_to_tcp)
 	cr_assert_eq(dup2(saved, STDOUT_FILENO), STDOUT_FILENO);
 	close(saved);
 	cr_assert_eq(r, STDOUT_FILENO);
+	cr_assert_not(sv_stdio_ours(STDOUT_FILENO), "a used FILE is never replaced");
 	cr_assert_null(on_out, "the copy on stdout is a stream");
 	cr_assert_null(on_c, "the original is still a stream");
 	cr_assert_eq(st, SV_CONN_DETACHED, "%s", sv_conn_state_name(st));
@@ -190,5 +194,53 @@ Test(dup, a_copy_on_stdout_takes_the_stream_back_to_tcp)
 	cr_assert_eq(ph_read_all(a.sfd, b, 3), 3);
 	cr_assert(!memcmp(b, "raw", 3));
 	bytes_arrive(a.cfd, a.sfd, 5000, 54);
+	ph_pair_close(&a);
+}
+
+/* ftpd -D's child: its control connection dup2()ed onto 0 and 1, then
+ * commands read with fgets(stdin) and replies written with printf. glibc's
+ * FILEs were never used: libsovia's take their place at the dup2, the
+ * copies are the same stream, and every byte goes over the QP. */
+Test(dup, copies_on_an_unused_stdin_and_stdout_stay_on_rdma)
+{
+	struct pair a;
+	ph_pair_rdma(&a);
+	bytes_arrive(a.cfd, a.sfd, 5000, 55);
+	struct h_counts before = h_counts(a.s);
+	int saved_in = dup(STDIN_FILENO), saved_out = dup(STDOUT_FILENO);
+	cr_assert(saved_in >= 0 && saved_out >= 0);
+	cr_assert_not(sv_stdio_ours(STDIN_FILENO) || sv_stdio_ours(STDOUT_FILENO));
+	int r0 = dup2(a.sfd, STDIN_FILENO), r1 = dup2(a.sfd, STDOUT_FILENO);
+	bool ours = sv_stdio_ours(STDIN_FILENO) && sv_stdio_ours(STDOUT_FILENO);
+	struct sv_stream *on_in = ph_stream(STDIN_FILENO), *on_out = ph_stream(STDOUT_FILENO);
+	bool printed = printf("220 ready\r\n") == 11 && fflush(stdout) == 0;
+	char reply[11], line[64] = "";
+	size_t got = ph_read_all(a.cfd, reply, sizeof(reply));
+	bool sent = ph_write_all(a.cfd, "USER x\r\nPASS y\r\n", 16) == 16;
+	bool read1 = fgets(line, sizeof(line), stdin) != NULL;
+	bool line1 = strcmp(line, "USER x\r\n") == 0;
+	bool read2 = fgets(line, sizeof(line), stdin) != NULL && strcmp(line, "PASS y\r\n") == 0;
+	enum sv_conn_state st = h_state(a.s);
+	struct h_counts after = h_counts(a.s);
+	/* stdout and stdin back (our FILEs stay, on whatever the fds are)
+	 * before any assertion can print. */
+	cr_assert_eq(dup2(saved_out, STDOUT_FILENO), STDOUT_FILENO);
+	cr_assert_eq(dup2(saved_in, STDIN_FILENO), STDIN_FILENO);
+	close(saved_in);
+	close(saved_out);
+	cr_assert(r0 == STDIN_FILENO && r1 == STDOUT_FILENO);
+	cr_assert(ours, "libsovia's FILEs took stdin's and stdout's place");
+	cr_assert(on_in == a.s && on_out == a.s, "the copies are the same stream");
+	cr_assert(printed);
+	cr_assert_eq(got, sizeof(reply));
+	cr_assert(!memcmp(reply, "220 ready\r\n", sizeof(reply)));
+	cr_assert(sent && read1 && read2, "the commands read through stdin (first: [%s])", line);
+	cr_assert(line1);
+	cr_assert_eq(st, SV_CONN_RDMA, "%s", sv_conn_state_name(st));
+	cr_assert_eq(after.rdma_tx - before.rdma_tx, sizeof(reply), "the reply over the QP");
+	cr_assert_eq(after.rdma_rx - before.rdma_rx, 16, "the commands over the QP");
+	cr_assert_eq(after.tcp_tx, before.tcp_tx);
+	cr_assert_eq(after.tcp_rx, before.tcp_rx);
+	bytes_arrive(a.cfd, a.sfd, 5000, 56);
 	ph_pair_close(&a);
 }
