@@ -6,11 +6,13 @@
 # connections must go over RDMA: both ends' statistics show the file on the
 # QP, and the rxe device counted the packets.
 #
-# The control connection is accepted by the daemon, which forks at once: the
-# upgrade is called off (or the connection goes back to TCP at the fork),
-# so it stays on TCP, by design. Every data connection is created later, in
-# the session child (passive: it listens and accepts; active: it connects
-# from port 20 to the client's listener), and is upgraded.
+# The control connection is accepted by the daemon, which forks at once and
+# hands it to the session child; the child dup2()s it onto 0 and 1 and
+# speaks through stdio (getc(stdin), printf): libsovia's FILEs take glibc's
+# place at the dup2, and the connection goes to RDMA. Every data connection
+# is created later, in the session child (passive: it listens and accepts;
+# active: it connects from port 20 to the client's listener), and is
+# upgraded.
 #
 # The login is a throwaway user that exists only for ftpd: ftpd runs in its
 # own mount namespace, where copies of /etc/passwd, shadow and group with the
@@ -20,7 +22,9 @@
 # host's root file system.
 #
 # Then one session per mode moves the smaller file four times (get, put,
-# get, put), and every one of the four data connections must go over RDMA.
+# get, put), and every one of the four data connections must go over RDMA,
+# and so must the session's control connection (both ends end on RDMA,
+# ftpd's commands and replies over the QP).
 # In active mode ftpd switches its euid to root and back around each data
 # connection's bind (port 20), after which the kernel refuses the RDMA
 # files opened before: libsovia moves its rdma_cm ids to a channel of the
@@ -225,6 +229,34 @@ session() {
 	echo "session $mode: 4 transfers of $size bytes, identical; over RDMA: $(echo $senders); rxe packets +$dp"
 }
 
+# The control connection's statistics line: the server's (local port 21,
+# the 4th field) or the client's (peer port 21, the 6th).
+ctrl_line() { # $1 file, $2 field
+	{ grep -h "libsovia stats" "$1" || true; } |
+		awk -v p=":$CTRL" -v f="$2" 'substr($f, length($f) - length(p) + 1) == p' | tail -1
+}
+# The last session's control connection ended on RDMA at both ends, with
+# ftpd's commands and replies over the QP.
+control_on_rdma() { # $1 label
+	local i sl cl l srx stx
+	for i in $(seq 100); do
+		tail -n +$((lines0 + 1)) "$WORK/ftpd.err" >"$WORK/server.session"
+		[ -n "$(ctrl_line "$WORK/server.session" 4)" ] && break
+		sleep 0.1
+	done
+	sl=$(ctrl_line "$WORK/server.session" 4) cl=$(ctrl_line "$WORK/client.err" 6)
+	echo "$1 control: server: ${sl:0:200}"
+	echo "$1 control: client: ${cl:0:200}"
+	for l in "$sl" "$cl"; do
+		[[ "$l" == *" state=rdma fallback=none "* ]] ||
+			fail "$1: the control connection did not end on RDMA: ${l:-no line}"
+	done
+	srx=$(sed -n 's/.* rdma_rx_bytes=\([0-9]*\).*/\1/p' <<<"$sl")
+	stx=$(sed -n 's/.* rdma_tx_bytes=\([0-9]*\).*/\1/p' <<<"$sl")
+	[ "${srx:-0}" -gt 0 ] && [ "${stx:-0}" -gt 0 ] ||
+		fail "$1: ftpd's commands and replies did not go over RDMA: $sl"
+}
+
 TRANSFERS=0
 rm -f /dev/shm/libsovia-peers.* # a first contact, whatever ran before
 declare -A MD5
@@ -253,6 +285,7 @@ if [ "$BENCH" = 1 ]; then
 fi
 for mode in $MODES; do
 	session $mode "${SIZES%% *}"
+	control_on_rdma "ftpd -D $mode"
 done
 stop_ftpd
 
@@ -276,33 +309,12 @@ in_ftpd_ns inetd -d -E "$WORK/inetd.conf" >"$WORK/inetd.out" 2>&1 &
 wait_port $CTRL
 FTPD_PID=$(ss -ltnpH "sport = :$CTRL" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
 [ -n "$FTPD_PID" ] || fail "no pid for inetd"
-# The control connection's statistics line: the server's (local port 21,
-# the 4th field) or the client's (peer port 21, the 6th).
-ctrl_line() { # $1 file, $2 field
-	{ grep -h "libsovia stats" "$1" || true; } |
-		awk -v p=":$CTRL" -v f="$2" 'substr($f, length($f) - length(p) + 1) == p' | tail -1
-}
 for mode in $MODES; do
 	# Each ftpd reopens its stderr on /dev/null (this file) with "w": it
 	# truncates it. Emptied here first, the session's lines are all of it.
 	: >"$WORK/ftpd.err"
 	session $mode "${SIZES%% *}"
-	for i in $(seq 100); do
-		tail -n +$((lines0 + 1)) "$WORK/ftpd.err" >"$WORK/server.session"
-		[ -n "$(ctrl_line "$WORK/server.session" 4)" ] && break
-		sleep 0.1
-	done
-	sl=$(ctrl_line "$WORK/server.session" 4) cl=$(ctrl_line "$WORK/client.err" 6)
-	echo "inetd $mode control: server: ${sl:0:200}"
-	echo "inetd $mode control: client: ${cl:0:200}"
-	for l in "$sl" "$cl"; do
-		[[ "$l" == *" state=rdma fallback=none "* ]] ||
-			fail "inetd $mode: the control connection did not end on RDMA: ${l:-no line}"
-	done
-	srx=$(sed -n 's/.* rdma_rx_bytes=\([0-9]*\).*/\1/p' <<<"$sl")
-	stx=$(sed -n 's/.* rdma_tx_bytes=\([0-9]*\).*/\1/p' <<<"$sl")
-	[ "${srx:-0}" -gt 0 ] && [ "${stx:-0}" -gt 0 ] ||
-		fail "inetd $mode: ftpd's commands and replies did not go over RDMA: $sl"
+	control_on_rdma "inetd $mode"
 done
 stop_ftpd
 echo "ftp: OK"
