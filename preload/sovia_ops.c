@@ -211,8 +211,8 @@ static bool std_copy_ok(struct sv_stream *s, int ofd, int nfd)
 	}
 	if (sv_stream_expose_std(s))
 		return true;
-	sv_info("fd %d: a copy on %d, whose stdio FILE was used already (%s): back to TCP", ofd,
-		nfd, strerror(-r));
+	sv_info("fd %d: a copy on %d, whose stdio FILE libsovia cannot replace (%s): back to TCP",
+		ofd, nfd, r == -EBUSY ? "used already" : strerror(-r));
 	return false;
 }
 
