@@ -1,0 +1,311 @@
+/* The table of kept connections: see shares.h.
+ *
+ * Processes of one family share it without a lock. Each entry's state
+ * word is its generation and its phase; every change of phase is a
+ * compare-and-swap on the whole word, so a change meant for one
+ * connection never lands on the next one to use the entry. Only the owner
+ * takes an entry, releases it and reuses it; its copies' holders only
+ * claim it and list or unlist themselves. */
+#include "shares.h"
+
+#include "ownfd.h"
+#include "real.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The copies an entry lists by pid; past that it counts them only, and
+ * the owner then never ends the connection as its own (it goes back to
+ * TCP at the owner's close instead). */
+#define SV_SHARES_PIDS 6
+
+enum { PH_FREE = 0, PH_KEPT = 1, PH_CLAIMED = 2, PH_RELEASED = 3, PH_LOST = 4 };
+#define PHASE(st) ((st) & 7u)
+#define GEN(st) ((st) >> 3)
+#define MAKE(gen, ph) ((uint32_t)(gen) << 3 | (uint32_t)(ph))
+
+struct slot {
+	_Atomic uint32_t state;   /* the futex word */
+	_Atomic uint32_t pending; /* forks under way that give a copy */
+	_Atomic uint32_t unlisted; /* copies given that have no pid below */
+	_Atomic int32_t pid[SV_SHARES_PIDS];
+	_Atomic uint64_t ino;
+	_Atomic bool taken; /* a claim the owner's helper has not seen yet */
+};
+
+struct sv_shares {
+	_Atomic int32_t owner;
+	_Atomic int32_t wake_fd;
+	_Atomic uint32_t claims; /* claims made: the owner looks when it moved */
+	struct slot slot[SV_SHARES_SLOTS];
+};
+
+static _Atomic(struct sv_shares *) own;
+
+static struct sv_shares *make_table(int wake_fd)
+{
+	int fd = sv_ownfd_dup(wake_fd);
+	if (fd < 0)
+		return NULL;
+	/* Shared with every descendant through the fork, never unmapped: a
+	 * copy's entry may be looked at until its holder ends. */
+	void *m = mmap(NULL, sizeof(struct sv_shares), PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED) {
+		sv_ownfd_close(fd);
+		return NULL;
+	}
+	struct sv_shares *t = m;
+	atomic_store(&t->owner, (int32_t)getpid());
+	atomic_store(&t->wake_fd, fd);
+	return t;
+}
+
+struct sv_shares *sv_shares_own(int wake_fd)
+{
+	struct sv_shares *t = atomic_load_explicit(&own, memory_order_acquire);
+	if (t || wake_fd < 0)
+		return t;
+	struct sv_shares *made = make_table(wake_fd);
+	if (!made)
+		return NULL;
+	struct sv_shares *expected = NULL;
+	if (!atomic_compare_exchange_strong(&own, &expected, made)) {
+		/* Another thread was first: ours goes unused (never by a fork,
+		 * which waits for every call before it). */
+		sv_ownfd_close(atomic_load(&made->wake_fd));
+		munmap(made, sizeof(*made));
+		return expected;
+	}
+	return made;
+}
+
+int sv_shares_keep(struct sv_shares *t, uint64_t ino, struct sv_share_ref *out)
+{
+	for (unsigned i = 0; i < SV_SHARES_SLOTS; i++) {
+		struct slot *sl = &t->slot[i];
+		uint32_t st = atomic_load(&sl->state);
+		/* A settled entry is free once its claimers were woken: they
+		 * compare generations, and a new one reads as released. */
+		if (PHASE(st) != PH_FREE && PHASE(st) != PH_RELEASED && PHASE(st) != PH_LOST)
+			continue;
+		atomic_store(&sl->pending, 0);
+		atomic_store(&sl->unlisted, 0);
+		for (int k = 0; k < SV_SHARES_PIDS; k++)
+			atomic_store(&sl->pid[k], 0);
+		atomic_store(&sl->ino, ino);
+		atomic_store(&sl->taken, false);
+		uint32_t gen = GEN(st) + 1;
+		atomic_store(&sl->state, MAKE(gen, PH_KEPT));
+		*out = (struct sv_share_ref){.t = t, .slot = (int)i, .gen = GEN(MAKE(gen, 0))};
+		return 0;
+	}
+	return -ENOSPC;
+}
+
+static struct slot *slot_of(const struct sv_share_ref *r)
+{
+	return r && r->t && r->slot >= 0 && (unsigned)r->slot < SV_SHARES_SLOTS
+		       ? &r->t->slot[r->slot]
+		       : NULL;
+}
+
+/* Is the entry still r's connection (not settled and reused)? */
+static bool current(const struct slot *sl, const struct sv_share_ref *r, uint32_t *st)
+{
+	*st = atomic_load(&((struct slot *)sl)->state);
+	return GEN(*st) == r->gen;
+}
+
+void sv_shares_fork_begin(const struct sv_share_ref *r)
+{
+	struct slot *sl = slot_of(r);
+	if (sl)
+		atomic_fetch_add(&sl->pending, 1);
+}
+
+void sv_shares_fork_end(const struct sv_share_ref *r, pid_t child)
+{
+	struct slot *sl = slot_of(r);
+	if (!sl)
+		return;
+	if (child > 0) {
+		bool listed = false;
+		for (int k = 0; k < SV_SHARES_PIDS && !listed; k++) {
+			int32_t zero = 0;
+			listed = atomic_compare_exchange_strong(&sl->pid[k], &zero, (int32_t)child);
+		}
+		if (!listed)
+			atomic_fetch_add(&sl->unlisted, 1);
+	}
+	atomic_fetch_sub(&sl->pending, 1);
+}
+
+bool sv_shares_claimed(const struct sv_share_ref *r)
+{
+	struct slot *sl = slot_of(r);
+	uint32_t st;
+	return sl && current(sl, r, &st) && PHASE(st) == PH_CLAIMED;
+}
+
+/* Has process pid the socket whose inode is ino open? Unknown (no access
+ * to its fds) counts as yes. */
+static bool pid_holds(pid_t pid, uint64_t ino)
+{
+	if (kill(pid, 0) < 0 && errno == ESRCH)
+		return false;
+	char path[64], link[64], want[40];
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	snprintf(want, sizeof(want), "socket:[%" PRIu64 "]", ino);
+	DIR *d = opendir(path);
+	if (!d)
+		return errno != ENOENT; /* ENOENT: it ended meanwhile */
+	bool found = false;
+	size_t plen = strlen(path);
+	for (struct dirent *e; !found && (e = readdir(d));) {
+		if (e->d_name[0] == '.' || plen + 1 + strlen(e->d_name) >= sizeof(path))
+			continue;
+		char fdpath[sizeof(path)];
+		snprintf(fdpath, sizeof(fdpath), "%s/%s", path, e->d_name);
+		ssize_t n = readlink(fdpath, link, sizeof(link) - 1);
+		if (n <= 0)
+			continue;
+		link[n] = '\0';
+		found = strcmp(link, want) == 0;
+	}
+	closedir(d);
+	return found;
+}
+
+bool sv_shares_others_hold(const struct sv_share_ref *r)
+{
+	struct slot *sl = slot_of(r);
+	uint32_t st;
+	if (!sl || !current(sl, r, &st))
+		return false;
+	if (atomic_load(&sl->pending) || atomic_load(&sl->unlisted))
+		return true;
+	uint64_t ino = atomic_load(&sl->ino);
+	bool any = false;
+	for (int k = 0; k < SV_SHARES_PIDS; k++) {
+		int32_t pid = atomic_load(&sl->pid[k]);
+		if (pid <= 0)
+			continue;
+		if (pid_holds(pid, ino))
+			any = true;
+		else
+			atomic_compare_exchange_strong(&sl->pid[k], &pid, 0);
+	}
+	return any;
+}
+
+static void futex_wake_all(_Atomic uint32_t *w)
+{
+	syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void sv_shares_settle(const struct sv_share_ref *r, bool lost)
+{
+	struct slot *sl = slot_of(r);
+	uint32_t st;
+	if (!sl || !current(sl, r, &st))
+		return;
+	while (PHASE(st) == PH_KEPT || PHASE(st) == PH_CLAIMED) {
+		if (atomic_compare_exchange_weak(&sl->state, &st,
+						 MAKE(r->gen, lost ? PH_LOST : PH_RELEASED)))
+			break;
+	}
+	futex_wake_all(&sl->state);
+}
+
+int sv_shares_take_claims(struct sv_shares *t, int *out, int max)
+{
+	/* The owner's helper alone calls it: every round, so it costs one
+	 * load until a claim comes. */
+	static uint32_t seen;
+	uint32_t now = t ? atomic_load(&t->claims) : seen;
+	if (now == seen)
+		return 0;
+	int n = 0;
+	for (unsigned i = 0; t && i < SV_SHARES_SLOTS && n < max; i++)
+		if (atomic_load_explicit(&t->slot[i].taken, memory_order_relaxed) &&
+		    atomic_exchange(&t->slot[i].taken, false))
+			out[n++] = (int)i;
+	if (n < max)
+		seen = now; /* every claim up to `now` was taken */
+	return n;
+}
+
+static void wake_owner(struct sv_shares *t)
+{
+	uint64_t one = 1;
+	ssize_t w = SV_REAL(write)(atomic_load(&t->wake_fd), &one, sizeof(one));
+	(void)w; /* a full counter wakes it all the same */
+}
+
+int sv_shares_claim(const struct sv_share_ref *r)
+{
+	struct slot *sl = slot_of(r);
+	if (!sl)
+		return 0;
+	pid_t owner = atomic_load(&r->t->owner);
+	for (;;) {
+		uint32_t st;
+		if (!current(sl, r, &st))
+			return 0; /* settled and reused: released first */
+		switch (PHASE(st)) {
+		case PH_FREE:
+		case PH_RELEASED:
+			return 0;
+		case PH_LOST:
+			return -ECONNRESET;
+		case PH_KEPT:
+			if (atomic_compare_exchange_strong(&sl->state, &st,
+							   MAKE(r->gen, PH_CLAIMED))) {
+				atomic_store(&sl->taken, true);
+				atomic_fetch_add(&r->t->claims, 1);
+				wake_owner(r->t);
+			}
+			continue;
+		default:
+			break;
+		}
+		if (kill(owner, 0) < 0 && errno == ESRCH)
+			return -ECONNRESET;
+		/* Claimed: sleep until the owner settles it, looking now and
+		 * then whether it still lives. */
+		struct timespec ts = {0, 100 * 1000 * 1000};
+		syscall(SYS_futex, (uint32_t *)&sl->state, FUTEX_WAIT, st, &ts, NULL, 0);
+	}
+}
+
+void sv_shares_left(const struct sv_share_ref *r)
+{
+	struct slot *sl = slot_of(r);
+	uint32_t st;
+	if (!sl || !current(sl, r, &st))
+		return;
+	int32_t me = (int32_t)getpid();
+	for (int k = 0; k < SV_SHARES_PIDS; k++) {
+		int32_t pid = me;
+		if (atomic_compare_exchange_strong(&sl->pid[k], &pid, 0))
+			return;
+	}
+}
+
+void sv_shares_atfork_child(void)
+{
+	atomic_store(&own, NULL);
+}

@@ -1,0 +1,146 @@
+/* The table of connections kept across a fork (src/shares.h), with real
+ * processes: who still holds a copy of the socket, and a claim that
+ * sleeps until the owner settles it (or dies). */
+#include "shares.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int efd = -1, sv[2] = {-1, -1};
+static struct sv_shares *t;
+static struct sv_share_ref ref;
+
+static void setup(void)
+{
+	efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	cr_assert_geq(efd, 0);
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	t = sv_shares_own(efd);
+	cr_assert_not_null(t);
+	struct stat st;
+	cr_assert_eq(fstat(sv[0], &st), 0);
+	cr_assert_eq(sv_shares_keep(t, (uint64_t)st.st_ino, &ref), 0);
+}
+
+TestSuite(shares, .init = setup, .timeout = 30);
+
+/* A child that keeps the socket (or closes it) and then waits on a pipe. */
+static pid_t child(bool keep, int *go)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	sv_shares_fork_begin(&ref);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(p[1]);
+		if (!keep)
+			close(sv[0]);
+		char c;
+		(void)!read(p[0], &c, 1);
+		_exit(0);
+	}
+	sv_shares_fork_end(&ref, pid);
+	close(p[0]);
+	*go = p[1];
+	return pid;
+}
+
+static void end_child(pid_t pid, int go)
+{
+	close(go);
+	cr_assert_eq(waitpid(pid, NULL, 0), pid);
+}
+
+Test(shares, a_child_that_keeps_the_socket_holds_it)
+{
+	int go;
+	pid_t pid = child(true, &go);
+	cr_assert(sv_shares_others_hold(&ref));
+	end_child(pid, go);
+	cr_assert_not(sv_shares_others_hold(&ref), "a child that is gone holds nothing");
+}
+
+Test(shares, a_child_that_closed_its_copy_holds_nothing)
+{
+	int go;
+	pid_t pid = child(false, &go);
+	/* Its close is seen once it happened: it waits on the pipe after. */
+	for (int i = 0; i < 1000 && sv_shares_others_hold(&ref); i++)
+		usleep(1000);
+	cr_assert_not(sv_shares_others_hold(&ref));
+	end_child(pid, go);
+}
+
+Test(shares, a_fork_under_way_counts_as_a_holder)
+{
+	sv_shares_fork_begin(&ref);
+	cr_assert(sv_shares_others_hold(&ref));
+	sv_shares_fork_end(&ref, -1); /* it failed */
+	cr_assert_not(sv_shares_others_hold(&ref));
+}
+
+/* The claimer: its exit status says what the claim returned. */
+enum { RELEASED = 0, RESET = 1, OTHER = 2 };
+static pid_t claimer(void)
+{
+	sv_shares_fork_begin(&ref);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		int r = sv_shares_claim(&ref);
+		_exit(r == 0 ? RELEASED : r == -ECONNRESET ? RESET : OTHER);
+	}
+	sv_shares_fork_end(&ref, pid);
+	return pid;
+}
+
+static int status_of(pid_t pid)
+{
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+Test(shares, a_claim_wakes_the_owner_and_sleeps_until_it_is_released)
+{
+	pid_t pid = claimer();
+	uint64_t v = 0;
+	for (int i = 0; i < 5000 && read(efd, &v, sizeof(v)) != sizeof(v); i++)
+		usleep(1000);
+	cr_assert_eq(v, 1, "the owner was not woken");
+	int slots[4];
+	cr_assert_eq(sv_shares_take_claims(t, slots, 4), 1);
+	cr_assert_eq(slots[0], ref.slot);
+	cr_assert(sv_shares_claimed(&ref));
+	cr_assert_eq(sv_shares_take_claims(t, slots, 4), 0, "each claim is taken once");
+	cr_assert_eq(waitpid(pid, NULL, WNOHANG), 0, "the claimer went on before the release");
+	sv_shares_settle(&ref, false);
+	cr_assert_eq(status_of(pid), RELEASED);
+}
+
+Test(shares, a_claim_of_a_lost_connection_is_reset)
+{
+	pid_t pid = claimer();
+	sv_shares_settle(&ref, true);
+	cr_assert_eq(status_of(pid), RESET);
+}
+
+Test(shares, a_settled_entry_is_reused_and_old_claims_read_it_released)
+{
+	struct sv_share_ref old = ref;
+	sv_shares_settle(&ref, false);
+	struct sv_share_ref again;
+	cr_assert_eq(sv_shares_keep(t, 1, &again), 0);
+	cr_assert_eq(again.slot, old.slot);
+	cr_assert_neq(again.gen, old.gen);
+	cr_assert_eq(sv_shares_claim(&old), 0);
+	cr_assert_not(sv_shares_claimed(&again));
+}
