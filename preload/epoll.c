@@ -324,7 +324,7 @@ void sv_epoll_atfork_child(void)
 		 * as they are (leaked): their streams' nodes, the parent's,
 		 * still list their watches, and the hub is not ours yet. */
 		for (struct ep_entry *e = ep->head; e; e = e->next) {
-			sv_warn("fd %d: accelerated in the parent; this child's epoll %d no "
+			sv_info("fd %d: carried by the parent's RDMA; this child's epoll %d no "
 				"longer watches it", e->fd, i);
 			e->dead = true;
 			e->hw.node = NULL;

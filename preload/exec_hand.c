@@ -175,6 +175,12 @@ static bool hand_on(struct sv_exec_env *ex, char *const envp[], const struct han
 void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 {
 	*ex = (struct sv_exec_env){.table_fd = -1};
+	/* Connections kept on RDMA across a fork end with this image, its
+	 * close-on-exec ones too: a fork's child that holds a copy gets them
+	 * on plain TCP first. */
+	sv_enter();
+	sv_stream_keep_exec_all();
+	sv_leave();
 	struct handed list[MAX_CONNS];
 	int n = 0;
 	int ours = -1; /* unknown yet */

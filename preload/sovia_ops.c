@@ -4,6 +4,8 @@
  * their own fds, and those calls go straight to libc. */
 #include "sovia_ops.h"
 
+#include "shares.h"
+
 #include "guard.h"
 #include "log.h"
 #include "peers.h"
@@ -13,6 +15,7 @@
 #include "wait.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <string.h>
@@ -159,6 +162,40 @@ static int st_detach_for_fork(struct sv_fd *f)
 	}
 	sv_leave();
 	return r;
+}
+
+/* After the fork, in the parent: a kept connection learns its child. */
+static void st_after_fork(struct sv_fd *f, pid_t pid)
+{
+	if (pid == 0)
+		return;
+	sv_enter();
+	sv_stream_keep_forked(raw_stream(f), pid);
+	sv_leave();
+}
+
+/* In the fork's child: a connection the parent kept on RDMA is its copy
+ * (foreign.c); any other is the kernel's. */
+static void st_atfork_child(struct sv_fd *f)
+{
+	struct sv_share_ref ref;
+	if (!sv_stream_kept_for_child(raw_stream(f), &ref)) {
+		sv_ours_atfork_child(f);
+		return;
+	}
+	struct sv_foreign *c = sv_foreign_new(&ref);
+	struct sv_fd *nf = c ? sv_fd_new(f->fd, &sv_foreign_ops, c) : NULL;
+	if (!nf) {
+		/* Its calls would go to a socket whose bytes the parent's QP
+		 * carries: they fail instead (the entry stays the parent's). */
+		sv_err("fd %d: no memory for the copy of a connection the parent keeps on RDMA",
+		       f->fd);
+		free(c);
+		return;
+	}
+	(void)sv_fd_remove(f->fd); /* the parent's: leaked on purpose */
+	sv_fd_install(nf);
+	sv_fd_put(nf);
 }
 
 static int st_share(struct sv_fd *f)
@@ -370,7 +407,8 @@ static const struct sv_fd_ops sv_stream_ops = {
 	.inq = st_inq,
 	.outq = st_outq,
 	.mode_changed = st_mode_changed,
-	.atfork_child = sv_ours_atfork_child,
+	.atfork_child = st_atfork_child,
+	.after_fork = st_after_fork,
 	.wait = &stream_wait_ops,
 	.stdio_cookie = true,
 };

@@ -41,6 +41,13 @@ struct sv_held *sv_held_new(const struct sv_hand *hand, uint64_t tx, uint64_t rx
 bool sv_stream_fd_adopt(const int *fds, int n, const struct sv_hand *hand, uint64_t tx,
 			uint64_t rx);
 
+/* A fork's child's copy of a connection the parent kept on RDMA
+ * (foreign.c): its first use claims it from the parent. */
+extern const struct sv_fd_ops sv_foreign_ops;
+struct sv_share_ref;
+struct sv_foreign;
+struct sv_foreign *sv_foreign_new(const struct sv_share_ref *ref);
+
 /* fd's connection is plain TCP now: its entry (and its copies', the entries
  * with the same priv) become the kernel's. */
 void sv_fd_make_plain_all(void *priv);

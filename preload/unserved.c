@@ -174,7 +174,7 @@ SV_EXPORT pid_t fork(void)
 	}
 	ENTER_DETACHING(sv_fd_detach_all_for_fork());
 	pid_t pid = SV_REAL(fork)();
-	if (pid <= 0 && !sv_passthrough()) {
+	if (!sv_passthrough()) {
 		int saved = errno;
 		sv_ops_after_fork(pid);
 		errno = saved;

@@ -47,6 +47,10 @@ struct sv_cm_ops {
 	 * RDMA device (links.h)? */
 	bool (*on_rdma_link)(const struct sockaddr_storage *local,
 			     const struct sockaddr_storage *peer);
+	/* Does a fork leave the parent's QPs and registered buffers intact
+	 * (the kernel copies pinned pages for the child), so a connection may
+	 * stay on its QP across a fork (shares.h)? NULL: no. */
+	bool (*fork_keeps_qp)(void);
 	/* In a fork's child: what the parent opened is the parent's. */
 	void (*atfork_child)(void);
 };

@@ -216,6 +216,16 @@ static void atfork_child(void)
 	sv_verbs_atfork_child();
 }
 
+/* Kernels since 5.13 copy a pinned page for the child at a fork, so the
+ * parent's registered buffers stay where its QPs write; libibverbs then
+ * says fork support is not needed. With RDMAV_FORK_SAFE on a kernel
+ * without that, the buffers are not in the child at all (MADV_DONTFORK):
+ * the parent's would still be intact, but the answer is kept simple. */
+static bool fork_keeps_qp(void)
+{
+	return ibv_is_fork_initialized() == IBV_FORK_UNNEEDED;
+}
+
 const struct sv_cm_ops sv_cm_rdma = {
 	.create_event_channel = create_event_channel,
 	.destroy_event_channel = destroy_event_channel,
@@ -237,6 +247,7 @@ const struct sv_cm_ops sv_cm_rdma = {
 	.local_addr = rdma_get_local_addr,
 	.create_qp = create_qp,
 	.on_rdma_link = sv_links_on_rdma,
+	.fork_keeps_qp = fork_keeps_qp,
 	.atfork_child = atfork_child,
 };
 

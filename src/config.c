@@ -67,6 +67,10 @@ static const struct setting settings[] = {
 	 "upgrade a client's connection only when the server's port is below 1024, where "
 	 "rdma_cm lets only a privileged process listen: no other user on the server's host "
 	 "can answer for the server"},
+	{"SOVIA_FORK_KEEP", SETTING_BOOL, U32(fork_keep), 1, 0, 1,
+	 "a fork leaves the parent's connections on RDMA until a child uses its copy of one "
+	 "(where the kernel copies pinned pages at a fork); 0: every fork takes them back to "
+	 "TCP first"},
 };
 
 static void store(struct sv_config *cfg, const struct setting *s, uint32_t v)

@@ -29,6 +29,8 @@ struct sv_config {
 	uint32_t spin_us;             /* SOVIA_SPIN_US: poll before sleeping in the kernel */
 	bool privileged_ports;        /* SOVIA_PRIVILEGED_PORTS: clients upgrade only to
 				       * server ports below 1024 */
+	bool fork_keep;               /* SOVIA_FORK_KEEP: a fork leaves the parent's
+				       * connections on RDMA until a child uses its copy */
 };
 
 typedef char *(*sv_getenv_fn)(const char *name);

@@ -72,6 +72,11 @@ void sv_helper_wake(void)
 	(void)r;
 }
 
+int sv_helper_wake_fd(void)
+{
+	return h.started ? h.wakefd : -1;
+}
+
 struct rdma_event_channel *sv_helper_channel(void)
 {
 	return h.ch;
@@ -339,6 +344,7 @@ static void *helper_main(void *arg)
 		follow_credentials(); /* before any rdma_cm call of this round */
 		uint64_t now = sv_now_us();
 		bool on_hub = false;
+		sv_stream_keep_service(); /* before the looks: a claim's first step */
 		uint64_t next = sv_watch_service_all(now, &on_hub);
 		uint64_t up = sv_upgrade_timers(now);
 		if (up && (!next || up < next))

@@ -45,6 +45,11 @@ struct rdma_event_channel *sv_helper_channel(void);
  * is watched already, have it looked at now. */
 void sv_helper_watch(struct sv_stream *s);
 
+/* The eventfd that wakes the helper (-1 before it started). A fork's
+ * children that get a copy of it wake this process's helper
+ * (sv_shares_claim). */
+int sv_helper_wake_fd(void);
+
 /* In a fork's child: no helper thread runs there; forget the parent's
  * state so that the child's first connection starts its own. */
 void sv_helper_atfork_child(void);

@@ -97,6 +97,7 @@ void sv_stream_put(struct sv_stream *s)
 	if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	all_remove(s);
+	sv_stream_keep_forget(s);
 	if (s->adopted)
 		sv_holders_drop(&s->hand); /* if still there */
 	sv_upgrade_forget(s); /* the QP before the core whose buffers it used */
@@ -323,6 +324,7 @@ void sv_stream_atfork_child(void)
 	sv_helper_atfork_child();
 	sv_upgrade_atfork_child();
 	sv_pinned_atfork_child();
+	sv_stream_keep_atfork_child();
 	if (sv_cm->atfork_child)
 		sv_cm->atfork_child();
 	sv_lock_reinit(&all_lock);

@@ -14,6 +14,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
+
+struct sv_share_ref;
 
 struct sv_stream;
 struct sv_listener;
@@ -95,6 +98,28 @@ int sv_stream_detach(struct sv_stream *s);
  * says so (hand->h NULL otherwise), with the bytes TCP carried each way. */
 int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_t *tx,
 			      uint64_t *rx);
+/* A fork keeps the parent's QP (shares.h): a connection settled on RDMA
+ * is entered as kept, with a copy about to be given, instead of going
+ * back to TCP (sv_stream_detach_for_fork's first step, which then returns
+ * 1). Needs SOVIA_FORK_KEEP and a kernel that copies pinned pages at a
+ * fork. Takes the lock. */
+bool sv_stream_keep_for_fork(struct sv_stream *s);
+/* After that fork, in the parent: its outcome (the child's pid, or -1). */
+void sv_stream_keep_forked(struct sv_stream *s, pid_t pid);
+/* In the fork's child, for each of s's fds: true when the fork kept s,
+ * whose copy here is then *ref's (the parent's entry). */
+bool sv_stream_kept_for_child(const struct sv_stream *s, struct sv_share_ref *ref);
+/* The helper's part: claims that came for this process's kept streams
+ * start their way back. */
+void sv_stream_keep_service(void);
+/* The owner lets go of a kept stream: its last fd closed, the process
+ * exits, an exec replaces the image (every kept stream). A copy still
+ * held elsewhere gets the connection back on plain TCP first. Without
+ * the lock. */
+void sv_stream_keep_close(struct sv_stream *s);
+void sv_stream_keep_exit(struct sv_stream *s);
+void sv_stream_keep_exec_all(void);
+void sv_stream_keep_atfork_child(void);
 /* In the fork's child: a server stream on fd for the connection handed to
  * it, TCP having carried tx and rx bytes. Start it with
  * sv_stream_start_adopted once it is fd's. NULL on ENOMEM. */

@@ -43,6 +43,7 @@ static int send_back(struct sv_stream *s)
 	if (r < 0)
 		return r;
 	s->tcpbuf_off = s->tcpbuf_len = 0;
+	s->keep.want_back = false;
 	sv_stream_set_state(s, SV_CONN_DETACHING);
 	s->cl.back_deadline_us = sv_clock_now(&clk) + SV_PEER_SILENCE_US;
 	s->st.switches_to_tcp++;
@@ -94,7 +95,7 @@ void sv_stream_back_progress(struct sv_stream *s)
 	struct sv_proto *p = s->proto;
 	if (!p || s->error)
 		return;
-	if (sv_proto_back_wanted(p) && back_ready(s)) {
+	if ((sv_proto_back_wanted(p) || s->keep.want_back) && back_ready(s)) {
 		int r = send_back(s);
 		if (r < 0 && r != -EAGAIN) {
 			sv_stream_break(s, r);
@@ -264,6 +265,11 @@ int sv_stream_detach(struct sv_stream *s)
 int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_t *tx,
 			      uint64_t *rx)
 {
+	if (sv_stream_keep_for_fork(s)) {
+		*hand = (struct sv_hand){.h = NULL, .slot = -1};
+		*tx = *rx = 0;
+		return 1;
+	}
 	int r = detach(s, true);
 	sv_lock(&s->lock);
 	bool handed = r == 0 && s->fallback == SV_FB_HANDED && s->hand.h;

@@ -98,6 +98,12 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 		return r;
 	}
 	s->opens = 0;
+	if (s->keep.ref.t) {
+		/* A fork's child may hold a copy: it gets the connection. */
+		sv_unlock(&s->lock);
+		sv_stream_keep_close(s);
+		sv_lock(&s->lock);
+	}
 	s->cl.app_closed = true;
 	if (!s->proto || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED)
 		return close_now(s, r);
@@ -236,6 +242,7 @@ static void exit_finish_tx(struct sv_stream *s, struct sv_clock *clk)
 
 void sv_stream_exit_flush(struct sv_stream *s)
 {
+	sv_stream_keep_exit(s);
 	sv_lock(&s->lock);
 	struct sv_clock clk = SV_CLOCK_INIT;
 	exit_finish_switch(s, &clk);

@@ -17,6 +17,7 @@
 #include "lock.h"
 #include "proto.h"
 #include "qp.h"
+#include "shares.h"
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -247,6 +248,14 @@ struct sv_resume {
 	int outcome;         /* 0 while resuming or resumed; -errno when it failed */
 };
 
+/* Kept across a fork on the parent's QP (stream_keep.c, shares.h). */
+struct sv_keep {
+	struct sv_share_ref ref; /* .t NULL: not kept */
+	unsigned forking;        /* forks under way that give a copy */
+	bool claimed;            /* a copy's holder wants it: going back */
+	bool want_back;          /* our BACK goes as soon as it may */
+};
+
 /* Socket options that shape the protocol or the waits. */
 struct sv_options {
 	bool nodelay, cork;
@@ -314,6 +323,7 @@ struct sv_stream {
 	struct sv_closing cl;
 	struct sv_resume fo;
 	struct sv_options opt;
+	struct sv_keep keep;
 	struct sv_watch *watch; /* the helper's, under its lock */
 
 	bool stats_printed;
@@ -511,6 +521,12 @@ short sv_stream_resume_events(const struct sv_stream *s);
 void sv_stream_resume_peek(struct sv_stream *s);
 
 /* ---- The way back and closing (stream_back.c, stream_close.c) ------------------------ */
+
+/* A kept stream's state changed to `to`: settled for its copies once
+ * TCP carries all of it (stream_keep.c). */
+void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to);
+/* Its last reference is going (without the lock). */
+void sv_stream_keep_forget(struct sv_stream *s);
 
 /* Detaching: answer the peer's BACK, give back, write what came back. */
 void sv_stream_back_progress(struct sv_stream *s);

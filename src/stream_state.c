@@ -118,6 +118,8 @@ void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to)
 			 sv_conn_state_name(from), sv_conn_state_name(to));
 	sv_dbg("fd %d: %s -> %s", s->fd, sv_conn_state_name(from), sv_conn_state_name(to));
 	s->state = to;
+	if (s->keep.ref.t)
+		sv_stream_keep_state(s, to);
 }
 
 /* What a fallback says of the peer, for its next connections (peers.h).

@@ -29,6 +29,7 @@ static bool any_channel;
 static bool change_in_move; /* fake_net_creds_change_in_next_move */
 static bool reflect_challenge;
 static bool rdma_links; /* fake_net_rdma_links */
+static bool fork_keeps; /* fake_net_fork_keeps */
 static uint64_t delivered;
 static long break_after = -1;
 static long refuse_after = -1; /* fake_net_refuse_posts_after */
@@ -1038,6 +1039,13 @@ static bool f_on_rdma_link(const struct sockaddr_storage *local, const struct so
 	return rdma_links;
 }
 
+/* The fake QPs are plain memory of the process that made them: a fork's
+ * child gets a copy it never uses, and the parent's stay as they were. */
+static bool f_fork_keeps_qp(void)
+{
+	return fork_keeps;
+}
+
 static const struct sv_cm_ops fake_ops = {
 	.create_event_channel = f_create_event_channel,
 	.destroy_event_channel = f_destroy_event_channel,
@@ -1059,6 +1067,7 @@ static const struct sv_cm_ops fake_ops = {
 	.local_addr = f_local_addr,
 	.create_qp = f_create_qp,
 	.on_rdma_link = f_on_rdma_link,
+	.fork_keeps_qp = f_fork_keeps_qp,
 	.atfork_child = f_atfork_child,
 };
 
@@ -1130,6 +1139,7 @@ void fake_net_use(void)
 	change_in_move = false;
 	reflect_challenge = false;
 	rdma_links = false;
+	fork_keeps = false;
 	break_after = -1;
 	refuse_after = -1;
 	hold_side = FAKE_NONE;
@@ -1147,6 +1157,11 @@ unsigned fake_net_violations(void)
 const char *fake_net_why(void)
 {
 	return why;
+}
+
+void fake_net_fork_keeps(bool on)
+{
+	fork_keeps = on;
 }
 
 void fake_net_rdma_links(bool on)

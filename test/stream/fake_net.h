@@ -60,6 +60,9 @@ void fake_net_refuse_moves(bool on);
 /* Every connection runs over an RDMA device's link (links.h); by default
  * none does, as on loopback. */
 void fake_net_rdma_links(bool on);
+/* A fork keeps the parent's connections on their QPs (sv_cm_ops'
+ * fork_keeps_qp); by default it does not, and they go back to TCP. */
+void fake_net_fork_keeps(bool on);
 /* The next connect requests find no route (ADDR_ERROR). */
 void fake_net_no_route(bool on);
 /* Accepts hand the client its own challenge back (a rogue listener that

@@ -1,0 +1,235 @@
+/* A fork's child's copy of a connection its parent kept on RDMA
+ * (src/shares.h): the parent's QP carries the connection, so the kernel's
+ * socket here has none of its bytes. The first call that would read,
+ * write, wait on or pass on the socket claims it: the parent takes the
+ * connection back to plain TCP, and the entry then becomes the kernel's.
+ * A close does not claim (most children never use what they inherited).
+ * The copy stays the parent's entry meanwhile: a fork here lists the new
+ * child as another holder.
+ *
+ * When the parent cannot give it back (it died, or the connection failed),
+ * the copy's calls fail with ECONNRESET: the bytes the parent's QP brought
+ * are gone, and the socket would give the rest without them. */
+#include "log.h"
+#include "real.h"
+#include "sovia_ops.h"
+
+#include "shares.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+struct sv_foreign {
+	struct sv_share_ref ref;
+	pid_t pid;       /* the process whose copy this entry is */
+	atomic_bool lost; /* the claim found it lost */
+};
+
+static struct sv_foreign *foreign_of(struct sv_fd *f)
+{
+	return f->priv;
+}
+
+/* 0: the kernel's socket is the whole connection now (the entry, and any
+ * dup of it here, became the kernel's); -ECONNRESET: lost. */
+static int claim(struct sv_fd *f)
+{
+	struct sv_foreign *c = foreign_of(f);
+	if (atomic_load(&c->lost))
+		return -ECONNRESET;
+	sv_dbg("fd %d: claiming the copy of a connection the parent keeps on RDMA", f->fd);
+	int saved = errno;
+	int r = sv_shares_claim(&c->ref);
+	errno = saved;
+	if (r < 0) {
+		if (!atomic_exchange(&c->lost, true))
+			sv_warn("fd %d: the parent that kept this connection on RDMA could not give "
+				"it back: it is reset here", f->fd);
+		return r;
+	}
+	sv_fd_make_plain_all(c);
+	return 0;
+}
+
+static ssize_t c_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
+{
+	int r = claim(f);
+	if (r < 0)
+		return r;
+	ssize_t n = sv_real.recvmsg(f->fd, msg, flags);
+	return n < 0 ? -errno : n;
+}
+
+static ssize_t c_sendmsg(struct sv_fd *f, const struct msghdr *msg, int flags)
+{
+	int r = claim(f);
+	if (r < 0)
+		return r;
+	ssize_t n = sv_real.sendmsg(f->fd, msg, flags);
+	return n < 0 ? -errno : n;
+}
+
+static int c_shutdown(struct sv_fd *f, int how)
+{
+	int r = claim(f);
+	if (r < 0)
+		return r;
+	return sv_real.shutdown(f->fd, how) < 0 ? -errno : 0;
+}
+
+static int c_close(struct sv_fd *f)
+{
+	struct sv_foreign *c = foreign_of(f);
+	if (c->pid == getpid())
+		sv_shares_left(&c->ref);
+	return sv_kernel_close(f);
+}
+
+static void c_release(struct sv_fd *f)
+{
+	free(foreign_of(f));
+}
+
+/* exec, spawn, SCM_RIGHTS, io_uring: whoever gets the socket next uses
+ * the kernel's. */
+static int c_detach(struct sv_fd *f)
+{
+	(void)claim(f);
+	return 0;
+}
+
+/* A fork here: one more holder of a copy, listed in the parent's table
+ * once the fork's outcome is known (c_after_fork). */
+static int c_detach_for_fork(struct sv_fd *f)
+{
+	struct sv_foreign *c = foreign_of(f);
+	if (c->pid == getpid())
+		sv_shares_fork_begin(&c->ref);
+	return 0;
+}
+
+/* In a fork's child of this process: the copy is the new process's now. */
+static void c_atfork_child(struct sv_fd *f)
+{
+	foreign_of(f)->pid = getpid();
+}
+
+static void c_after_fork(struct sv_fd *f, pid_t pid)
+{
+	struct sv_foreign *c = foreign_of(f);
+	if (pid != 0 && c->pid == getpid())
+		sv_shares_fork_end(&c->ref, pid);
+}
+
+/* dup: the copies would have to claim together; the kernel's socket it is. */
+static int c_share(struct sv_fd *f)
+{
+	(void)claim(f);
+	return 1;
+}
+
+/* Readiness: claimed first, then the kernel's, but for a lost connection,
+ * which reads as an error. */
+static void w_split(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen)
+{
+	*gen = 0;
+	if (claim(f) < 0) {
+		*own = (short)((events & (POLLIN | POLLRDNORM | POLLOUT)) | POLLERR | POLLHUP);
+		*kernel = 0;
+		return;
+	}
+	*own = 0;
+	*kernel = events;
+}
+
+static short w_recheck(struct sv_fd *f, short events, short rev)
+{
+	(void)f;
+	(void)events;
+	return rev;
+}
+
+static void w_nothing(struct sv_fd *f)
+{
+	(void)f;
+}
+
+static int w_sources(struct sv_fd *f, struct sv_hub_watch *w, struct pollfd *out, bool *again,
+		     uint64_t gen)
+{
+	(void)f;
+	(void)w;
+	(void)out;
+	(void)again;
+	(void)gen;
+	return 0;
+}
+
+static void w_done(struct sv_fd *f, struct sv_hub_watch *w)
+{
+	(void)f;
+	(void)w;
+}
+
+static uint32_t w_spin_us(struct sv_fd *f)
+{
+	(void)f;
+	return 0;
+}
+
+static void w_waited(struct sv_fd *f, uint64_t us)
+{
+	(void)f;
+	(void)us;
+}
+
+/* epoll: the set watches the kernel's socket, once it is the whole
+ * connection. */
+static bool w_kernel_only(struct sv_fd *f)
+{
+	(void)claim(f);
+	return true;
+}
+
+static const struct sv_fd_wait_ops foreign_wait_ops = {
+	.split = w_split,
+	.recheck = w_recheck,
+	.waits = w_nothing,
+	.sources = w_sources,
+	.done = w_done,
+	.spin_us = w_spin_us,
+	.waited = w_waited,
+	.kernel_only = w_kernel_only,
+};
+
+const struct sv_fd_ops sv_foreign_ops = {
+	.name = "kept by the parent",
+	.recvmsg = c_recvmsg,
+	.sendmsg = c_sendmsg,
+	.shutdown = c_shutdown,
+	.setsockopt = sv_kernel_setsockopt,
+	.getsockopt = sv_kernel_getsockopt,
+	.close = c_close,
+	.release = c_release,
+	.detach = c_detach,
+	.detach_for_fork = c_detach_for_fork,
+	.atfork_child = c_atfork_child,
+	.after_fork = c_after_fork,
+	.share = c_share,
+	.wait = &foreign_wait_ops,
+	/* fdopen: glibc's FILE must read and write through c_recvmsg. */
+	.stdio_cookie = true,
+};
+
+struct sv_foreign *sv_foreign_new(const struct sv_share_ref *ref)
+{
+	struct sv_foreign *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->ref = *ref;
+	c->pid = getpid();
+	return c;
+}

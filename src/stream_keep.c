@@ -1,0 +1,232 @@
+/* A connection on RDMA kept across a fork (shares.h): the parent's QP goes
+ * on carrying it while children hold copies of its socket, until one of
+ * them claims its copy or the parent lets go of the connection (its close,
+ * its exit, an exec). Then the connection takes the way back (BACK/RETURN,
+ * stream_back.c), and the copies share the kernel's socket. */
+#include "stream_int.h"
+
+#include "cm.h"
+#include "config.h"
+#include "helper.h"
+#include "log.h"
+#include "shares.h"
+
+#include <sys/stat.h>
+
+/* The owner's kept streams, by their entry in its table. No reference:
+ * a stream leaves it before it is freed (sv_stream_keep_forget), and a
+ * look takes one only while the stream still has some. Ranked below a
+ * stream's lock: settling takes it under that. */
+static struct sv_lock keep_lock = SV_LOCK_INIT(SV_RANK_STREAMS);
+static struct sv_stream *kept[SV_SHARES_SLOTS];
+
+static bool fork_keeps_qp(void)
+{
+	return sv_cfg.fork_keep && sv_cm->fork_keeps_qp && sv_cm->fork_keeps_qp();
+}
+
+/* Under s->lock. */
+static bool enter_kept(struct sv_stream *s)
+{
+	struct sv_shares *t = sv_shares_own(sv_helper_wake_fd());
+	struct stat st;
+	if (!t || fstat(s->fd, &st) < 0)
+		return false;
+	if (sv_shares_keep(t, (uint64_t)st.st_ino, &s->keep.ref) < 0) {
+		sv_info("fd %d: too many connections kept across forks: this one goes back to "
+			"TCP first", s->fd);
+		return false;
+	}
+	sv_lock(&keep_lock);
+	kept[s->keep.ref.slot] = s;
+	sv_unlock(&keep_lock);
+	return true;
+}
+
+bool sv_stream_keep_for_fork(struct sv_stream *s)
+{
+	if (!fork_keeps_qp())
+		return false;
+	sv_lock(&s->lock);
+	/* Only a connection settled on RDMA: any other state's bytes may sit
+	 * in the TCP stream (a switch's echo), which the child shares. */
+	bool ok = s->state == SV_CONN_RDMA && s->proto && !s->error && s->fd >= 0 &&
+		  !s->cl.app_closed && !s->sw.tx_held && !s->sw.echo_owed &&
+		  !sv_stream_tcpbuf_held(s) && (s->keep.ref.t || enter_kept(s));
+	if (ok) {
+		s->keep.forking++;
+		sv_shares_fork_begin(&s->keep.ref);
+	}
+	sv_unlock(&s->lock);
+	return ok;
+}
+
+void sv_stream_keep_forked(struct sv_stream *s, pid_t pid)
+{
+	sv_lock(&s->lock);
+	if (s->keep.forking) {
+		s->keep.forking--;
+		sv_shares_fork_end(&s->keep.ref, pid);
+	}
+	sv_unlock(&s->lock);
+}
+
+bool sv_stream_kept_for_child(const struct sv_stream *s, struct sv_share_ref *ref)
+{
+	/* In the child, without the lock (the parent's, not ours): the fork
+	 * happened between sv_stream_keep_for_fork and sv_stream_keep_forked. */
+	if (!s->keep.forking || !s->keep.ref.t)
+		return false;
+	*ref = s->keep.ref;
+	return true;
+}
+
+/* The owner is done with the entry: released or lost. Under s->lock. */
+static void settle(struct sv_stream *s, bool lost)
+{
+	struct sv_share_ref ref = s->keep.ref;
+	if (!ref.t || s->keep.forking)
+		return; /* a fork under way still counts on it */
+	sv_shares_settle(&ref, lost);
+	s->keep.ref.t = NULL;
+	s->keep.want_back = false;
+	sv_lock(&keep_lock);
+	if (kept[ref.slot] == s)
+		kept[ref.slot] = NULL;
+	sv_unlock(&keep_lock);
+	if (s->keep.claimed)
+		sv_info("fd %d: %s to the fork's child that claimed it", s->fd,
+			lost ? "lost (the connection failed)" : "plain TCP again, given");
+}
+
+/* A reference to the kept stream of entry i, or NULL. */
+static struct sv_stream *kept_get(unsigned i)
+{
+	sv_lock(&keep_lock);
+	struct sv_stream *s = kept[i];
+	int refs = s ? atomic_load(&s->refs) : 0;
+	while (refs > 0 && !atomic_compare_exchange_weak(&s->refs, &refs, refs + 1))
+		;
+	sv_unlock(&keep_lock);
+	return refs > 0 ? s : NULL;
+}
+
+void sv_stream_keep_forget(struct sv_stream *s)
+{
+	/* Its last reference went: its fds were closed (which let it go), or
+	 * it never got one. */
+	if (s->keep.ref.t) {
+		s->keep.forking = 0;
+		sv_lock(&s->lock);
+		settle(s, false);
+		sv_unlock(&s->lock);
+	}
+}
+
+void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to)
+{
+	switch (to) {
+	case SV_CONN_DETACHED:
+		settle(s, false);
+		break;
+	case SV_CONN_BROKEN:
+	case SV_CONN_FALLBACK:
+		/* TCP carries both directions now. What the QP brought and the
+		 * application has not read is ours, as bytes a read took from
+		 * the kernel's socket would be. */
+		settle(s, s->error != 0);
+		break;
+	default:
+		break;
+	}
+}
+
+/* A copy's holder claimed it: the way back starts. Under s->lock. */
+static void claimed(struct sv_stream *s)
+{
+	if (!s->keep.ref.t || !sv_shares_claimed(&s->keep.ref))
+		return;
+	if (!s->keep.claimed)
+		sv_info("fd %d: a fork's child uses its copy: the connection goes back to plain "
+			"TCP", s->fd);
+	s->keep.claimed = true;
+	if (s->error)
+		settle(s, true);
+	else if (s->state == SV_CONN_DETACHED || s->state == SV_CONN_BROKEN ||
+		 s->state == SV_CONN_FALLBACK)
+		settle(s, false);
+	else
+		s->keep.want_back = true; /* sv_stream_back_progress sends it */
+}
+
+void sv_stream_keep_service(void)
+{
+	struct sv_shares *t = sv_shares_own(-1);
+	int slots[32];
+	int n;
+	while (t && (n = sv_shares_take_claims(t, slots, 32)) > 0) {
+		for (int i = 0; i < n; i++) {
+			struct sv_stream *s = kept_get((unsigned)slots[i]);
+			if (!s)
+				continue;
+			sv_lock(&s->lock);
+			claimed(s);
+			sv_unlock(&s->lock);
+			sv_helper_watch(s);
+			sv_stream_put(s);
+		}
+	}
+}
+
+/* The owner lets go of the connection (its last close, its exit, an
+ * exec): copies that others still hold get it back on plain TCP; with none
+ * left, it is ours to end. Without the lock. */
+static void let_go(struct sv_stream *s, const char *why)
+{
+	sv_lock(&s->lock);
+	struct sv_share_ref ref = s->keep.ref;
+	sv_unlock(&s->lock);
+	if (!ref.t)
+		return;
+	if (sv_shares_others_hold(&ref)) {
+		sv_info("fd %d: %s while a fork's child holds a copy: back to plain TCP for it",
+			s->fd, why);
+		int r = sv_stream_detach(s);
+		if (r == 0)
+			return; /* DETACHED settled it */
+	}
+	sv_lock(&s->lock);
+	if (s->keep.ref.t && s->keep.ref.gen == ref.gen)
+		settle(s, sv_shares_others_hold(&ref));
+	sv_unlock(&s->lock);
+}
+
+void sv_stream_keep_close(struct sv_stream *s)
+{
+	let_go(s, "closed here");
+}
+
+void sv_stream_keep_exit(struct sv_stream *s)
+{
+	let_go(s, "the process exits");
+}
+
+void sv_stream_keep_exec_all(void)
+{
+	for (unsigned i = 0; i < SV_SHARES_SLOTS; i++) {
+		struct sv_stream *s = kept_get(i);
+		if (!s)
+			continue;
+		let_go(s, "an exec replaces this image");
+		sv_stream_put(s);
+	}
+}
+
+void sv_stream_keep_atfork_child(void)
+{
+	/* The parent's kept streams and their references are the parent's. */
+	sv_lock_reinit(&keep_lock);
+	for (unsigned i = 0; i < SV_SHARES_SLOTS; i++)
+		kept[i] = NULL;
+	sv_shares_atfork_child();
+}

@@ -1,0 +1,212 @@
+/* A fork that keeps the parent's connections on RDMA (src/shares.h): the
+ * child gets a copy of each socket, which it claims at its first use; the
+ * parent then takes the connection back to plain TCP and the child reads
+ * and writes the kernel's socket, every byte once and in order. A child
+ * that never uses its copy costs the parent nothing. The interposed fork()
+ * runs here, over the fake network, whose QPs a fork leaves to the parent
+ * (fake_net_fork_keeps). */
+#include "preload_harness.h"
+
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void kept_setup(void)
+{
+	h_setup();
+	fake_net_fork_keeps(true);
+}
+
+TestSuite(kept, .init = kept_setup, .fini = h_teardown, .timeout = 60);
+
+/* In the child (no Criterion there): the checks exit with their number. */
+#define CHILD_CHECK(n, cond)                                                                \
+	do {                                                                                \
+		if (!(cond))                                                                \
+			_exit(n);                                                           \
+	} while (0)
+
+static void child_ok(pid_t pid)
+{
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed check %d",
+		  WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
+}
+
+/* Bytes both ways over the QP, every one of them. */
+static void exchange_on_rdma(struct pair *p, uint64_t seed)
+{
+	enum { LEN = 6000 };
+	static uint8_t out[LEN], in[LEN];
+	struct h_counts c0 = h_counts(p->c), s0 = h_counts(p->s);
+	h_pattern(out, LEN, seed, 0);
+	cr_assert_eq(ph_write_all(p->cfd, out, LEN), LEN);
+	cr_assert_eq(ph_read_all(p->sfd, in, LEN), LEN);
+	cr_assert(h_pattern_ok(in, LEN, seed, 0));
+	cr_assert_eq(ph_write_all(p->sfd, out, LEN), LEN);
+	cr_assert_eq(ph_read_all(p->cfd, in, LEN), LEN);
+	cr_assert(h_pattern_ok(in, LEN, seed, 0));
+	cr_assert_eq(h_counts(p->c).rdma_tx - c0.rdma_tx, LEN);
+	cr_assert_eq(h_counts(p->s).rdma_tx - s0.rdma_tx, LEN);
+}
+
+Test(kept, a_child_that_never_uses_its_copy_leaves_the_parent_on_rdma)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 1);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		_exit(0); /* as a snapshot child or a helper that execs */
+	child_ok(pid);
+	exchange_on_rdma(&p, 2);
+	cr_assert_eq(h_state(p.s), SV_CONN_RDMA);
+	cr_assert_eq(h_state(p.c), SV_CONN_RDMA);
+	cr_assert_eq(h_counts(p.s).gave_back + h_counts(p.c).gave_back, 0);
+	ph_pair_close(&p);
+}
+
+/* The client wrote LEN bytes, of which the parent's server read READ
+ * before the fork; the child reads the rest from its copy, then writes. */
+enum { LEN = 6000, READ = 100, SEED = 7 };
+
+static void child_reads_the_rest(int sfd, int go)
+{
+	char c;
+	if (go >= 0)
+		CHILD_CHECK(10, read(go, &c, 1) == 1);
+	static uint8_t in[LEN];
+	/* A read that never gets its bytes ends instead of hanging. */
+	struct timeval tv = {.tv_sec = 20};
+	CHILD_CHECK(11, setsockopt(sfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0);
+	CHILD_CHECK(12, ph_read_all(sfd, in, LEN - READ) == LEN - READ);
+	CHILD_CHECK(13, h_pattern_ok(in, LEN - READ, SEED, READ));
+	CHILD_CHECK(14, ph_stream(sfd) == NULL); /* the kernel's socket now */
+	CHILD_CHECK(15, write(sfd, "child", 5) == 5);
+	_exit(0);
+}
+
+static void write_and_read_some(struct pair *p)
+{
+	static uint8_t out[LEN];
+	uint8_t in[READ];
+	h_pattern(out, LEN, SEED, 0);
+	cr_assert_eq(ph_write_all(p->cfd, out, LEN), LEN);
+	cr_assert_eq(ph_read_all(p->sfd, in, READ), READ);
+	cr_assert(h_pattern_ok(in, READ, SEED, 0));
+	cr_assert_eq(h_counts(p->c).rdma_tx, LEN);
+}
+
+Test(kept, a_child_that_reads_its_copy_gets_the_connection_on_tcp)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	write_and_read_some(&p);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_reads_the_rest(p.sfd, -1);
+	child_ok(pid);
+	cr_assert_eq(h_state(p.s), SV_CONN_DETACHED);
+	cr_assert_gt(h_counts(p.c).got_back, 0, "the bytes the parent held went back");
+	char b[5];
+	cr_assert_eq(ph_read_all(p.cfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	ph_pair_close(&p);
+}
+
+Test(kept, closing_the_parents_copy_leaves_the_connection_to_the_child)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	write_and_read_some(&p);
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_reads_the_rest(p.sfd, go[0]);
+	/* The parent's close must not end the connection the child holds. */
+	cr_assert_eq(close(p.sfd), 0);
+	p.sfd = -1;
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_DETACHED, 10000), SV_CONN_DETACHED);
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	char b[6];
+	cr_assert_eq(ph_read_all(p.cfd, b, 6), 5, "the child's bytes, then the end");
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
+
+Test(kept, once_the_child_is_gone_the_parents_close_ends_the_connection_over_rdma)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 3);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		_exit(0);
+	child_ok(pid);
+	cr_assert_eq(ph_write_all(p.sfd, "last", 4), 4);
+	cr_assert_eq(close(p.sfd), 0);
+	p.sfd = -1;
+	char b[5];
+	cr_assert_eq(ph_read_all(p.cfd, b, 5), 4, "the last bytes, then the end");
+	cr_assert_eq(memcmp(b, "last", 4), 0);
+	cr_assert_eq(h_counts(p.c).got_back, 0, "no way back");
+	cr_assert_neq(h_state(p.c), SV_CONN_DETACHED);
+	ph_pair_close(&p);
+}
+
+/* A child that forks again: the grandchild's copy is listed too, and its
+ * use claims the connection as the child's would. */
+Test(kept, a_grandchild_claims_as_a_child_does)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	write_and_read_some(&p);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		pid_t g = fork();
+		CHILD_CHECK(20, g >= 0);
+		if (g == 0)
+			child_reads_the_rest(p.sfd, -1);
+		close(p.sfd); /* the child's own copy goes; the grandchild's stays */
+		int st;
+		CHILD_CHECK(21, waitpid(g, &st, 0) == g);
+		CHILD_CHECK(WIFEXITED(st) ? WEXITSTATUS(st) : 22, WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		_exit(0);
+	}
+	child_ok(pid);
+	char b[5];
+	cr_assert_eq(ph_read_all(p.cfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	ph_pair_close(&p);
+}
+
+/* Without a kernel that keeps pinned pages at a fork, every connection
+ * goes back to TCP before it, as it always did. */
+Test(kept, without_fork_support_the_fork_takes_it_back_first)
+{
+	fake_net_fork_keeps(false);
+	struct pair p;
+	ph_pair_rdma(&p);
+	write_and_read_some(&p);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		_exit(0);
+	cr_assert_eq(h_state(p.s), SV_CONN_DETACHED);
+	child_ok(pid);
+	ph_pair_close(&p);
+}
