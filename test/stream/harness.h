@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <unistd.h>
 
 /* Settings for a test: SOVIA_* defaults, no upgrade delay, small buffers
  * (so that a transfer is many messages), the fake network. */
@@ -99,5 +100,13 @@ uint64_t h_ms(void);
 int h_open_fds(void);
 /* The helper thread's looks at s so far (its statistics' helper_looks). */
 uint64_t h_helper_looks(struct sv_stream *s);
+
+/* In a test's child process (no Criterion there): the checks exit with
+ * their number, which the parent reports. */
+#define CHILD_CHECK(n, cond)                                                                \
+	do {                                                                                \
+		if (!(cond))                                                                \
+			_exit(n);                                                           \
+	} while (0)
 
 #endif

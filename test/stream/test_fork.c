@@ -14,13 +14,6 @@
 
 TestSuite(fork, .init = h_setup, .fini = h_teardown, .timeout = 60);
 
-/* In the child (no Criterion there): the checks exit with their number. */
-#define CHILD_CHECK(n, cond)                                                                \
-	do {                                                                                \
-		if (!(cond))                                                                \
-			_exit(n);                                                           \
-	} while (0)
-
 static void child(int inherited_fd)
 {
 	sv_stream_atfork_child();

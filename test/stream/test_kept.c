@@ -23,13 +23,6 @@ static void kept_setup(void)
 
 TestSuite(kept, .init = kept_setup, .fini = h_teardown, .timeout = 60);
 
-/* In the child (no Criterion there): the checks exit with their number. */
-#define CHILD_CHECK(n, cond)                                                                \
-	do {                                                                                \
-		if (!(cond))                                                                \
-			_exit(n);                                                           \
-	} while (0)
-
 static void child_ok(pid_t pid)
 {
 	int st;
@@ -55,16 +48,23 @@ static void exchange_on_rdma(struct pair *p, uint64_t seed)
 	cr_assert_eq(h_counts(p->s).rdma_tx - s0.rdma_tx, LEN);
 }
 
-Test(kept, a_child_that_never_uses_its_copy_leaves_the_parent_on_rdma)
+/* A pair on RDMA, bytes both ways, then a fork whose child leaves at once
+ * (as a snapshot child or a helper that execs). */
+static void fork_a_child_that_leaves(struct pair *p, uint64_t seed)
 {
-	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 1);
+	ph_pair_rdma(p);
+	exchange_on_rdma(p, seed);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0)
-		_exit(0); /* as a snapshot child or a helper that execs */
+		_exit(0);
 	child_ok(pid);
+}
+
+Test(kept, a_child_that_never_uses_its_copy_leaves_the_parent_on_rdma)
+{
+	struct pair p;
+	fork_a_child_that_leaves(&p, 1);
 	exchange_on_rdma(&p, 2);
 	cr_assert_eq(h_state(p.s), SV_CONN_RDMA);
 	cr_assert_eq(h_state(p.c), SV_CONN_RDMA);
@@ -92,8 +92,10 @@ static void child_reads_the_rest(int sfd, int go)
 	_exit(0);
 }
 
-static void write_and_read_some(struct pair *p)
+/* A pair on RDMA whose server holds unread bytes of the client's. */
+static void pair_with_bytes_unread(struct pair *p)
 {
+	ph_pair_rdma(p);
 	static uint8_t out[LEN];
 	uint8_t in[READ];
 	h_pattern(out, LEN, SEED, 0);
@@ -106,8 +108,7 @@ static void write_and_read_some(struct pair *p)
 Test(kept, a_child_that_reads_its_copy_gets_the_connection_on_tcp)
 {
 	struct pair p;
-	ph_pair_rdma(&p);
-	write_and_read_some(&p);
+	pair_with_bytes_unread(&p);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0)
@@ -124,8 +125,7 @@ Test(kept, a_child_that_reads_its_copy_gets_the_connection_on_tcp)
 Test(kept, closing_the_parents_copy_leaves_the_connection_to_the_child)
 {
 	struct pair p;
-	ph_pair_rdma(&p);
-	write_and_read_some(&p);
+	pair_with_bytes_unread(&p);
 	int go[2];
 	cr_assert_eq(pipe(go), 0);
 	pid_t pid = fork();
@@ -149,13 +149,7 @@ Test(kept, closing_the_parents_copy_leaves_the_connection_to_the_child)
 Test(kept, once_the_child_is_gone_the_parents_close_ends_the_connection_over_rdma)
 {
 	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 3);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0)
-		_exit(0);
-	child_ok(pid);
+	fork_a_child_that_leaves(&p, 3);
 	cr_assert_eq(ph_write_all(p.sfd, "last", 4), 4);
 	cr_assert_eq(close(p.sfd), 0);
 	p.sfd = -1;
@@ -172,8 +166,7 @@ Test(kept, once_the_child_is_gone_the_parents_close_ends_the_connection_over_rdm
 Test(kept, a_grandchild_claims_as_a_child_does)
 {
 	struct pair p;
-	ph_pair_rdma(&p);
-	write_and_read_some(&p);
+	pair_with_bytes_unread(&p);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
@@ -200,8 +193,7 @@ Test(kept, without_fork_support_the_fork_takes_it_back_first)
 {
 	fake_net_fork_keeps(false);
 	struct pair p;
-	ph_pair_rdma(&p);
-	write_and_read_some(&p);
+	pair_with_bytes_unread(&p);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0)

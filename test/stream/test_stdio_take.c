@@ -21,13 +21,6 @@
 
 TestSuite(stdio_take, .init = h_setup, .fini = h_teardown, .timeout = 60);
 
-/* In the child (no Criterion there): the checks exit with their number. */
-#define CHILD_CHECK(n, cond)                                                                \
-	do {                                                                                \
-		if (!(cond))                                                                \
-			_exit(n);                                                           \
-	} while (0)
-
 struct run {
 	char out[4096]; /* what the child wrote on fds 1 and 2, in order */
 	size_t len;
