@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -160,6 +161,24 @@ bool sv_shares_claimed(const struct sv_share_ref *r)
 	return sl && current(sl, r, &st) && PHASE(st) == PH_CLAIMED;
 }
 
+/* Has pid exited (not reaped yet)? Its fds are closed, but an unprivileged
+ * parent may not list them (EACCES). */
+static bool zombie(pid_t pid)
+{
+	char path[64], buf[256];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	ssize_t n = SV_REAL(read)(fd, buf, sizeof(buf) - 1);
+	SV_REAL(close)(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	const char *close_paren = strrchr(buf, ')'); /* the name may hold any byte */
+	return close_paren && close_paren[1] == ' ' && close_paren[2] == 'Z';
+}
+
 /* Has process pid the socket whose inode is ino open? Unknown (no access
  * to its fds) counts as yes. */
 static bool pid_holds(pid_t pid, uint64_t ino)
@@ -171,7 +190,7 @@ static bool pid_holds(pid_t pid, uint64_t ino)
 	snprintf(want, sizeof(want), "socket:[%" PRIu64 "]", ino);
 	DIR *d = opendir(path);
 	if (!d)
-		return errno != ENOENT; /* ENOENT: it ended meanwhile */
+		return errno != ENOENT && !zombie(pid); /* ENOENT: it ended meanwhile */
 	bool found = false;
 	size_t plen = strlen(path);
 	for (struct dirent *e; !found && (e = readdir(d));) {
