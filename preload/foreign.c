@@ -9,7 +9,9 @@
  *
  * When the parent cannot give it back (it died, or the connection failed),
  * the copy's calls fail with ECONNRESET: the bytes the parent's QP brought
- * are gone, and the socket would give the rest without them. */
+ * are gone, and the socket would give the rest without them. Its dups are
+ * lost copies too. A hand-over (exec, spawn, SCM_RIGHTS, io_uring) passes
+ * the bare socket on, gap and all (docs/design.md: a limit). */
 #include "log.h"
 #include "real.h"
 #include "sovia_ops.h"
@@ -25,6 +27,7 @@
 struct sv_foreign {
 	struct sv_share_ref ref;
 	pid_t pid;       /* the process whose copy this entry is */
+	unsigned forking; /* forks under way that the owner's entry follows */
 	atomic_bool lost; /* the claim found it lost */
 };
 
@@ -106,8 +109,8 @@ static int c_detach(struct sv_fd *f)
 static int c_detach_for_fork(struct sv_fd *f)
 {
 	struct sv_foreign *c = foreign_of(f);
-	if (c->pid == getpid())
-		sv_shares_fork_begin(&c->ref);
+	if (c->pid == getpid() && sv_shares_fork_begin(&c->ref))
+		c->forking++;
 	return 0;
 }
 
@@ -115,20 +118,37 @@ static int c_detach_for_fork(struct sv_fd *f)
 static void c_atfork_child(struct sv_fd *f)
 {
 	foreign_of(f)->pid = getpid();
+	foreign_of(f)->forking = 0;
 }
 
 static void c_after_fork(struct sv_fd *f, pid_t pid)
 {
 	struct sv_foreign *c = foreign_of(f);
-	if (pid != 0 && c->pid == getpid())
+	if (pid != 0 && c->pid == getpid() && c->forking) {
+		c->forking--;
 		sv_shares_fork_end(&c->ref, pid);
+	}
 }
 
-/* dup: the copies would have to claim together; the kernel's socket it is. */
+/* dup: the copies would have to claim together; the kernel's socket it is,
+ * but for a lost copy, whose dup is a lost copy too (c_add_copy). */
 static int c_share(struct sv_fd *f)
 {
-	(void)claim(f);
-	return 1;
+	return claim(f) < 0 ? 0 : 1;
+}
+
+static bool c_add_copy(struct sv_fd *f, int nfd)
+{
+	struct sv_foreign *c = sv_foreign_new(&foreign_of(f)->ref);
+	struct sv_fd *nf = c ? sv_fd_new(nfd, &sv_foreign_ops, c) : NULL;
+	if (!nf) {
+		free(c);
+		return false;
+	}
+	atomic_store(&c->lost, true);
+	bool ok = sv_fd_install(nf) == 0;
+	sv_fd_put(nf);
+	return ok;
 }
 
 /* Readiness: claimed first, then the kernel's, but for a lost connection,
@@ -219,6 +239,7 @@ const struct sv_fd_ops sv_foreign_ops = {
 	.atfork_child = c_atfork_child,
 	.after_fork = c_after_fork,
 	.share = c_share,
+	.add_copy = c_add_copy,
 	.wait = &foreign_wait_ops,
 	/* fdopen: glibc's FILE must read and write through c_recvmsg. */
 	.stdio_cookie = true,

@@ -54,6 +54,8 @@ struct sv_shares {
 };
 
 static _Atomic(struct sv_shares *) own;
+/* The claims counter of `own` as its helper last took them. */
+static uint32_t claims_seen;
 
 static struct sv_shares *make_table(int wake_fd)
 {
@@ -93,14 +95,19 @@ struct sv_shares *sv_shares_own(int wake_fd)
 	return made;
 }
 
+static bool slot_others_hold(struct slot *sl);
+static bool zombie(pid_t pid);
+
 int sv_shares_keep(struct sv_shares *t, uint64_t ino, struct sv_share_ref *out)
 {
 	for (unsigned i = 0; i < SV_SHARES_SLOTS; i++) {
 		struct slot *sl = &t->slot[i];
 		uint32_t st = atomic_load(&sl->state);
-		/* A settled entry is free once its claimers were woken: they
-		 * compare generations, and a new one reads as released. */
-		if (PHASE(st) != PH_FREE && PHASE(st) != PH_RELEASED && PHASE(st) != PH_LOST)
+		/* A released entry is free once its claimers were woken: they
+		 * compare generations, and a new one reads as released. A lost
+		 * one must go on reading lost as long as a copy is held. */
+		if (PHASE(st) != PH_FREE && PHASE(st) != PH_RELEASED &&
+		    (PHASE(st) != PH_LOST || slot_others_hold(sl)))
 			continue;
 		atomic_store(&sl->pending, 0);
 		atomic_store(&sl->unlisted, 0);
@@ -130,11 +137,20 @@ static bool current(const struct slot *sl, const struct sv_share_ref *r, uint32_
 	return GEN(*st) == r->gen;
 }
 
-void sv_shares_fork_begin(const struct sv_share_ref *r)
+/* A settled entry's copies need not be followed: they claim at once. */
+static bool open_entry(struct slot *sl, const struct sv_share_ref *r)
+{
+	uint32_t st;
+	return current(sl, r, &st) && (PHASE(st) == PH_KEPT || PHASE(st) == PH_CLAIMED);
+}
+
+bool sv_shares_fork_begin(const struct sv_share_ref *r)
 {
 	struct slot *sl = slot_of(r);
-	if (sl)
-		atomic_fetch_add(&sl->pending, 1);
+	if (!sl || !open_entry(sl, r))
+		return false;
+	atomic_fetch_add(&sl->pending, 1);
+	return true;
 }
 
 void sv_shares_fork_end(const struct sv_share_ref *r, pid_t child)
@@ -212,8 +228,11 @@ bool sv_shares_others_hold(const struct sv_share_ref *r)
 {
 	struct slot *sl = slot_of(r);
 	uint32_t st;
-	if (!sl || !current(sl, r, &st))
-		return false;
+	return sl && current(sl, r, &st) && slot_others_hold(sl);
+}
+
+static bool slot_others_hold(struct slot *sl)
+{
 	if (atomic_load(&sl->pending) || atomic_load(&sl->unlisted))
 		return true;
 	uint64_t ino = atomic_load(&sl->ino);
@@ -253,9 +272,8 @@ int sv_shares_take_claims(struct sv_shares *t, int *out, int max)
 {
 	/* The owner's helper alone calls it: every round, so it costs one
 	 * load until a claim comes. */
-	static uint32_t seen;
-	uint32_t now = t ? atomic_load(&t->claims) : seen;
-	if (now == seen)
+	uint32_t now = t ? atomic_load(&t->claims) : claims_seen;
+	if (now == claims_seen)
 		return 0;
 	int n = 0;
 	for (unsigned i = 0; t && i < SV_SHARES_SLOTS && n < max; i++)
@@ -263,7 +281,7 @@ int sv_shares_take_claims(struct sv_shares *t, int *out, int max)
 		    atomic_exchange(&t->slot[i].taken, false))
 			out[n++] = (int)i;
 	if (n < max)
-		seen = now; /* every claim up to `now` was taken */
+		claims_seen = now; /* every claim up to `now` was taken */
 	return n;
 }
 
@@ -301,7 +319,7 @@ int sv_shares_claim(const struct sv_share_ref *r)
 		default:
 			break;
 		}
-		if (kill(owner, 0) < 0 && errno == ESRCH)
+		if ((kill(owner, 0) < 0 && errno == ESRCH) || zombie(owner))
 			return -ECONNRESET;
 		/* Claimed: sleep until the owner settles it, looking now and
 		 * then whether it still lives. */
@@ -327,4 +345,5 @@ void sv_shares_left(const struct sv_share_ref *r)
 void sv_shares_atfork_child(void)
 {
 	atomic_store(&own, NULL);
+	claims_seen = 0; /* the child's own table counts from 0 */
 }

@@ -49,9 +49,10 @@ struct sv_shares *sv_shares_own(int wake_fd);
  * 0, or -ENOSPC when the table is full. */
 int sv_shares_keep(struct sv_shares *t, uint64_t ino, struct sv_share_ref *out);
 /* A fork is about to give a copy (any process that holds the connection,
- * owner or not); then its outcome: the child's pid, or -1 when the fork
- * failed. Between the two the copy counts as held. */
-void sv_shares_fork_begin(const struct sv_share_ref *r);
+ * owner or not); then, only when this said true, its outcome: the child's
+ * pid, or -1 when the fork failed. Between the two the copy counts as
+ * held. False: the entry is settled already (nothing to follow). */
+bool sv_shares_fork_begin(const struct sv_share_ref *r);
 void sv_shares_fork_end(const struct sv_share_ref *r, pid_t child);
 /* Has a copy's holder claimed it (the owner must release it)? */
 bool sv_shares_claimed(const struct sv_share_ref *r);

@@ -50,16 +50,20 @@ bool sv_stream_keep_for_fork(struct sv_stream *s)
 	sv_lock(&s->lock);
 	/* Only a connection settled on RDMA: any other state's bytes may sit
 	 * in the TCP stream (a switch's echo), which the child shares. */
+	/* And one that can still take the way back when a copy claims it
+	 * (not after the QP's normal end, nor with the peer's sending moved
+	 * to TCP). */
 	bool ok = s->state == SV_CONN_RDMA && s->proto && !s->error && s->fd >= 0 &&
 		  !s->cl.app_closed && !s->sw.tx_held && !s->sw.echo_owed &&
-		  !sv_stream_tcpbuf_held(s) && (s->keep.ref.t || enter_kept(s));
-	if (ok) {
+		  !sv_stream_tcpbuf_held(s) && sv_proto_back_ready(s->proto) &&
+		  (s->keep.ref.t || enter_kept(s)) && sv_shares_fork_begin(&s->keep.ref);
+	if (ok)
 		s->keep.forking++;
-		sv_shares_fork_begin(&s->keep.ref);
-	}
 	sv_unlock(&s->lock);
 	return ok;
 }
+
+static void settle_if_due(struct sv_stream *s);
 
 void sv_stream_keep_forked(struct sv_stream *s, pid_t pid)
 {
@@ -67,6 +71,9 @@ void sv_stream_keep_forked(struct sv_stream *s, pid_t pid)
 	if (s->keep.forking) {
 		s->keep.forking--;
 		sv_shares_fork_end(&s->keep.ref, pid);
+		/* It may have left the QP meanwhile (a claim answered while
+		 * this fork was under way): settled now. */
+		settle_if_due(s);
 	}
 	sv_unlock(&s->lock);
 }
@@ -126,6 +133,10 @@ void sv_stream_keep_forget(struct sv_stream *s)
 void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to)
 {
 	switch (to) {
+	case SV_CONN_RDMA:
+		if (s->error)
+			settle(s, true);
+		break;
 	case SV_CONN_DETACHED:
 		settle(s, false);
 		break;
@@ -136,9 +147,21 @@ void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to)
 		 * the kernel's socket would be. */
 		settle(s, s->error != 0);
 		break;
-	default:
+	case SV_CONN_TCP:
+	case SV_CONN_RESOLVING:
+	case SV_CONN_REQUESTED:
+	case SV_CONN_SWITCHING:
+	case SV_CONN_DETACHING:
+	case SV_CONN_RESUMING:
+	case SV_CONN_NSTATES:
 		break;
 	}
+}
+
+static void settle_if_due(struct sv_stream *s)
+{
+	if (s->keep.ref.t)
+		sv_stream_keep_state(s, s->state);
 }
 
 /* A copy's holder claimed it: the way back starts. Under s->lock. */
@@ -150,13 +173,27 @@ static void claimed(struct sv_stream *s)
 		sv_info("fd %d: a fork's child uses its copy: the connection goes back to plain "
 			"TCP", s->fd);
 	s->keep.claimed = true;
-	if (s->error)
+	if (s->error) {
 		settle(s, true);
-	else if (s->state == SV_CONN_DETACHED || s->state == SV_CONN_BROKEN ||
-		 s->state == SV_CONN_FALLBACK)
+	} else if (s->state == SV_CONN_DETACHED || s->state == SV_CONN_BROKEN ||
+		   s->state == SV_CONN_FALLBACK) {
 		settle(s, false);
-	else
+	} else if (s->state == SV_CONN_RDMA && !sv_proto_back_ready(s->proto)) {
+		/* No way back any more. With both directions off the QP (the
+		 * QP's normal end: our sending goes on over TCP behind our
+		 * resume record, which must go before any byte of a copy's)
+		 * TCP carries all that is left: what the QP brought and the
+		 * application has not read is ours, as after a break. With a
+		 * direction still on the QP the copy cannot be given a right
+		 * stream. */
+		enum sv_tx_state tx = sv_proto_tx_state(s->proto);
+		bool off = (tx == SV_TX_TCP || tx == SV_TX_RESET) && !sv_proto_rx_on_qp(s->proto);
+		if (off)
+			sv_stream_resume_announce(s);
+		settle(s, !off);
+	} else {
 		s->keep.want_back = true; /* sv_stream_back_progress sends it */
+	}
 }
 
 void sv_stream_keep_service(void)

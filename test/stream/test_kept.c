@@ -202,3 +202,65 @@ Test(kept, without_fork_support_the_fork_takes_it_back_first)
 	child_ok(pid);
 	ph_pair_close(&p);
 }
+
+/* A claim answered while another fork of the parent is between its
+ * prepare and its end (as another thread's would be): the connection
+ * reaches plain TCP meanwhile, and the entry is settled once that fork
+ * ends, so the claimer goes on. */
+Test(kept, a_claim_answered_during_another_fork_is_settled_when_it_ends)
+{
+	struct pair p;
+	pair_with_bytes_unread(&p);
+	cr_assert(sv_stream_keep_for_fork(p.s)); /* the other fork, prepared */
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_reads_the_rest(p.sfd, -1);
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_DETACHED, 10000), SV_CONN_DETACHED);
+	sv_stream_keep_forked(p.s, -1); /* the other fork failed */
+	child_ok(pid);
+	ph_pair_close(&p);
+}
+
+/* A copy whose owner was killed before giving the connection back is
+ * lost: it and its dup fail with ECONNRESET rather than read the socket
+ * with a gap. The owner is a child of the test (the test's own process
+ * cannot be killed), the copy its child, which reports on a pipe. */
+Test(kept, a_lost_copy_and_its_dup_read_econnreset)
+{
+	int rep[2];
+	cr_assert_eq(pipe(rep), 0);
+	pid_t owner = fork();
+	cr_assert_geq(owner, 0);
+	if (owner == 0) {
+		struct pair p;
+		pair_with_bytes_unread(&p);
+		pid_t copy = fork();
+		CHILD_CHECK(40, copy >= 0);
+		if (copy == 0) {
+			char b[16], v = 0;
+			/* A read of the bare socket would wait for ever (this
+			 * process holds both ends' copies): it ends instead. */
+			struct timeval tv = {.tv_sec = 10};
+			CHILD_CHECK(41, setsockopt(p.sfd, SOL_SOCKET, SO_RCVTIMEO, &tv,
+						   sizeof(tv)) == 0);
+			/* The claim waits until the owner is seen dead. */
+			if (read(p.sfd, b, sizeof(b)) != -1 || errno != ECONNRESET)
+				v = 1;
+			int d = dup(p.sfd);
+			if (d < 0 || read(d, b, sizeof(b)) != -1 || errno != ECONNRESET)
+				v = v ? v : 2;
+			(void)!write(rep[1], &v, 1);
+			_exit(0);
+		}
+		kill(getpid(), SIGKILL);
+	}
+	close(rep[1]);
+	int st;
+	cr_assert_eq(waitpid(owner, &st, 0), owner);
+	cr_assert(WIFSIGNALED(st), "the owner was not killed");
+	char v = 9;
+	cr_assert_eq(read(rep[0], &v, 1), 1, "the copy never reported");
+	cr_assert_eq(v, 0, "the lost copy's check %d failed", v);
+	close(rep[0]);
+}

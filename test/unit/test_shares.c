@@ -144,3 +144,53 @@ Test(shares, a_settled_entry_is_reused_and_old_claims_read_it_released)
 	cr_assert_eq(sv_shares_claim(&old), 0);
 	cr_assert_not(sv_shares_claimed(&again));
 }
+
+/* A lost entry is not reused while a copy is held: a late claim must
+ * still read it lost, never released. */
+Test(shares, a_lost_entry_reads_lost_while_a_copy_is_held)
+{
+	int go;
+	pid_t pid = child(true, &go);
+	struct sv_share_ref old = ref;
+	sv_shares_settle(&ref, true);
+	struct sv_share_ref again;
+	cr_assert_eq(sv_shares_keep(t, 1, &again), 0);
+	cr_assert_neq(again.slot, old.slot, "a lost entry with a holder was reused");
+	cr_assert_eq(sv_shares_claim(&old), -ECONNRESET);
+	end_child(pid, go);
+}
+
+/* The owner's helper takes claims by a counter; a fork's child makes a
+ * table of its own whose count starts again: its first claim is seen. */
+Test(shares, a_forked_owner_sees_its_own_first_claim)
+{
+	pid_t c = claimer();
+	uint64_t v;
+	for (int i = 0; i < 5000 && read(efd, &v, sizeof(v)) != sizeof(v); i++)
+		usleep(1000);
+	int slots[4];
+	cr_assert_eq(sv_shares_take_claims(t, slots, 4), 1);
+	sv_shares_settle(&ref, false);
+	cr_assert_eq(status_of(c), RELEASED);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		sv_shares_atfork_child();
+		int e2 = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		struct sv_shares *t2 = sv_shares_own(e2);
+		struct sv_share_ref r2;
+		if (!t2 || sv_shares_keep(t2, 1, &r2) < 0)
+			_exit(4);
+		pid_t g = fork();
+		if (g == 0)
+			_exit(sv_shares_claim(&r2) == 0 ? 0 : 1);
+		uint64_t w;
+		for (int i = 0; i < 5000 && read(e2, &w, sizeof(w)) != sizeof(w); i++)
+			usleep(1000);
+		int n = sv_shares_take_claims(t2, slots, 4);
+		sv_shares_settle(&r2, false);
+		waitpid(g, NULL, 0);
+		_exit(n == 1 ? 0 : 3);
+	}
+	cr_assert_eq(status_of(pid), 0, "the child's table missed its first claim");
+}
