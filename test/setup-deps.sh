@@ -3,12 +3,13 @@
 # packages. Idempotent: packages already there are left alone. ftpd, ftp,
 # iperf3, redis and PostgreSQL (with pgbench, in postgresql-contrib) are the real
 # programs of the integration tests (their services are not needed: the tests start
-# them themselves; PostgreSQL's is left stopped: test/apt-install.sh). clang and its runtime
+# them themselves; PostgreSQL's is left stopped: test/apt-install.sh), as are nginx,
+# openbsd-inetd and curl (bed.servers). clang and its runtime
 # (libFuzzer, which clang only recommends) build the fuzz targets (test/fuzz/);
 # liburing-dev builds the io_uring example (apps/sovia_uring.c).
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config libibverbs-dev librdmacm-dev rdma-core
       ibverbs-providers ibverbs-utils libcriterion-dev netcat-openbsd iproute2
       ftpd ftp iperf3 openssl redis-server redis-tools clang libclang-rt-dev
-      liburing-dev postgresql postgresql-contrib)
-SERVICES=postgresql exec "$(dirname "$0")/apt-install.sh" "${PKGS[@]}"
+      liburing-dev postgresql postgresql-contrib nginx openbsd-inetd curl)
+SERVICES="postgresql nginx openbsd-inetd" exec "$(dirname "$0")/apt-install.sh" "${PKGS[@]}"
