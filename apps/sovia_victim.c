@@ -11,7 +11,8 @@
  * libsovia peer's bytes then go over its QP), then shuts down its sending; with
  * -e every byte read is written back (an echo server). With -k, once BYTES
  * were read on a connection, it calls fork() (the child exits at once),
- * which takes a libsovia connection back to TCP, or sendfile() of FILE's
+ * which takes a libsovia connection back to TCP under SOVIA_FORK_KEEP=0
+ * (otherwise the parent keeps it on RDMA), or sendfile() of FILE's
  * first 16 bytes (back to TCP only when FILE is not a regular file: from
  * one libsovia serves it), and says how long the call took. After the last
  * connection it prints its peak memory (VmHWM) and exits 0; 1 if it could

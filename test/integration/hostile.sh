@@ -284,13 +284,14 @@ case_back0() {
 # ---- ignore-back --------------------------------------------------------------
 
 # The victim reads 1 MiB, then fork() takes the connection back to TCP
-# (BACK); the peer never answers: $2 bytes of DATA in all (after the BACK,
-# for the victim to give back), then silence, for at most $3 s.
+# (BACK: the fork that keeps connections on RDMA is off for it); the peer
+# never answers: $2 bytes of DATA in all (after the BACK, for the victim
+# to give back), then silence, for at most $3 s.
 ignore_back_run() {
 	local port=$1 bytes=$2 secs=$3 k=1048576
 	head -c 262144 /dev/urandom >"$WORK/cli.in"
 	"$H" pattern -n $((16 * k)) >"$WORK/want"
-	LD_PRELOAD=$LIB timeout 900 "$V" -a "$IP" -p "$port" -n 2 -k $k -x fork -o "$WORK/vout" \
+	SOVIA_FORK_KEEP=0 LD_PRELOAD=$LIB timeout 900 "$V" -a "$IP" -p "$port" -n 2 -k $k -x fork -o "$WORK/vout" \
 		>"$WORK/victim.out" 2>"$WORK/victim.err" &
 	local vic=$!
 	wait_port "$port"
