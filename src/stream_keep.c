@@ -48,11 +48,10 @@ bool sv_stream_keep_for_fork(struct sv_stream *s)
 	if (!fork_keeps_qp())
 		return false;
 	sv_lock(&s->lock);
-	/* Only a connection settled on RDMA: any other state's bytes may sit
-	 * in the TCP stream (a switch's echo), which the child shares. */
-	/* And one that can still take the way back when a copy claims it
-	 * (not after the QP's normal end, nor with the peer's sending moved
-	 * to TCP). */
+	/* Only a connection settled on RDMA (any other state's bytes may sit
+	 * in the TCP stream, a switch's echo, which the child shares) that
+	 * can still take the way back when a copy claims it (not after the
+	 * QP's normal end, nor with the peer's sending moved to TCP). */
 	bool ok = s->state == SV_CONN_RDMA && s->proto && !s->error && s->fd >= 0 &&
 		  !s->cl.app_closed && !s->sw.tx_held && !s->sw.echo_owed &&
 		  !sv_stream_tcpbuf_held(s) && sv_proto_back_ready(s->proto) &&
