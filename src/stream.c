@@ -92,6 +92,14 @@ void sv_stream_get(struct sv_stream *s)
 	atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
 }
 
+bool sv_stream_try_get(struct sv_stream *s)
+{
+	int refs = atomic_load(&s->refs);
+	while (refs > 0 && !atomic_compare_exchange_weak(&s->refs, &refs, refs + 1))
+		;
+	return refs > 0;
+}
+
 void sv_stream_put(struct sv_stream *s)
 {
 	if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
@@ -355,10 +363,7 @@ void sv_stream_exit_flush_all(void)
 			/* A stream whose last reference is being dropped right
 			 * now (it is still listed until its release takes this
 			 * lock) must not be revived. */
-			int refs = atomic_load(&s->refs);
-			while (refs > 0 && !atomic_compare_exchange_weak(&s->refs, &refs, refs + 1))
-				;
-			if (refs > 0)
+			if (sv_stream_try_get(s))
 				batch[n++] = s;
 		}
 		sv_unlock(&all_lock);

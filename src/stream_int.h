@@ -336,6 +336,11 @@ struct sv_stream {
 };
 
 
+/* A reference, unless the last one is being dropped right now (a stream
+ * still found in a list its release has not taken it out of yet): false,
+ * and it must not be revived. */
+bool sv_stream_try_get(struct sv_stream *s);
+
 /* ---- Waiting (stream_wait.c) --------------------------------------------------- */
 
 /* Wake every thread sleeping on this stream, and move the mark a poll

@@ -110,11 +110,9 @@ static struct sv_stream *kept_get(unsigned i)
 {
 	sv_lock(&keep_lock);
 	struct sv_stream *s = kept[i];
-	int refs = s ? atomic_load(&s->refs) : 0;
-	while (refs > 0 && !atomic_compare_exchange_weak(&s->refs, &refs, refs + 1))
-		;
+	bool got = s && sv_stream_try_get(s);
 	sv_unlock(&keep_lock);
-	return refs > 0 ? s : NULL;
+	return got ? s : NULL;
 }
 
 void sv_stream_keep_forget(struct sv_stream *s)
