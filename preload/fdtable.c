@@ -136,6 +136,24 @@ int sv_fd_install(struct sv_fd *f)
 	return 0;
 }
 
+int sv_fd_swap(struct sv_fd *old, struct sv_fd *f)
+{
+	if (f->fd != old->fd || f->fd < 0 || f->fd >= nslots)
+		return -EINVAL;
+	stripe_lock(f->fd);
+	struct sv_fd *cur = atomic_load_explicit(&slots[f->fd], memory_order_relaxed);
+	if (cur == old) {
+		atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
+		atomic_store_explicit(&slots[f->fd], f, memory_order_release);
+		sv_fd_set_mark(f->fd, SV_MARK_SERVED, mark_of(f));
+	}
+	stripe_unlock(f->fd);
+	if (cur != old)
+		return -ESTALE;
+	sv_fd_put(old); /* the table's */
+	return 0;
+}
+
 struct sv_fd *sv_fd_remove(int fd)
 {
 	if (fd < 0 || fd >= nslots)

@@ -136,6 +136,10 @@ void sv_fd_put(struct sv_fd *f);
  * is beyond the table. */
 int sv_fd_install(struct sv_fd *f);
 
+/* Make f the entry of its fd in old's place, only if old is still that
+ * entry (not closed, nor replaced meanwhile): 0, or -ESTALE. */
+int sv_fd_swap(struct sv_fd *old, struct sv_fd *f);
+
 /* Remove fd's entry from the table and return the table's reference to the
  * caller (who must sv_fd_put it), or NULL when fd was not managed. */
 struct sv_fd *sv_fd_remove(int fd);

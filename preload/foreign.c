@@ -2,8 +2,11 @@
  * (src/shares.h): the parent's QP carries the connection, so the kernel's
  * socket here has none of its bytes. The first call that would read,
  * write, wait on or pass on the socket claims it: the parent takes the
- * connection back to plain TCP, and the entry then becomes the kernel's.
- * A close does not claim (most children never use what they inherited).
+ * connection back to plain TCP, and the entry then becomes the kernel's,
+ * unless the parent still holds its own copy: then this entry stays, its
+ * calls the kernel's, so that the parent, which takes the connection to
+ * RDMA again once it holds it alone, knows who else holds it (forks here,
+ * closes, and hand-overs it cannot follow). A close does not claim (most children never use what they inherited).
  * The copy stays the parent's entry meanwhile: a fork here lists the new
  * child as another holder.
  *
@@ -29,6 +32,10 @@ struct sv_foreign {
 	pid_t pid;       /* the process whose copy this entry is */
 	unsigned forking; /* forks under way that the owner's entry follows */
 	atomic_bool lost; /* the claim found it lost */
+	/* Released, but the parent still follows the copies, to take the
+	 * connection to RDMA again once it holds it alone: this entry stays,
+	 * so that a fork here lists the new holder and a close unlists us. */
+	atomic_bool shared;
 };
 
 static struct sv_foreign *foreign_of(struct sv_fd *f)
@@ -43,6 +50,8 @@ static int claim(struct sv_fd *f)
 	struct sv_foreign *c = foreign_of(f);
 	if (atomic_load(&c->lost))
 		return -ECONNRESET;
+	if (atomic_load_explicit(&c->shared, memory_order_relaxed))
+		return 0;
 	sv_dbg("fd %d: claiming the copy of a connection the parent keeps on RDMA", f->fd);
 	int saved = errno;
 	int r = sv_shares_claim(&c->ref);
@@ -53,7 +62,10 @@ static int claim(struct sv_fd *f)
 				"it back: it is reset here", f->fd);
 		return r;
 	}
-	sv_fd_make_plain_all(c);
+	if (r == 1)
+		atomic_store(&c->shared, true);
+	else
+		sv_fd_make_plain_all(c);
 	return 0;
 }
 
@@ -100,7 +112,8 @@ static void c_release(struct sv_fd *f)
  * the kernel's. */
 static int c_detach(struct sv_fd *f)
 {
-	(void)claim(f);
+	if (claim(f) == 0 && atomic_load(&foreign_of(f)->shared))
+		sv_shares_unlist(&foreign_of(f)->ref); /* passed where we cannot follow */
 	return 0;
 }
 

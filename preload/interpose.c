@@ -46,6 +46,7 @@ static void init_once_fn(void)
 	}
 	if (sv_cfg.disable)
 		sv_info("SOVIA_DISABLE is set: all sockets stay on the kernel");
+	sv_ops_init();
 	atomic_store(&owner_pid, (int)getpid());
 	pthread_atfork(NULL, NULL, atfork_child);
 	atomic_store_explicit(&sv_initialised, true, memory_order_release);

@@ -54,6 +54,9 @@ void sv_fd_make_plain_all(void *priv);
 /* In a fork's child: every entry of ours becomes the kernel's (the child
  * has none of the parent's threads, RDMA listeners or queue pairs). */
 void sv_ops_atfork_child(void);
+/* At the start: the stream layer may make a connection back on TCP a new
+ * stream (src/stream_redo.c). */
+void sv_ops_init(void);
 /* The process is exiting. */
 void sv_on_exit(void);
 

@@ -344,11 +344,15 @@ static void *helper_main(void *arg)
 		follow_credentials(); /* before any rdma_cm call of this round */
 		uint64_t now = sv_now_us();
 		bool on_hub = false;
-		sv_stream_keep_service(); /* before the looks: a claim's first step */
+		sv_stream_redo_reap();
+		/* Before the looks: a claim's first step. */
+		uint64_t kept = sv_stream_keep_service(now);
 		uint64_t next = sv_watch_service_all(now, &on_hub);
 		uint64_t up = sv_upgrade_timers(now);
 		if (up && (!next || up < next))
 			next = up;
+		if (kept && (!next || kept < next))
+			next = kept;
 		int timeout = -1;
 		if (next) {
 			now = sv_now_us();

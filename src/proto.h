@@ -466,6 +466,10 @@ void sv_proto_owed_consume(struct sv_proto *p, size_t n);
 /* Everything is exchanged: our returns are sent and completed, the peer's
  * are all here. (The owed bytes may still wait to be written on TCP.) */
 bool sv_proto_back_done(const struct sv_proto *p);
+/* Where each direction goes on on TCP after the way back: our bytes from
+ * what the peer's application consumed (its BACK's X), the peer's from
+ * what ours consumed (our BACK's X). Once both BACKs are out. */
+void sv_proto_back_points(const struct sv_proto *p, uint64_t *tx, uint64_t *rx);
 
 /* ---- Timers and counters ------------------------------------------------ */
 

@@ -166,6 +166,12 @@ int sv_proto_send_back(struct sv_proto *p, const void *prefix, size_t prefix_len
 	return sv_pr_owed_tail(p);
 }
 
+void sv_proto_back_points(const struct sv_proto *p, uint64_t *tx, uint64_t *rx)
+{
+	*tx = p->peer_back_x;
+	*rx = p->back_x;
+}
+
 bool sv_proto_back_wanted(const struct sv_proto *p)
 {
 	return p->peer_back && !p->back_sent && !p->error;

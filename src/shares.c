@@ -32,7 +32,10 @@
  * TCP at the owner's close instead). */
 #define SV_SHARES_PIDS 6
 
-enum { PH_FREE = 0, PH_KEPT = 1, PH_CLAIMED = 2, PH_RELEASED = 3, PH_LOST = 4 };
+/* SHARED: released to the copies, which the owner still follows (their
+ * forks list the new holders) to take the connection to RDMA again once
+ * it holds it alone. */
+enum { PH_FREE = 0, PH_KEPT = 1, PH_CLAIMED = 2, PH_RELEASED = 3, PH_LOST = 4, PH_SHARED = 5 };
 #define PHASE(st) ((st) & 7u)
 #define GEN(st) ((st) >> 3)
 #define MAKE(gen, ph) ((uint32_t)(gen) << 3 | (uint32_t)(ph))
@@ -141,7 +144,8 @@ static bool current(const struct slot *sl, const struct sv_share_ref *r, uint32_
 static bool open_entry(struct slot *sl, const struct sv_share_ref *r)
 {
 	uint32_t st;
-	return current(sl, r, &st) && (PHASE(st) == PH_KEPT || PHASE(st) == PH_CLAIMED);
+	return current(sl, r, &st) &&
+	       (PHASE(st) == PH_KEPT || PHASE(st) == PH_CLAIMED || PHASE(st) == PH_SHARED);
 }
 
 bool sv_shares_fork_begin(const struct sv_share_ref *r)
@@ -254,18 +258,35 @@ static void futex_wake_all(_Atomic uint32_t *w)
 	syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-void sv_shares_settle(const struct sv_share_ref *r, bool lost)
+static void move_to(const struct sv_share_ref *r, uint32_t ph)
 {
 	struct slot *sl = slot_of(r);
 	uint32_t st;
 	if (!sl || !current(sl, r, &st))
 		return;
-	while (PHASE(st) == PH_KEPT || PHASE(st) == PH_CLAIMED) {
-		if (atomic_compare_exchange_weak(&sl->state, &st,
-						 MAKE(r->gen, lost ? PH_LOST : PH_RELEASED)))
+	while (PHASE(st) == PH_KEPT || PHASE(st) == PH_CLAIMED || PHASE(st) == PH_SHARED) {
+		if (atomic_compare_exchange_weak(&sl->state, &st, MAKE(r->gen, ph)))
 			break;
 	}
 	futex_wake_all(&sl->state);
+}
+
+void sv_shares_settle(const struct sv_share_ref *r, bool lost)
+{
+	move_to(r, lost ? PH_LOST : PH_RELEASED);
+}
+
+void sv_shares_share(const struct sv_share_ref *r)
+{
+	move_to(r, PH_SHARED);
+}
+
+void sv_shares_unlist(const struct sv_share_ref *r)
+{
+	struct slot *sl = slot_of(r);
+	uint32_t st;
+	if (sl && current(sl, r, &st) && PHASE(st) == PH_SHARED)
+		atomic_fetch_add(&sl->unlisted, 1);
 }
 
 int sv_shares_take_claims(struct sv_shares *t, int *out, int max)
@@ -306,6 +327,8 @@ int sv_shares_claim(const struct sv_share_ref *r)
 		case PH_FREE:
 		case PH_RELEASED:
 			return 0;
+		case PH_SHARED:
+			return 1;
 		case PH_LOST:
 			return -ECONNRESET;
 		case PH_KEPT:

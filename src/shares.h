@@ -65,16 +65,26 @@ bool sv_shares_others_hold(const struct sv_share_ref *r);
  * it, nothing is held), or lost (the owner could not give it back). Wakes
  * the claimers; the entry is free for another connection. */
 void sv_shares_settle(const struct sv_share_ref *r, bool lost);
+/* Released to the copies as sv_shares_settle does, but the entry stays
+ * the owner's: the copies' forks are still followed, so that the owner
+ * learns when it holds the connection alone again
+ * (sv_shares_others_hold), then settles it. */
+void sv_shares_share(const struct sv_share_ref *r);
 /* The entries claimed since the last call (each at most once per call),
  * for the owner's helper: up to max slots into out; returns how many. */
 int sv_shares_take_claims(struct sv_shares *t, int *out, int max);
 
 /* ---- A copy's holder (a descendant) ----------------------------------------------- */
 
-/* Block until the owner released the connection: 0, then the socket is
- * the kernel's alone; -ECONNRESET when it was lost (the owner died, or
- * could not give it back). Not interrupted by signals. */
+/* Block until the owner released the connection, whose kernel's socket
+ * then carries all of it: 0; 1 when the owner still follows the copies
+ * (sv_shares_share), and this one stays listed while it is held;
+ * -ECONNRESET when it was lost (the owner died, or could not give it
+ * back). Not interrupted by signals. */
 int sv_shares_claim(const struct sv_share_ref *r);
+/* A copy released that way is passed on where its holder cannot be
+ * followed (spawn, SCM_RIGHTS, ...): the owner is never alone again. */
+void sv_shares_unlist(const struct sv_share_ref *r);
 /* This process closed its copy (its last fd for it). */
 void sv_shares_left(const struct sv_share_ref *r);
 

@@ -7,6 +7,7 @@
 #include "hub.h"
 
 #include "cm.h"
+#include "cmdata.h"
 #include "config.h"
 #include "helper.h"
 #include "log.h"
@@ -105,6 +106,7 @@ void sv_stream_put(struct sv_stream *s)
 	if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	all_remove(s);
+	sv_stream_pred_forget(s);
 	sv_stream_keep_forget(s);
 	if (s->adopted)
 		sv_holders_drop(&s->hand); /* if still there */
@@ -222,6 +224,22 @@ void sv_stream_start_client(struct sv_stream *s)
 	sv_helper_watch(s);
 }
 
+void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l)
+{
+	if (!s->is_client) {
+		sv_stream_start_server(s, l);
+		return;
+	}
+	if (port_unprivileged(s, (const struct sockaddr *)&s->tuple.peer) || no_rdma(s))
+		return;
+	/* The helper starts it once the predecessor's calls are over
+	 * (sv_stream_redo_ready). */
+	sv_lock(&s->lock);
+	s->sw.upgrade_at = sv_now_us();
+	sv_unlock(&s->lock);
+	sv_helper_watch(s);
+}
+
 void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, socklen_t len)
 {
 	if (port_unprivileged(s, to) || no_rdma(s))
@@ -322,6 +340,19 @@ bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand)
 		*hand = s->hand;
 	sv_unlock(&s->lock);
 	return ok;
+}
+
+struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
+					const struct sockaddr_storage *peer)
+{
+	struct sv_stream *found = NULL;
+	sv_lock(&all_lock);
+	for (struct sv_stream *s = all_streams; s && !found; s = s->next_all)
+		if (!s->is_client && atomic_load(&s->parked) && sv_addr_equal(&s->tuple.local, local) &&
+		    sv_addr_equal(&s->tuple.peer, peer) && sv_stream_try_get(s))
+			found = s;
+	sv_unlock(&all_lock);
+	return found;
 }
 
 /* ---- Process events ---------------------------------------------------------- */

@@ -110,8 +110,9 @@ void sv_stream_keep_forked(struct sv_stream *s, pid_t pid);
  * whose copy here is then *ref's (the parent's entry). */
 bool sv_stream_kept_for_child(const struct sv_stream *s, struct sv_share_ref *ref);
 /* The helper's part: claims that came for this process's kept streams
- * start their way back. */
-void sv_stream_keep_service(void);
+ * start their way back, and shared ones it holds alone again move to RDMA
+ * again. When to call it again (0: at the next wake-up). */
+uint64_t sv_stream_keep_service(uint64_t now);
 /* The owner lets go of a kept stream: its last fd closed, the process
  * exits, an exec replaces the image (every kept stream). A copy still
  * held elsewhere gets the connection back on plain TCP first. Without
@@ -156,6 +157,41 @@ bool sv_stream_kernel_only(struct sv_stream *s);
 /* The same as last seen by the stream, without its lock: once true it
  * stays so; false may be late. */
 bool sv_stream_kernel_only_seen(const struct sv_stream *s);
+
+/* ---- A second life (stream_redo.c) --------------------------------------------- */
+
+/* A connection back on plain TCP (the way back) whose application holds
+ * one fd for it may move to RDMA again, as a new stream that takes that
+ * fd: when this process holds it alone again after a fork's child used it
+ * (stream_keep.c), or a server's when its client asks again. The preload
+ * layer makes it: the fd's entry becomes the stream sv_stream_successor
+ * gives, started with sv_stream_start_revived (l: the listener a request
+ * came to; NULL for a client). 1 when it did; 0: not now (a call is under
+ * way on the fd), ask again; -1: it cannot. */
+typedef int (*sv_revive_fn)(struct sv_stream *s, int fd, struct sv_listener *l);
+void sv_stream_set_revive(sv_revive_fn fn);
+int sv_stream_revive(struct sv_stream *s, struct sv_listener *l);
+/* s's successor, or NULL (s cannot have one: not back on TCP with its
+ * counts known, closed, dup'd, or it has one). `entry` is the fd's entry
+ * for s, a reference the successor keeps (dropped with put) and asks
+ * `idle` about: the successor's counts are taken once no call on it is
+ * under way. */
+struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
+				      void (*put)(void *));
+void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l);
+/* s gets no successor: the application has another fd for its socket,
+ * which libsovia does not follow (a dup of a connection back on TCP). */
+void sv_stream_unpark(struct sv_stream *s);
+/* The helper, holding no lock: predecessors whose successors took over
+ * are let go. */
+void sv_stream_redo_reap(void);
+/* A server connection of this process back on TCP, for the four-tuple of
+ * a request (a reference), or NULL. */
+struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
+					const struct sockaddr_storage *peer);
+/* ... revived (sv_stream_revive) for the request that came to l; -1: none. */
+int sv_stream_revive_parked(const struct sockaddr_storage *local,
+			    const struct sockaddr_storage *peer, struct sv_listener *l);
 
 /* ---- Readiness: poll, select, epoll (stream_poll.c) -------------------------- */
 

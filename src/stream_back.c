@@ -43,6 +43,9 @@ static int send_back(struct sv_stream *s)
 	if (r < 0)
 		return r;
 	s->tcpbuf_off = s->tcpbuf_len = 0;
+	/* From here on the kernel's socket carries both directions' next
+	 * bytes: its counts now are where a second life counts from. */
+	sv_stream_redo_snapshot(s);
 	s->keep.want_back = false;
 	sv_stream_set_state(s, SV_CONN_DETACHING);
 	s->cl.back_deadline_us = sv_clock_now(&clk) + SV_PEER_SILENCE_US;
@@ -112,6 +115,7 @@ void sv_stream_back_progress(struct sv_stream *s)
 	}
 	if (!sv_stream_write_owed(s) || !sv_proto_back_done(p))
 		return;
+	sv_stream_redo_detached(s);
 	sv_stream_set_state(s, SV_CONN_DETACHED);
 	s->cl.linger_deadline_us = sv_clock_now(&clk) + SV_DETACH_GRACE_US;
 	sv_stream_kernel_shut(s);

@@ -254,6 +254,33 @@ struct sv_keep {
 	unsigned forking;        /* forks under way that give a copy */
 	bool claimed;            /* a copy's holder wants it: going back */
 	bool want_back;          /* our BACK goes as soon as it may */
+	bool shared;             /* back on TCP for the copies, which the entry
+				  * still follows: alone again, we upgrade anew */
+	bool letting_go;         /* our last close, exit or exec takes it back */
+	bool alone;              /* shared, and no copy is held any more */
+	unsigned revive_tries;   /* alone again, but a call was under way */
+};
+
+/* A connection back on plain TCP may move to RDMA again, as a new stream
+ * (stream_redo.c): where each direction stood on TCP when our BACK went,
+ * and the kernel's counts then (sv_tcp_app_counts). Every byte the socket
+ * carried since is the stream's next, whichever process moved it. */
+struct sv_redo {
+	bool ok;            /* the counts below are known */
+	uint64_t tx, rx;    /* stream offsets where TCP took over */
+	uint64_t ktx, krx;  /* the kernel's counts at our BACK */
+};
+
+/* A stream made from one back on TCP (its predecessor, still the fd's
+ * entry for calls already under way): its counts are taken, and its
+ * upgrade goes on, only once no call of the predecessor's is left, since
+ * such a call reads and writes the kernel's socket past us. */
+struct sv_pred {
+	void *entry;               /* the preload layer's; NULL: none */
+	bool (*idle)(void *entry); /* no call under way on it */
+	void (*put)(void *entry);
+	void *node;                /* to let go of it later (stream_redo.c) */
+	bool pending;              /* counts not taken yet */
 };
 
 /* Socket options that shape the protocol or the waits. */
@@ -324,6 +351,11 @@ struct sv_stream {
 	struct sv_resume fo;
 	struct sv_options opt;
 	struct sv_keep keep;
+	struct sv_redo redo;
+	struct sv_pred pred;
+	/* Back on TCP with known counts, a successor not made yet: a server's
+	 * request may revive it (sv_stream_find_parked). Read without the lock. */
+	atomic_bool parked;
 	struct sv_watch *watch; /* the helper's, under its lock */
 
 	bool stats_printed;
@@ -558,6 +590,20 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when);
 /* A wait slept from `from` to `to`, ended by a timeout, the channel or a kick. */
 void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool timeout,
 			   bool chan, bool kick);
+
+/* ---- A second life (stream_redo.c) ---------------------------------------------- */
+
+/* At our BACK: the kernel's counts (redo.ok says whether they were had). */
+void sv_stream_redo_snapshot(struct sv_stream *s);
+/* At detached: where each direction went on TCP; a server's may be revived
+ * by a request from now on (parked). */
+void sv_stream_redo_detached(struct sv_stream *s);
+/* A successor may go on with its upgrade: no call of its predecessor is
+ * under way, and its counts are taken (tcp_tx, tcp_rx). False: not yet, or
+ * never (it fell back). */
+bool sv_stream_redo_ready(struct sv_stream *s);
+/* The stream is freed: its predecessor's entry, if still held, goes. */
+void sv_stream_pred_forget(struct sv_stream *s);
 
 /* ---- The upgrade's rdma_cm half (upgrade.c) -------------------------------------------- */
 

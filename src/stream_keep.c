@@ -87,6 +87,12 @@ bool sv_stream_kept_for_child(const struct sv_stream *s, struct sv_share_ref *re
 	return true;
 }
 
+/* Shared streams (keep.shared): looked at now and then, whether the
+ * copies' holders are all gone. */
+static unsigned nshared;
+static uint64_t shared_look_at;
+#define SV_SHARED_LOOK_US 200000u
+
 /* The owner is done with the entry: released or lost. Under s->lock. */
 static void settle(struct sv_stream *s, bool lost)
 {
@@ -99,10 +105,33 @@ static void settle(struct sv_stream *s, bool lost)
 	sv_lock(&keep_lock);
 	if (kept[ref.slot] == s)
 		kept[ref.slot] = NULL;
+	if (s->keep.shared)
+		nshared--;
 	sv_unlock(&keep_lock);
-	if (s->keep.claimed)
+	if (s->keep.claimed && !s->keep.shared)
 		sv_info("fd %d: %s to the fork's child that claimed it", s->fd,
 			lost ? "lost (the connection failed)" : "plain TCP again, given");
+	s->keep.shared = s->keep.alone = false;
+}
+
+/* Back on plain TCP for a copy's holder, while we still hold it: the
+ * entry follows the copies until we hold it alone (sv_stream_keep_service),
+ * and the connection then moves to RDMA again (stream_redo.c). Under
+ * s->lock. */
+static void share(struct sv_stream *s)
+{
+	if (!s->keep.ref.t || s->keep.forking || s->keep.shared)
+		return;
+	sv_shares_share(&s->keep.ref);
+	s->keep.shared = true;
+	s->keep.want_back = false;
+	sv_lock(&keep_lock);
+	if (!nshared++)
+		shared_look_at = 0;
+	sv_unlock(&keep_lock);
+	sv_info("fd %d: plain TCP again, given to the fork's child that claimed it; back to "
+		"RDMA once we hold it alone", s->fd);
+	sv_helper_watch(s); /* its next round sees nshared */
 }
 
 /* A reference to the kept stream of entry i, or NULL. */
@@ -135,7 +164,12 @@ void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to)
 			settle(s, true);
 		break;
 	case SV_CONN_DETACHED:
-		settle(s, false);
+		/* A copy claimed it while we keep ours: a successor may move
+		 * it to RDMA again, once we hold it alone. */
+		if (s->keep.claimed && !s->keep.letting_go && atomic_load(&s->parked))
+			share(s);
+		else
+			settle(s, false);
 		break;
 	case SV_CONN_BROKEN:
 	case SV_CONN_FALLBACK:
@@ -193,7 +227,49 @@ static void claimed(struct sv_stream *s)
 	}
 }
 
-void sv_stream_keep_service(void)
+/* A shared stream we hold alone now: a client moves to RDMA again at once
+ * (a server's client asks again when it will: stream_redo.c), and the
+ * entry is settled. A call under way on it (the successor would not see
+ * its bytes) puts it off to a later look, a few times. Without the lock. */
+#define SV_REVIVE_TRIES 50u
+
+static void alone_again(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	struct sv_share_ref ref = s->keep.ref;
+	bool shared = s->keep.shared, client = s->is_client;
+	sv_unlock(&s->lock);
+	/* It looks into /proc: not under the lock the application's calls
+	 * take. */
+	if (!shared || sv_shares_others_hold(&ref))
+		return;
+	sv_lock(&s->lock);
+	if (s->keep.shared && s->keep.ref.gen == ref.gen)
+		s->keep.alone = true; /* for good: a new holder could only be our
+				       * own fork's child, and a fork makes the
+				       * fd the kernel's (no successor then) */
+	sv_unlock(&s->lock);
+	int r = client ? sv_stream_revive(s, NULL) : -1;
+	sv_lock(&s->lock);
+	bool current = s->keep.shared && s->keep.ref.gen == ref.gen;
+	bool later = r == 0 && ++s->keep.revive_tries < SV_REVIVE_TRIES;
+	if (current && !later)
+		settle(s, false);
+	sv_unlock(&s->lock);
+	if (!current || later)
+		return;
+	if (r == 1)
+		sv_info("fd %d: the fork's children that used it are gone: it moves to RDMA "
+			"again", s->fd);
+	else if (client)
+		sv_info("fd %d: the fork's children that used it are gone, but it stays on TCP",
+			s->fd);
+	else
+		sv_dbg("fd %d: the fork's children that used it are gone: it moves to RDMA "
+		       "again if its client asks", s->fd);
+}
+
+uint64_t sv_stream_keep_service(uint64_t now)
 {
 	struct sv_shares *t = sv_shares_own(-1);
 	int slots[32];
@@ -210,6 +286,20 @@ void sv_stream_keep_service(void)
 			sv_stream_put(s);
 		}
 	}
+	sv_lock(&keep_lock);
+	bool look = nshared && now >= shared_look_at;
+	if (look)
+		shared_look_at = now + SV_SHARED_LOOK_US;
+	uint64_t next = nshared ? shared_look_at : 0;
+	sv_unlock(&keep_lock);
+	for (unsigned i = 0; look && i < SV_SHARES_SLOTS; i++) {
+		struct sv_stream *s = kept_get(i);
+		if (!s)
+			continue;
+		alone_again(s);
+		sv_stream_put(s);
+	}
+	return next;
 }
 
 /* The owner lets go of the connection (its last close, its exit, an
@@ -219,6 +309,11 @@ static void let_go(struct sv_stream *s, const char *why)
 {
 	sv_lock(&s->lock);
 	struct sv_share_ref ref = s->keep.ref;
+	s->keep.letting_go = true;
+	if (s->keep.shared) {
+		settle(s, false); /* the copies have it on TCP already */
+		ref.t = NULL;
+	}
 	sv_unlock(&s->lock);
 	if (!ref.t)
 		return;
@@ -262,5 +357,6 @@ void sv_stream_keep_atfork_child(void)
 	sv_lock_reinit(&keep_lock);
 	for (unsigned i = 0; i < SV_SHARES_SLOTS; i++)
 		kept[i] = NULL;
+	nshared = 0;
 	sv_shares_atfork_child();
 }

@@ -63,6 +63,9 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 	sv->timed = true;
 }
 
+/* How often a successor looks whether its predecessor's calls are over. */
+#define SV_PRED_LOOK_US 10000u
+
 /* A client connection that waits out SOVIA_UPGRADE_DELAY_MS, or to ask
  * again after "no listener" (upgrade.c). A close, a fork or exec (which
  * call the upgrade off) or a broken connection meanwhile: no upgrade. True
@@ -74,6 +77,16 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 		sv->next = s->sw.upgrade_at;
 		sv->timed = true;
 		return false;
+	}
+	if (go && !sv_stream_redo_ready(s)) {
+		/* A successor (stream_redo.c): its predecessor's calls first. */
+		go = s->state == SV_CONN_TCP;
+		if (go) {
+			s->sw.upgrade_at = sv->now + SV_PRED_LOOK_US;
+			sv->next = s->sw.upgrade_at;
+			sv->timed = true;
+			return false;
+		}
 	}
 	s->sw.upgrade_at = 0;
 	sv->done = true; /* the upgrade watches it again */

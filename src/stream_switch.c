@@ -47,7 +47,8 @@ void sv_stream_maybe_rdma(struct sv_stream *s)
 bool sv_stream_hold_first(struct sv_stream *s)
 {
 	uint32_t setup;
-	if (!sv_cfg.peer_hold_ms || s->tcp_tx || s->cl.tx_shut)
+	/* Not a successor (stream_redo.c): the connection moved bytes. */
+	if (!sv_cfg.peer_hold_ms || s->tcp_tx || s->cl.tx_shut || s->redo.ok)
 		return false;
 	bool first = false;
 	if (!sv_peers_expect(&s->tuple.peer, s->is_client, &setup)) {

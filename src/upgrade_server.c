@@ -51,6 +51,8 @@ struct pending_req {
 	struct sv_listener *l; /* held */
 	uint64_t holders_seen; /* the holders' table's adds at our last look */
 	uint64_t deadline;
+	bool revive_tried; /* a connection back on TCP here was looked for */
+	uint8_t revive_busy; /* ... and found in use: looked for again */
 	struct pending_req *next;
 };
 
@@ -434,6 +436,12 @@ static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id 
 		sv_unlock(&s->lock);
 		return ACCEPT_LATER;
 	}
+	if (!sv_stream_redo_ready(s)) {
+		/* A successor (stream_redo.c): its predecessor's calls first. */
+		bool later = s->state == SV_CONN_TCP;
+		sv_unlock(&s->lock);
+		return later ? ACCEPT_LATER : REFUSED;
+	}
 	s->id = id;
 	id->context = s;
 	int r = sv_up_attach_qp(s);
@@ -637,14 +645,10 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 		*destroy = id;
 		return;
 	}
-	p->id = id;
-	p->req = req;
-	p->l = l;
-	p->holders_seen = seen;
+	*p = (struct pending_req){.id = id, .req = req, .l = l, .holders_seen = seen,
+				  .deadline = sv_upgrade_deadline(sv_now_us()), .next = pending};
 	if (l)
 		l->refs++;
-	p->deadline = sv_upgrade_deadline(sv_now_us());
-	p->next = pending;
 	pending = p;
 }
 
@@ -694,10 +698,67 @@ static uint64_t pending_timers(uint64_t now)
 	return next;
 }
 
+/* Requests that found no accepted connection: one that went back to
+ * plain TCP here may move to RDMA again, as a new stream (stream_redo.c)
+ * the request then matches. Each looks without up_lock (making the
+ * successor takes it), once, or again soon while the connection is in
+ * use (a call under way), a few times. */
+#define SV_REVIVE_BATCH 8
+#define SV_REVIVE_AGAIN_US 20000u
+#define SV_REVIVE_BUSY_MAX 50u
+struct revive_look {
+	struct sv_cm_req req;
+	struct sv_listener *l;
+	const struct pending_req *p;
+};
+
+static int revive_looks(struct revive_look *out)
+{
+	int n = 0;
+	for (struct pending_req *p = pending; p && n < SV_REVIVE_BATCH; p = p->next) {
+		if (p->revive_tried || !p->l)
+			continue;
+		p->revive_tried = true;
+		p->l->refs++;
+		out[n++] = (struct revive_look){.req = p->req, .l = p->l, .p = p};
+	}
+	return n;
+}
+
+/* True when one was in use: to be looked at again soon. */
+static bool revive_parked(struct revive_look *looks, int n)
+{
+	int r[SV_REVIVE_BATCH];
+	for (int i = 0; i < n; i++)
+		r[i] = sv_stream_revive_parked(&looks[i].req.server, &looks[i].req.client,
+					       looks[i].l);
+	bool again = false;
+	sv_lock(&sv_up_lock);
+	for (int i = 0; i < n; i++) {
+		listener_put(looks[i].l);
+		for (struct pending_req *p = pending; r[i] == 0 && p; p = p->next) {
+			if (p == looks[i].p && p->revive_busy < SV_REVIVE_BUSY_MAX) {
+				p->revive_busy++;
+				p->revive_tried = false;
+				again = true;
+			}
+		}
+	}
+	sv_unlock(&sv_up_lock);
+	return again;
+}
+
 uint64_t sv_upgrade_timers(uint64_t now)
 {
+	struct revive_look looks[SV_REVIVE_BATCH];
+	sv_lock(&sv_up_lock);
+	int nlooks = revive_looks(looks);
+	sv_unlock(&sv_up_lock);
+	bool again = revive_parked(looks, nlooks);
 	sv_lock(&sv_up_lock);
 	uint64_t next = pending_timers(now);
+	if (again && (!next || now + SV_REVIVE_AGAIN_US < next))
+		next = now + SV_REVIVE_AGAIN_US;
 	for (struct unmatched **pp = &unmatched; *pp;) {
 		struct unmatched *u = *pp;
 		sv_lock(&u->s->lock);

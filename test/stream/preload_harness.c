@@ -15,6 +15,14 @@ struct sv_stream *ph_stream(int fd)
 	return s;
 }
 
+const char *ph_ops_name(int fd)
+{
+	struct sv_fd *f = sv_fd_get(fd);
+	const char *n = f ? f->ops->name : NULL;
+	sv_fd_put(f);
+	return n;
+}
+
 void ph_pair_rdma(struct pair *p)
 {
 	h_listen(p, false); /* listen() made the RDMA listener */

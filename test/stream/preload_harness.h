@@ -11,6 +11,8 @@
 /* The stream libsovia keeps for the application's fd (borrowed: it lives
  * while the fd is open), or NULL when the fd is not one. */
 struct sv_stream *ph_stream(int fd);
+/* The name of fd's operations (NULL: the kernel's, unmanaged). */
+const char *ph_ops_name(int fd);
 
 /* A connection made with the application's calls (socket, listen, connect,
  * accept: the interposer makes both ends streams), both ends on RDMA. */

@@ -87,7 +87,10 @@ static void child_reads_the_rest(int sfd, int go)
 	CHILD_CHECK(11, setsockopt(sfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0);
 	CHILD_CHECK(12, ph_read_all(sfd, in, LEN - READ) == LEN - READ);
 	CHILD_CHECK(13, h_pattern_ok(in, LEN - READ, SEED, READ));
-	CHILD_CHECK(14, ph_stream(sfd) == NULL); /* the kernel's socket now */
+	/* The kernel's socket now; the entry stays while the parent, which
+	 * holds a copy too, follows who holds it. */
+	const char *ops = ph_ops_name(sfd);
+	CHILD_CHECK(14, !ops || strcmp(ops, "stream") != 0);
 	CHILD_CHECK(15, write(sfd, "child", 5) == 5);
 	_exit(0);
 }
@@ -263,4 +266,136 @@ Test(kept, a_lost_copy_and_its_dup_read_econnreset)
 	cr_assert_eq(read(rep[0], &v, 1), 1, "the copy never reported");
 	cr_assert_eq(v, 0, "the lost copy's check %d failed", v);
 	close(rep[0]);
+}
+
+/* ---- Alone again: back to RDMA ---------------------------------------------------- */
+
+/* Until `ms` pass: fd's stream is a new one (not `old`), on RDMA. */
+static struct sv_stream *wait_successor_on_rdma(int fd, struct sv_stream *old, int ms)
+{
+	for (int waited = 0; waited < ms; waited += 10) {
+		struct sv_stream *s = ph_stream(fd);
+		if (s && s != old && h_state(s) == SV_CONN_RDMA)
+			return s;
+		usleep(10000);
+	}
+	return NULL;
+}
+
+/* The child writes on its copy of the client's end (the claim takes the
+ * connection back to TCP for it), then waits for `go` (if >= 0) and
+ * leaves. */
+static void child_writes_then_leaves(int cfd, int go)
+{
+	CHILD_CHECK(50, write(cfd, "child", 5) == 5);
+	CHILD_CHECK(51, strcmp(ph_ops_name(cfd), "kept by the parent") == 0);
+	char c;
+	if (go >= 0)
+		CHILD_CHECK(52, read(go, &c, 1) == 1);
+	_exit(0);
+}
+
+/* Bytes each way on TCP, the server's unread at the fork going back
+ * first: the stream offsets the successors count from must be the ones
+ * each reader stands at, or the switch would misplace bytes. */
+Test(kept, a_parent_left_alone_by_the_child_that_used_its_copy_is_back_on_rdma)
+{
+	struct pair p;
+	pair_with_bytes_unread(&p); /* the server holds LEN - READ of the client's */
+	struct sv_stream *oc = p.c, *os = p.s;
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_writes_then_leaves(p.cfd, -1);
+	child_ok(pid);
+	cr_assert_eq(h_state(oc), SV_CONN_DETACHED);
+	/* The server reads the rest of the client's bytes, then the child's,
+	 * and answers; all on TCP. */
+	static uint8_t in[LEN];
+	cr_assert_eq(ph_read_all(p.sfd, in, LEN - READ), LEN - READ);
+	cr_assert(h_pattern_ok(in, LEN - READ, SEED, READ));
+	char b[5];
+	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	cr_assert_eq(ph_write_all(p.sfd, "answer", 6), 6);
+	char a[6];
+	cr_assert_eq(ph_read_all(p.cfd, a, 6), 6);
+	cr_assert_eq(memcmp(a, "answer", 6), 0);
+	/* Alone again: both ends are new streams on a new QP. */
+	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
+	cr_assert_not_null(p.c, "the client did not move to RDMA again");
+	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
+	cr_assert_not_null(p.s, "the server did not move to RDMA again");
+	exchange_on_rdma(&p, 9);
+	ph_pair_close(&p);
+}
+
+/* While the child holds its copy, the parent stays on TCP; once the child
+ * is gone, on RDMA again. */
+Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 10);
+	struct sv_stream *oc = p.c;
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_writes_then_leaves(p.cfd, go[0]);
+	char b[5];
+	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	/* Several of the parent's looks at its holders. */
+	usleep(600000);
+	cr_assert_eq(ph_stream(p.cfd), oc, "moved while the child holds a copy");
+	cr_assert_eq(h_state(oc), SV_CONN_DETACHED);
+	enum { N = 3000 };
+	static uint8_t out[N], in[N];
+	h_pattern(out, N, 11, 0);
+	cr_assert_eq(ph_write_all(p.cfd, out, N), N);
+	cr_assert_eq(ph_read_all(p.sfd, in, N), N);
+	cr_assert(h_pattern_ok(in, N, 11, 0));
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
+	cr_assert_not_null(p.c, "the client did not move to RDMA again");
+	p.s = wait_successor_on_rdma(p.sfd, NULL, 10000);
+	cr_assert_not_null(p.s);
+	exchange_on_rdma(&p, 12);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
+
+/* Both ends forked (here one process holds both): the child uses its copy
+ * of each, so both parents share their connection with it. The client's
+ * request, once it is alone again, must wait until the server end is
+ * alone again too, then both move to RDMA. */
+Test(kept, both_ends_left_alone_move_to_rdma_again)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 13);
+	struct sv_stream *oc = p.c, *os = p.s;
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		CHILD_CHECK(60, write(p.cfd, "to-server", 9) == 9);
+		CHILD_CHECK(61, write(p.sfd, "to-client", 9) == 9);
+		_exit(0);
+	}
+	child_ok(pid);
+	char b[9];
+	cr_assert_eq(ph_read_all(p.sfd, b, 9), 9);
+	cr_assert_eq(memcmp(b, "to-server", 9), 0);
+	cr_assert_eq(ph_read_all(p.cfd, b, 9), 9);
+	cr_assert_eq(memcmp(b, "to-client", 9), 0);
+	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
+	cr_assert_not_null(p.c, "the client did not move to RDMA again");
+	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
+	cr_assert_not_null(p.s, "the server did not move to RDMA again");
+	exchange_on_rdma(&p, 14);
+	ph_pair_close(&p);
 }

@@ -1,0 +1,180 @@
+/* A second life: a connection that went back to plain TCP (BACK/RETURN,
+ * stream_back.c) moves to RDMA again once one process holds it alone: a
+ * fork's child used its copy and is gone (stream_keep.c), or the peer asks
+ * again (a server's request for a connection that is back on TCP here).
+ *
+ * The stream that went back stays as it is; a new stream, its successor,
+ * takes the application's fd and upgrades as any other, from the offsets
+ * where the connection stands: where each direction went on TCP at our
+ * BACK, plus every byte the kernel's socket carried since (its counts,
+ * sv_tcp_app_counts, taken at the BACK and now), whichever process moved
+ * them. Those are taken only once no call of the predecessor is under way
+ * (a call that began before the successor read the kernel's socket past
+ * us, and could take a switch's echo for data). */
+#include "stream_int.h"
+
+#include "config.h"
+#include "helper.h"
+#include "log.h"
+
+#include <stdlib.h>
+
+static _Atomic(sv_revive_fn) revive_fn;
+
+/* Predecessors' entries let go once their successor's counts are taken:
+ * by the helper, holding no lock (the predecessor's last reference may go
+ * with its entry, and its release takes locks of its own). */
+struct reap {
+	void *entry;
+	void (*put)(void *entry);
+	struct reap *next;
+};
+static _Atomic(struct reap *) to_reap;
+
+void sv_stream_set_revive(sv_revive_fn fn)
+{
+	atomic_store(&revive_fn, fn);
+}
+
+void sv_stream_redo_snapshot(struct sv_stream *s)
+{
+	uint64_t tx, rx;
+	s->redo.ok = sv_tcp_app_counts(s->fd, &tx, &rx) == 0;
+	s->redo.ktx = tx;
+	s->redo.krx = rx;
+}
+
+void sv_stream_redo_detached(struct sv_stream *s)
+{
+	if (!s->redo.ok || !s->proto)
+		return;
+	sv_proto_back_points(s->proto, &s->redo.tx, &s->redo.rx);
+	/* One fd of the application's, which the successor takes over. */
+	if (s->opens == 1 && !s->fd_private && !s->cl.app_closed && !s->cl.tx_shut)
+		atomic_store(&s->parked, true);
+}
+
+void sv_stream_unpark(struct sv_stream *s)
+{
+	atomic_store(&s->parked, false);
+}
+
+/* May s have a successor? With the lock. */
+static bool revivable(const struct sv_stream *s)
+{
+	/* Not while a fork's child may use it too (stream_keep.c). */
+	return atomic_load(&s->parked) && (!s->keep.shared || s->keep.alone) && s->state == SV_CONN_DETACHED &&
+	       s->redo.ok &&
+	       !s->error && !s->cl.app_closed && !s->cl.tx_shut && s->opens == 1 &&
+	       !s->fd_private && s->fd >= 0;
+}
+
+struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
+				      void (*put)(void *))
+{
+	sv_lock(&s->lock);
+	bool ok = revivable(s);
+	if (ok)
+		atomic_store(&s->parked, false); /* one successor */
+	struct sv_redo redo = s->redo;
+	sv_unlock(&s->lock);
+	if (!ok)
+		return NULL;
+	struct reap *node = malloc(sizeof(*node));
+	struct sv_stream *n = node ? sv_stream_new(s->fd, s->is_client) : NULL;
+	if (!n) {
+		free(node);
+		sv_lock(&s->lock);
+		atomic_store(&s->parked, true);
+		sv_unlock(&s->lock);
+		return NULL;
+	}
+	n->redo = redo;
+	n->pred = (struct sv_pred){
+		.entry = entry, .idle = idle, .put = put, .node = node, .pending = true};
+	atomic_store(&n->app_used, true); /* the predecessor was used */
+	return n;
+}
+
+static void reap_later(struct sv_stream *s);
+
+bool sv_stream_redo_ready(struct sv_stream *s)
+{
+	if (!s->pred.pending)
+		return true;
+	if (s->pred.idle && !s->pred.idle(s->pred.entry))
+		return false;
+	s->pred.pending = false;
+	reap_later(s);
+	uint64_t ktx, krx;
+	int r = sv_tcp_app_counts(s->fd, &ktx, &krx);
+	if (r < 0) {
+		sv_info("fd %d: the kernel's counts of a connection back on TCP cannot be read "
+			"(%d): it stays on TCP", s->fd, r);
+		sv_stream_fall_back(s, SV_FB_SHUTDOWN);
+		return false;
+	}
+	/* What our reads took from the kernel's socket ahead of the
+	 * application is not the application's yet. */
+	s->tcp_tx = s->redo.tx + (ktx - s->redo.ktx);
+	s->tcp_rx = s->redo.rx + (krx - s->redo.krx) - sv_stream_tcpbuf_held(s);
+	sv_dbg("fd %d: back on TCP at %llu bytes out, %llu in: it may move to RDMA again",
+	       s->fd, (unsigned long long)s->tcp_tx, (unsigned long long)s->tcp_rx);
+	return true;
+}
+
+
+static void reap_later(struct sv_stream *s)
+{
+	struct reap *r = s->pred.node;
+	s->pred.node = NULL;
+	r->entry = s->pred.entry;
+	r->put = s->pred.put;
+	s->pred.entry = NULL;
+	r->next = atomic_load(&to_reap);
+	while (!atomic_compare_exchange_weak(&to_reap, &r->next, r))
+		;
+}
+
+void sv_stream_redo_reap(void)
+{
+	struct reap *r = atomic_exchange(&to_reap, NULL);
+	while (r) {
+		struct reap *next = r->next;
+		r->put(r->entry);
+		free(r);
+		r = next;
+	}
+}
+
+void sv_stream_pred_forget(struct sv_stream *s)
+{
+	if (s->pred.entry)
+		s->pred.put(s->pred.entry);
+	free(s->pred.node);
+}
+
+int sv_stream_revive(struct sv_stream *s, struct sv_listener *l)
+{
+	sv_revive_fn fn = atomic_load(&revive_fn);
+	sv_lock(&s->lock);
+	int fd = s->fd;
+	bool ok = revivable(s);
+	/* A fork's child still holds it: its owner looks again soon. */
+	bool later = !ok && s->keep.shared && !s->keep.alone && atomic_load(&s->parked);
+	sv_unlock(&s->lock);
+	if (later)
+		return 0;
+	return fn && ok ? fn(s, fd, l) : -1;
+}
+
+int sv_stream_revive_parked(const struct sockaddr_storage *local,
+			    const struct sockaddr_storage *peer, struct sv_listener *l)
+{
+	struct sv_stream *s = sv_stream_find_parked(local, peer);
+	if (!s)
+		return -1;
+	int r = sv_stream_revive(s, l);
+	sv_stream_put(s);
+	return r;
+}
