@@ -360,6 +360,7 @@ static int ctl_shadow(struct sv_ep *ep, int op, int fd, struct sv_fd *f,
 		e->fd = fd;
 		e->f = f;
 		atomic_fetch_add(&f->refs, 1);
+		atomic_store(&f->in_epoll, true); /* no successor (fdtable.h) */
 		e->data = ev->data;
 		sv_ep_rule_set(&e->rule, ev->events);
 		e->ep = ep;
@@ -417,8 +418,9 @@ static int ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	bool own = f->ops->wait && !f->ops->wait->kernel_only(f);
 	if (!own || op != EPOLL_CTL_ADD) {
 		/* A socket that may still become a stream stays the kernel's
-		 * once the kernel's epoll watches it (sv_socket_connected). */
-		if (f->ops->connected && op == EPOLL_CTL_ADD)
+		 * once the kernel's epoll watches it (sv_socket_connected);
+		 * so does a connection back on TCP (no successor). */
+		if ((f->ops->connected || f->ops->wait) && op == EPOLL_CTL_ADD)
 			atomic_store(&f->in_epoll, true);
 		if (f->ops->will_accept && op == EPOLL_CTL_ADD)
 			f->ops->will_accept(f);

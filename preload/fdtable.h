@@ -111,8 +111,10 @@ struct sv_fd {
 	int fd;
 	const struct sv_fd_ops *ops;
 	void *priv; /* the ops' own state (e.g. the SOVIA stream) */
-	/* The kernel's epoll watches this fd (added while it was a plain
-	 * socket): it must stay the kernel's (it is never made a stream). */
+	/* An epoll set watches this fd (never cleared): the kernel's, added
+	 * while it was a plain socket (it must stay the kernel's: it is never
+	 * made a stream), or, for a stream, any (a successor would not be
+	 * watched there: src/stream_redo.c). */
 	atomic_bool in_epoll;
 };
 

@@ -500,44 +500,27 @@ bool sv_stream_fd_adopt(const int *fds, int n, const struct sv_hand *hand, uint6
 
 /* ---- A second life (src/stream_redo.c) ------------------------------------------ */
 
-/* No call is under way on the predecessor's entry: the successor holds
- * the only reference left (the table's went at the swap). */
-static bool entry_idle(void *e)
-{
-	return atomic_load(&((struct sv_fd *)e)->refs) == 1;
-}
-
-static void entry_put(void *e)
-{
-	sv_fd_put(e);
-}
-
 /* The application's fd of s, back on plain TCP, becomes a new stream that
- * moves to RDMA again: 1. Not while a call is under way on it, nor while
- * an epoll set holds it (0: ask again), nor for an fd the kernel's epoll
- * watches (its set would not see the QP: -1, never). */
+ * moves to RDMA again: 1; -1 when it cannot, as for an fd an epoll set
+ * watches (the set would not see the successor). */
 static int revive(struct sv_stream *s, int fd, struct sv_listener *l)
 {
 	sv_enter();
 	struct sv_fd *f = sv_fd_get(fd);
-	int r = !f || f->priv != s || atomic_load(&f->in_epoll) ? -1
-		: atomic_load(&f->refs) != 2				 ? 0 /* the table's and ours */
-									 : 1;
-	struct sv_stream *n = r == 1 ? sv_stream_successor(s, f, entry_idle, entry_put) : NULL;
-	if (!n) {
-		sv_fd_put(f);
-		sv_leave();
-		return r == 1 ? -1 : r;
-	}
-	/* f's reference is n's now. */
-	struct sv_fd *nf = sv_fd_new(fd, &sv_stream_ops, n);
-	bool ok = nf && sv_fd_swap(f, nf) == 0;
-	if (nf)
-		sv_fd_put(nf); /* the table's, or gone with n */
-	else
-		sv_stream_put(n);
-	if (ok)
+	struct sv_stream *n = f && f->priv == s && !atomic_load(&f->in_epoll)
+				      ? sv_stream_successor(s)
+				      : NULL;
+	struct sv_fd *nf = n ? sv_fd_new(fd, &sv_stream_ops, n) : NULL;
+	bool ok = nf && sv_fd_swap(f, nf) == 0; /* not if closed meanwhile */
+	if (ok) {
+		sv_stream_successor_took(s, n);
 		sv_stream_start_revived(n, l);
+	}
+	if (nf)
+		sv_fd_put(nf); /* the table's now, or n goes with it */
+	else if (n)
+		sv_stream_put(n);
+	sv_fd_put(f);
 	sv_leave();
 	return ok ? 1 : -1;
 }

@@ -172,18 +172,17 @@ typedef int (*sv_revive_fn)(struct sv_stream *s, int fd, struct sv_listener *l);
 void sv_stream_set_revive(sv_revive_fn fn);
 int sv_stream_revive(struct sv_stream *s, struct sv_listener *l);
 /* s's successor, or NULL (s cannot have one: not back on TCP with its
- * counts known, closed, dup'd, or it has one). `entry` is the fd's entry
- * for s, a reference the successor keeps (dropped with put) and asks
- * `idle` about: the successor's counts are taken once no call on it is
- * under way. */
-struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
-				      void (*put)(void *));
+ * counts known, closed, dup'd, or it has one already): a new stream for
+ * s's fd. Once it is the fd's entry, sv_stream_successor_took: the calls
+ * that reach s from then on go on to it. */
+struct sv_stream *sv_stream_successor(struct sv_stream *s);
+void sv_stream_successor_took(struct sv_stream *s, struct sv_stream *n);
 void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l);
 /* s gets no successor: the application has another fd for its socket,
  * which libsovia does not follow (a dup of a connection back on TCP). */
 void sv_stream_unpark(struct sv_stream *s);
-/* The helper, holding no lock: predecessors whose successors took over
- * are let go. */
+/* The helper, holding no lock: predecessors whose successors took their
+ * counts are let go. */
 void sv_stream_redo_reap(void);
 /* A server connection of this process back on TCP, for the four-tuple of
  * a request (a reference), or NULL. */

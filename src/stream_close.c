@@ -105,6 +105,7 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 		sv_lock(&s->lock);
 	}
 	s->cl.app_closed = true;
+	sv_stream_pred_done(s);
 	if (!s->proto || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED)
 		return close_now(s, r);
 	if (s->fd == appfd) {

@@ -271,16 +271,15 @@ struct sv_redo {
 	uint64_t ktx, krx;  /* the kernel's counts at our BACK */
 };
 
-/* A stream made from one back on TCP (its predecessor, still the fd's
- * entry for calls already under way): its counts are taken, and its
- * upgrade goes on, only once no call of the predecessor's is left, since
- * such a call reads and writes the kernel's socket past us. */
+/* A stream made from one back on TCP, its predecessor: its counts are
+ * taken, and its upgrade goes on, only once no call of the predecessor's
+ * is in the kernel (such a call reads and writes the kernel's socket past
+ * us, and could take a switch's echo for data). Calls that reach the
+ * predecessor later go on to its successor. */
 struct sv_pred {
-	void *entry;               /* the preload layer's; NULL: none */
-	bool (*idle)(void *entry); /* no call under way on it */
-	void (*put)(void *entry);
-	void *node;                /* to let go of it later (stream_redo.c) */
-	bool pending;              /* counts not taken yet */
+	struct sv_stream *s; /* held while pending */
+	void *node;          /* to let go of it later, without a lock */
+	bool pending;        /* counts not taken yet */
 };
 
 /* Socket options that shape the protocol or the waits. */
@@ -353,6 +352,10 @@ struct sv_stream {
 	struct sv_keep keep;
 	struct sv_redo redo;
 	struct sv_pred pred;
+	/* The stream that took the application's fd over (held), and the
+	 * calls of ours in the kernel meanwhile (stream_redo.c). */
+	_Atomic(struct sv_stream *) successor;
+	atomic_uint kcalls;
 	/* Back on TCP with known counts, a successor not made yet: a server's
 	 * request may revive it (sv_stream_find_parked). Read without the lock. */
 	atomic_bool parked;
@@ -602,8 +605,17 @@ void sv_stream_redo_detached(struct sv_stream *s);
  * under way, and its counts are taken (tcp_tx, tcp_rx). False: not yet, or
  * never (it fell back). */
 bool sv_stream_redo_ready(struct sv_stream *s);
-/* The stream is freed: its predecessor's entry, if still held, goes. */
+/* Its counts will never be taken (it fell back, or was closed): the
+ * predecessor goes. */
+void sv_stream_pred_done(struct sv_stream *s);
+/* The stream is freed: its predecessor and successor, if still held, go. */
 void sv_stream_pred_forget(struct sv_stream *s);
+/* A data call of the application's would go to the kernel's socket: NULL,
+ * and it counts as under way until sv_stream_kernel_call_done; or the
+ * successor (a reference) that took the fd over, which serves it. With
+ * the lock. */
+struct sv_stream *sv_stream_kernel_call(struct sv_stream *s);
+void sv_stream_kernel_call_done(struct sv_stream *s);
 
 /* ---- The upgrade's rdma_cm half (upgrade.c) -------------------------------------------- */
 

@@ -21,12 +21,11 @@
 
 static _Atomic(sv_revive_fn) revive_fn;
 
-/* Predecessors' entries let go once their successor's counts are taken:
- * by the helper, holding no lock (the predecessor's last reference may go
- * with its entry, and its release takes locks of its own). */
+/* Predecessors let go once their successor's counts are taken: by the
+ * helper, holding no lock (the predecessor's release takes locks of its
+ * own). */
 struct reap {
-	void *entry;
-	void (*put)(void *entry);
+	struct sv_stream *s;
 	struct reap *next;
 };
 static _Atomic(struct reap *) to_reap;
@@ -69,42 +68,85 @@ static bool revivable(const struct sv_stream *s)
 	       !s->fd_private && s->fd >= 0;
 }
 
-struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
-				      void (*put)(void *))
+struct sv_stream *sv_stream_successor(struct sv_stream *s)
 {
-	sv_lock(&s->lock);
-	bool ok = revivable(s);
-	if (ok)
-		atomic_store(&s->parked, false); /* one successor */
-	struct sv_redo redo = s->redo;
-	sv_unlock(&s->lock);
-	if (!ok)
-		return NULL;
 	struct reap *node = malloc(sizeof(*node));
 	struct sv_stream *n = node ? sv_stream_new(s->fd, s->is_client) : NULL;
 	if (!n) {
 		free(node);
-		sv_lock(&s->lock);
-		atomic_store(&s->parked, true);
-		sv_unlock(&s->lock);
 		return NULL;
 	}
-	n->redo = redo;
-	n->pred = (struct sv_pred){
-		.entry = entry, .idle = idle, .put = put, .node = node, .pending = true};
+	sv_lock(&s->lock);
+	bool ok = revivable(s);
+	if (ok) {
+		atomic_store(&s->parked, false); /* one successor */
+		n->redo = s->redo;
+		sv_stream_get(s);
+		n->pred = (struct sv_pred){.s = s, .node = node, .pending = true};
+	}
+	sv_unlock(&s->lock);
+	if (!ok) {
+		free(node);
+		sv_stream_put(n);
+		return NULL;
+	}
 	atomic_store(&n->app_used, true); /* the predecessor was used */
 	return n;
 }
 
-static void reap_later(struct sv_stream *s);
+void sv_stream_successor_took(struct sv_stream *s, struct sv_stream *n)
+{
+	sv_stream_get(n);
+	sv_lock(&s->lock);
+	atomic_store(&s->successor, n);
+	sv_unlock(&s->lock);
+}
+
+struct sv_stream *sv_stream_kernel_call(struct sv_stream *s)
+{
+	struct sv_stream *n = atomic_load(&s->successor);
+	if (n) {
+		sv_stream_get(n);
+		return n;
+	}
+	atomic_fetch_add(&s->kcalls, 1);
+	return NULL;
+}
+
+void sv_stream_kernel_call_done(struct sv_stream *s)
+{
+	if (atomic_fetch_sub(&s->kcalls, 1) != 1)
+		return;
+	/* The last: a successor that waits for it looks again. */
+	sv_lock(&s->lock);
+	struct sv_stream *n = atomic_load(&s->successor);
+	if (n)
+		sv_stream_get(n);
+	sv_unlock(&s->lock);
+	if (n) {
+		sv_helper_watch(n);
+		sv_stream_put(n);
+	}
+}
+
+static void reap_later(struct sv_stream *s)
+{
+	struct reap *r = s->pred.node;
+	s->pred.node = NULL;
+	s->pred.pending = false;
+	r->s = s->pred.s;
+	s->pred.s = NULL;
+	r->next = atomic_load(&to_reap);
+	while (!atomic_compare_exchange_weak(&to_reap, &r->next, r))
+		;
+}
 
 bool sv_stream_redo_ready(struct sv_stream *s)
 {
 	if (!s->pred.pending)
 		return true;
-	if (s->pred.idle && !s->pred.idle(s->pred.entry))
+	if (atomic_load(&s->pred.s->kcalls))
 		return false;
-	s->pred.pending = false;
 	reap_later(s);
 	uint64_t ktx, krx;
 	int r = sv_tcp_app_counts(s->fd, &ktx, &krx);
@@ -123,17 +165,10 @@ bool sv_stream_redo_ready(struct sv_stream *s)
 	return true;
 }
 
-
-static void reap_later(struct sv_stream *s)
+void sv_stream_pred_done(struct sv_stream *s)
 {
-	struct reap *r = s->pred.node;
-	s->pred.node = NULL;
-	r->entry = s->pred.entry;
-	r->put = s->pred.put;
-	s->pred.entry = NULL;
-	r->next = atomic_load(&to_reap);
-	while (!atomic_compare_exchange_weak(&to_reap, &r->next, r))
-		;
+	if (s->pred.pending)
+		reap_later(s);
 }
 
 void sv_stream_redo_reap(void)
@@ -141,7 +176,7 @@ void sv_stream_redo_reap(void)
 	struct reap *r = atomic_exchange(&to_reap, NULL);
 	while (r) {
 		struct reap *next = r->next;
-		r->put(r->entry);
+		sv_stream_put(r->s);
 		free(r);
 		r = next;
 	}
@@ -149,9 +184,10 @@ void sv_stream_redo_reap(void)
 
 void sv_stream_pred_forget(struct sv_stream *s)
 {
-	if (s->pred.entry)
-		s->pred.put(s->pred.entry);
+	if (s->pred.s)
+		sv_stream_put(s->pred.s);
 	free(s->pred.node);
+	sv_stream_put(atomic_load(&s->successor));
 }
 
 int sv_stream_revive(struct sv_stream *s, struct sv_listener *l)

@@ -8,6 +8,7 @@
 #include "preload_harness.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -397,5 +398,60 @@ Test(kept, both_ends_left_alone_move_to_rdma_again)
 	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
 	cr_assert_not_null(p.s, "the server did not move to RDMA again");
 	exchange_on_rdma(&p, 14);
+	ph_pair_close(&p);
+}
+
+/* The server's application is inside a read of the kernel's socket when
+ * the client's request comes: the server's successor takes its counts,
+ * and answers, only once that read is over (the read could otherwise take
+ * the switch's echo for data). The client's next bytes, on TCP, end it. */
+struct blocked_read {
+	int fd;
+	char got[8];
+	long n;
+};
+
+static void *read_once(void *arg)
+{
+	struct blocked_read *b = arg;
+	b->n = read(b->fd, b->got, sizeof(b->got));
+	return NULL;
+}
+
+Test(kept, a_read_under_way_on_the_server_goes_first)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 15);
+	struct sv_stream *oc = p.c, *os = p.s;
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_writes_then_leaves(p.cfd, go[0]);
+	char b[5];
+	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	struct blocked_read r = {.fd = p.sfd};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, read_once, &r), 0);
+	usleep(100000); /* inside the kernel's read by now, most likely */
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	/* The client asks; its request waits for the server's read. */
+	p.c = wait_successor_on_rdma(p.cfd, oc, 1000);
+	cr_assert_null(p.c, "the client reached RDMA while the server's read was under way");
+	cr_assert_eq(write(p.cfd, "tcp", 3), 3);
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	cr_assert_eq(r.n, 3);
+	cr_assert_eq(memcmp(r.got, "tcp", 3), 0);
+	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
+	cr_assert_not_null(p.c, "the client did not move to RDMA again");
+	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
+	cr_assert_not_null(p.s, "the server did not move to RDMA again");
+	exchange_on_rdma(&p, 16);
+	close(go[0]);
+	close(go[1]);
 	ph_pair_close(&p);
 }
