@@ -87,7 +87,7 @@ Test(shares, a_fork_under_way_counts_as_a_holder)
 }
 
 /* The claimer: its exit status says what the claim returned. */
-enum { RELEASED = 0, RESET = 1, OTHER = 2 };
+enum { RELEASED = 0, RESET = 1, OTHER = 2, SHARED = 3 };
 static pid_t claimer(void)
 {
 	sv_shares_fork_begin(&ref);
@@ -95,7 +95,7 @@ static pid_t claimer(void)
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		int r = sv_shares_claim(&ref);
-		_exit(r == 0 ? RELEASED : r == -ECONNRESET ? RESET : OTHER);
+		_exit(r == 0 ? RELEASED : r == 1 ? SHARED : r == -ECONNRESET ? RESET : OTHER);
 	}
 	sv_shares_fork_end(&ref, pid);
 	return pid;
@@ -193,4 +193,26 @@ Test(shares, a_forked_owner_sees_its_own_first_claim)
 		_exit(n == 1 ? 0 : 3);
 	}
 	cr_assert_eq(status_of(pid), 0, "the child's table missed its first claim");
+}
+
+/* Released to the copies while the owner holds its own (sv_shares_share):
+ * the claim says so, the entry is not reused, the copies' forks are still
+ * followed, and a copy passed where it cannot be followed means never
+ * alone again. Settling it then frees it. */
+Test(shares, a_shared_entry_follows_its_copies_until_settled)
+{
+	pid_t pid = claimer();
+	sv_shares_share(&ref);
+	cr_assert_eq(status_of(pid), SHARED);
+	cr_assert_not(sv_shares_others_hold(&ref), "the claimer is gone");
+	struct sv_share_ref other;
+	cr_assert_eq(sv_shares_keep(t, 1, &other), 0);
+	cr_assert_neq(other.slot, ref.slot, "a shared entry was reused");
+	cr_assert(sv_shares_fork_begin(&ref), "a copy's fork is not followed");
+	sv_shares_fork_end(&ref, -1);
+	sv_shares_unlist(&ref);
+	cr_assert(sv_shares_others_hold(&ref), "an unlisted copy does not count");
+	sv_shares_settle(&ref, false);
+	cr_assert_eq(sv_shares_claim(&ref), 0);
+	cr_assert_not(sv_shares_fork_begin(&ref), "a settled entry is still followed");
 }
