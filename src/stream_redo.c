@@ -117,16 +117,11 @@ void sv_stream_kernel_call_done(struct sv_stream *s)
 {
 	if (atomic_fetch_sub(&s->kcalls, 1) != 1)
 		return;
-	/* The last: a successor that waits for it looks again. */
-	sv_lock(&s->lock);
+	/* The last: a successor that waits for it looks again. It lives as
+	 * long as s, which the caller's fd entry holds. */
 	struct sv_stream *n = atomic_load(&s->successor);
 	if (n)
-		sv_stream_get(n);
-	sv_unlock(&s->lock);
-	if (n) {
 		sv_helper_watch(n);
-		sv_stream_put(n);
-	}
 }
 
 static void reap_later(struct sv_stream *s)

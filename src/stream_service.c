@@ -63,8 +63,9 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 	sv->timed = true;
 }
 
-/* How often a successor looks whether its predecessor's calls are over. */
-#define SV_PRED_LOOK_US 10000u
+/* How often a successor looks whether its predecessor's calls are over,
+ * besides the wake-up the last of them gives. */
+#define SV_PRED_LOOK_US 1000000u
 
 /* A client connection that waits out SOVIA_UPGRADE_DELAY_MS, or to ask
  * again after "no listener" (upgrade.c). A close, a fork or exec (which
@@ -79,11 +80,12 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 		return false;
 	}
 	if (go && !sv_stream_redo_ready(s)) {
-		/* A successor (stream_redo.c): its predecessor's calls first. */
+		/* A successor (stream_redo.c): its predecessor's calls in the
+		 * kernel first. The last of them wakes the helper; a look now
+		 * and then all the same. */
 		go = s->state == SV_CONN_TCP;
 		if (go) {
-			s->sw.upgrade_at = sv->now + SV_PRED_LOOK_US;
-			sv->next = s->sw.upgrade_at;
+			sv->next = sv->now + SV_PRED_LOOK_US;
 			sv->timed = true;
 			return false;
 		}

@@ -455,3 +455,44 @@ Test(kept, a_read_under_way_on_the_server_goes_first)
 	close(go[1]);
 	ph_pair_close(&p);
 }
+
+/* The same on the client's side: its application is inside a read when
+ * the child is gone; its successor asks only once that read is over,
+ * which the server's next bytes, on TCP, end. */
+Test(kept, a_read_under_way_on_the_client_goes_first)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 17);
+	struct sv_stream *oc = p.c, *os = p.s;
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_writes_then_leaves(p.cfd, go[0]);
+	char b[5];
+	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	struct blocked_read r = {.fd = p.cfd};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, read_once, &r), 0);
+	usleep(100000); /* inside the kernel's read by now, most likely */
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	usleep(500000); /* the parent's helper has seen the child gone */
+	cr_assert_eq(ph_stream(p.cfd) != oc && h_state(ph_stream(p.cfd)) == SV_CONN_RDMA, false,
+		     "the client reached RDMA while its read was under way");
+	cr_assert_eq(write(p.sfd, "tcp", 3), 3);
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	cr_assert_eq(r.n, 3);
+	cr_assert_eq(memcmp(r.got, "tcp", 3), 0);
+	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
+	cr_assert_not_null(p.c, "the client did not move to RDMA again");
+	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
+	cr_assert_not_null(p.s, "the server did not move to RDMA again");
+	exchange_on_rdma(&p, 18);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
