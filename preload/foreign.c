@@ -97,8 +97,10 @@ static int c_shutdown(struct sv_fd *f, int how)
 
 static int c_close(struct sv_fd *f)
 {
+	/* Shared, this process may hold the socket on another fd still (a
+	 * dup): the owner's look into /proc tells. */
 	struct sv_foreign *c = foreign_of(f);
-	if (c->pid == getpid())
+	if (c->pid == getpid() && !atomic_load(&c->shared))
 		sv_shares_left(&c->ref);
 	return sv_kernel_close(f);
 }
@@ -144,10 +146,11 @@ static void c_after_fork(struct sv_fd *f, pid_t pid)
 }
 
 /* dup: the copies would have to claim together; the kernel's socket it is,
- * but for a lost copy, whose dup is a lost copy too (c_add_copy). */
+ * but for a lost copy, whose dup is a lost copy too, and a shared one,
+ * whose dup the owner must follow as well (its forks): c_add_copy. */
 static int c_share(struct sv_fd *f)
 {
-	return claim(f) < 0 ? 0 : 1;
+	return claim(f) < 0 || atomic_load(&foreign_of(f)->shared) ? 0 : 1;
 }
 
 static bool c_add_copy(struct sv_fd *f, int nfd)
@@ -158,7 +161,8 @@ static bool c_add_copy(struct sv_fd *f, int nfd)
 		free(c);
 		return false;
 	}
-	atomic_store(&c->lost, true);
+	atomic_store(&c->lost, atomic_load(&foreign_of(f)->lost));
+	atomic_store(&c->shared, atomic_load(&foreign_of(f)->shared));
 	bool ok = sv_fd_install(nf) == 0;
 	sv_fd_put(nf);
 	return ok;

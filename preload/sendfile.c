@@ -66,6 +66,11 @@ static struct sv_fd *served(int fd)
 	if (f && f->ops->detach &&
 	    !(f->ops->wait && f->ops->wait->kernel_only && f->ops->wait->kernel_only(f)))
 		return f;
+	/* The kernel's socket alone carries it: the call is the kernel's,
+	 * and the fd is for good (a successor that moved the connection to
+	 * RDMA again, src/stream_redo.c, would not count these bytes). */
+	if (f && f->ops->detach)
+		(void)f->ops->detach(f);
 	sv_fd_put(f);
 	return NULL;
 }

@@ -364,6 +364,7 @@ void sv_stream_atfork_child(void)
 	sv_upgrade_atfork_child();
 	sv_pinned_atfork_child();
 	sv_stream_keep_atfork_child();
+	sv_stream_redo_atfork_child();
 	if (sv_cm->atfork_child)
 		sv_cm->atfork_child();
 	sv_lock_reinit(&all_lock);

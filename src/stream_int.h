@@ -258,7 +258,6 @@ struct sv_keep {
 				  * still follows: alone again, we upgrade anew */
 	bool letting_go;         /* our last close, exit or exec takes it back */
 	bool alone;              /* shared, and no copy is held any more */
-	unsigned revive_tries;   /* alone again, but a call was under way */
 };
 
 /* A connection back on plain TCP may move to RDMA again, as a new stream
@@ -605,6 +604,9 @@ void sv_stream_redo_detached(struct sv_stream *s);
  * under way, and its counts are taken (tcp_tx, tcp_rx). False: not yet, or
  * never (it fell back). */
 bool sv_stream_redo_ready(struct sv_stream *s);
+/* In a fork's child: the parent's predecessors waiting to go are the
+ * parent's. */
+void sv_stream_redo_atfork_child(void);
 /* Its counts will never be taken (it fell back, or was closed): the
  * predecessor goes. */
 void sv_stream_pred_done(struct sv_stream *s);

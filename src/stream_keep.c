@@ -129,8 +129,9 @@ static void share(struct sv_stream *s)
 	if (!nshared++)
 		shared_look_at = 0;
 	sv_unlock(&keep_lock);
-	sv_info("fd %d: plain TCP again, given to the fork's child that claimed it; back to "
-		"RDMA once we hold it alone", s->fd);
+	if (s->keep.claimed)
+		sv_info("fd %d: plain TCP again, given to the fork's child that claimed it; "
+			"back to RDMA once we hold it alone", s->fd);
 	sv_helper_watch(s); /* its next round sees nshared */
 }
 
@@ -164,9 +165,11 @@ void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to)
 			settle(s, true);
 		break;
 	case SV_CONN_DETACHED:
-		/* A copy claimed it while we keep ours: a successor may move
-		 * it to RDMA again, once we hold it alone. */
-		if (s->keep.claimed && !s->keep.letting_go && atomic_load(&s->parked))
+		/* Back on TCP (a copy claimed it, or the peer went back)
+		 * while we keep ours: a successor may move it to RDMA again
+		 * (stream_redo.c), once we hold it alone; the copies are
+		 * followed until then. */
+		if (!s->keep.letting_go && atomic_load(&s->parked))
 			share(s);
 		else
 			settle(s, false);
@@ -227,12 +230,9 @@ static void claimed(struct sv_stream *s)
 	}
 }
 
-/* A shared stream we hold alone now: a client moves to RDMA again at once
- * (a server's client asks again when it will: stream_redo.c), and the
- * entry is settled. A call under way on it (the successor would not see
- * its bytes) puts it off to a later look, a few times. Without the lock. */
-#define SV_REVIVE_TRIES 50u
-
+/* A shared stream we hold alone now: the entry is settled, and a client
+ * moves to RDMA again at once (a server's client asks again when it will:
+ * stream_redo.c). Without the lock. */
 static void alone_again(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
@@ -244,20 +244,18 @@ static void alone_again(struct sv_stream *s)
 	if (!shared || sv_shares_others_hold(&ref))
 		return;
 	sv_lock(&s->lock);
-	if (s->keep.shared && s->keep.ref.gen == ref.gen)
-		s->keep.alone = true; /* for good: a new holder could only be our
-				       * own fork's child, and a fork makes the
-				       * fd the kernel's (no successor then) */
+	bool current = s->keep.shared && s->keep.ref.gen == ref.gen;
+	if (current) /* for good: a new holder could only be our own fork's
+		      * child, and a fork makes the fd the kernel's */
+		s->keep.alone = true;
 	sv_unlock(&s->lock);
+	if (!current)
+		return;
 	int r = client ? sv_stream_revive(s, NULL) : -1;
 	sv_lock(&s->lock);
-	bool current = s->keep.shared && s->keep.ref.gen == ref.gen;
-	bool later = r == 0 && ++s->keep.revive_tries < SV_REVIVE_TRIES;
-	if (current && !later)
+	if (s->keep.shared && s->keep.ref.gen == ref.gen)
 		settle(s, false);
 	sv_unlock(&s->lock);
-	if (!current || later)
-		return;
 	if (r == 1)
 		sv_info("fd %d: the fork's children that used it are gone: it moves to RDMA "
 			"again", s->fd);

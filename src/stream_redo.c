@@ -166,6 +166,12 @@ void sv_stream_pred_done(struct sv_stream *s)
 		reap_later(s);
 }
 
+void sv_stream_redo_atfork_child(void)
+{
+	/* The parent's predecessors are the parent's. */
+	atomic_store(&to_reap, NULL);
+}
+
 void sv_stream_redo_reap(void)
 {
 	struct reap *r = atomic_exchange(&to_reap, NULL);

@@ -338,7 +338,7 @@ Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
 	struct pair p;
 	ph_pair_rdma(&p);
 	exchange_on_rdma(&p, 10);
-	struct sv_stream *oc = p.c;
+	struct sv_stream *oc = p.c, *os = p.s;
 	int go[2];
 	cr_assert_eq(pipe(go), 0);
 	pid_t pid = fork();
@@ -362,8 +362,8 @@ Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
 	child_ok(pid);
 	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
 	cr_assert_not_null(p.c, "the client did not move to RDMA again");
-	p.s = wait_successor_on_rdma(p.sfd, NULL, 10000);
-	cr_assert_not_null(p.s);
+	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
+	cr_assert_not_null(p.s, "the server did not move to RDMA again");
 	exchange_on_rdma(&p, 12);
 	close(go[0]);
 	close(go[1]);
@@ -494,5 +494,80 @@ Test(kept, a_read_under_way_on_the_client_goes_first)
 	exchange_on_rdma(&p, 18);
 	close(go[0]);
 	close(go[1]);
+	ph_pair_close(&p);
+}
+
+/* ---- Copies the parent must still follow ---------------------------------------- */
+
+/* The child claims (write), then dup()s its copy and closes the original,
+ * keeping the dup (dup2(fd, 1); close(fd) as inetd-like code does): the
+ * child still holds the socket, and the parent must not think it alone. */
+Test(kept, a_dup_in_the_child_keeps_the_parent_on_tcp)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 30);
+	struct sv_stream *oc = p.c;
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		CHILD_CHECK(70, write(p.cfd, "child", 5) == 5);
+		int d = dup(p.cfd);
+		CHILD_CHECK(71, d >= 0);
+		CHILD_CHECK(72, close(p.cfd) == 0);
+		char c;
+		CHILD_CHECK(73, read(go[0], &c, 1) == 1);
+		CHILD_CHECK(74, write(d, "late!", 5) == 5);
+		_exit(0);
+	}
+	char b[5];
+	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	struct sv_stream *n = wait_successor_on_rdma(p.cfd, oc, 1500);
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	cr_assert_null(n, "the client moved to RDMA again while the child holds a dup of its copy");
+	ph_pair_close(&p);
+}
+
+/* The server's process forked a child (that holds its copy of the server's
+ * end, unused) before the client's child claimed the client's end: the
+ * server's end is detached by the client's BACK while its own child
+ * still holds the socket. The client, alone, asks: the server must not be
+ * revived. */
+Test(kept, a_server_whose_own_child_holds_a_copy_stays_on_tcp)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 31);
+	struct sv_stream *oc = p.c, *os = p.s;
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t holder = fork(); /* holds only the server's end */
+	cr_assert_geq(holder, 0);
+	if (holder == 0) {
+		CHILD_CHECK(80, close(p.cfd) == 0);
+		char c;
+		CHILD_CHECK(81, read(go[0], &c, 1) == 1);
+		_exit(0);
+	}
+	pid_t user = fork(); /* uses the client's end, then leaves */
+	cr_assert_geq(user, 0);
+	if (user == 0) {
+		CHILD_CHECK(82, close(p.sfd) == 0);
+		CHILD_CHECK(83, write(p.cfd, "child", 5) == 5);
+		_exit(0);
+	}
+	child_ok(user);
+	char b[5];
+	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	p.c = wait_successor_on_rdma(p.cfd, oc, 3000);
+	struct sv_stream *ns = wait_successor_on_rdma(p.sfd, os, 3000);
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(holder);
+	cr_assert_null(ns, "the server moved to RDMA again while its own child holds a copy");
 	ph_pair_close(&p);
 }

@@ -208,8 +208,11 @@ Test(shares, a_shared_entry_follows_its_copies_until_settled)
 	struct sv_share_ref other;
 	cr_assert_eq(sv_shares_keep(t, 1, &other), 0);
 	cr_assert_neq(other.slot, ref.slot, "a shared entry was reused");
-	cr_assert(sv_shares_fork_begin(&ref), "a copy's fork is not followed");
-	sv_shares_fork_end(&ref, -1);
+	int go;
+	pid_t pid2 = child(true, &go); /* a copy's fork */
+	cr_assert(sv_shares_others_hold(&ref), "a copy's fork is not followed");
+	end_child(pid2, go);
+	cr_assert_not(sv_shares_others_hold(&ref));
 	sv_shares_unlist(&ref);
 	cr_assert(sv_shares_others_hold(&ref), "an unlisted copy does not count");
 	sv_shares_settle(&ref, false);
