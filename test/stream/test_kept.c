@@ -283,6 +283,18 @@ static struct sv_stream *wait_successor_on_rdma(int fd, struct sv_stream *old, i
 	return NULL;
 }
 
+/* Both ends are new streams (not oc, os) on RDMA again, whose bytes both
+ * ways go over the QP. */
+static void both_again_on_rdma(struct pair *p, struct sv_stream *oc, struct sv_stream *os,
+			       uint64_t seed)
+{
+	p->c = wait_successor_on_rdma(p->cfd, oc, 10000);
+	cr_assert_not_null(p->c, "the client did not move to RDMA again");
+	p->s = wait_successor_on_rdma(p->sfd, os, 10000);
+	cr_assert_not_null(p->s, "the server did not move to RDMA again");
+	exchange_on_rdma(p, seed);
+}
+
 /* The child writes on its copy of the client's end (the claim takes the
  * connection back to TCP for it), then waits for `go` (if >= 0) and
  * leaves. */
@@ -294,6 +306,24 @@ static void child_writes_then_leaves(int cfd, int go)
 	if (go >= 0)
 		CHILD_CHECK(52, read(go, &c, 1) == 1);
 	_exit(0);
+}
+
+/* A pair on RDMA, bytes both ways, then a child that writes on its copy
+ * of the client's end (its claim takes the connection back to TCP),
+ * waits for go[1] and leaves; the server read its bytes. The child. */
+static pid_t a_writing_child(struct pair *p, uint64_t seed, int go[2])
+{
+	ph_pair_rdma(p);
+	exchange_on_rdma(p, seed);
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_writes_then_leaves(p->cfd, go[0]);
+	char b[5];
+	cr_assert_eq(ph_read_all(p->sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	return pid;
 }
 
 /* Bytes each way on TCP, the server's unread at the fork going back
@@ -323,11 +353,7 @@ Test(kept, a_parent_left_alone_by_the_child_that_used_its_copy_is_back_on_rdma)
 	cr_assert_eq(ph_read_all(p.cfd, a, 6), 6);
 	cr_assert_eq(memcmp(a, "answer", 6), 0);
 	/* Alone again: both ends are new streams on a new QP. */
-	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
-	cr_assert_not_null(p.c, "the client did not move to RDMA again");
-	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
-	cr_assert_not_null(p.s, "the server did not move to RDMA again");
-	exchange_on_rdma(&p, 9);
+	both_again_on_rdma(&p, oc, os, 9);
 	ph_pair_close(&p);
 }
 
@@ -336,18 +362,9 @@ Test(kept, a_parent_left_alone_by_the_child_that_used_its_copy_is_back_on_rdma)
 Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
 {
 	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 10);
-	struct sv_stream *oc = p.c, *os = p.s;
 	int go[2];
-	cr_assert_eq(pipe(go), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0)
-		child_writes_then_leaves(p.cfd, go[0]);
-	char b[5];
-	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
-	cr_assert_eq(memcmp(b, "child", 5), 0);
+	pid_t pid = a_writing_child(&p, 10, go);
+	struct sv_stream *oc = p.c, *os = p.s;
 	/* Several of the parent's looks at its holders. */
 	usleep(600000);
 	cr_assert_eq(ph_stream(p.cfd), oc, "moved while the child holds a copy");
@@ -360,11 +377,7 @@ Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
 	cr_assert(h_pattern_ok(in, N, 11, 0));
 	cr_assert_eq(write(go[1], "g", 1), 1);
 	child_ok(pid);
-	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
-	cr_assert_not_null(p.c, "the client did not move to RDMA again");
-	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
-	cr_assert_not_null(p.s, "the server did not move to RDMA again");
-	exchange_on_rdma(&p, 12);
+	both_again_on_rdma(&p, oc, os, 12);
 	close(go[0]);
 	close(go[1]);
 	ph_pair_close(&p);
@@ -393,18 +406,14 @@ Test(kept, both_ends_left_alone_move_to_rdma_again)
 	cr_assert_eq(memcmp(b, "to-server", 9), 0);
 	cr_assert_eq(ph_read_all(p.cfd, b, 9), 9);
 	cr_assert_eq(memcmp(b, "to-client", 9), 0);
-	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
-	cr_assert_not_null(p.c, "the client did not move to RDMA again");
-	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
-	cr_assert_not_null(p.s, "the server did not move to RDMA again");
-	exchange_on_rdma(&p, 14);
+	both_again_on_rdma(&p, oc, os, 14);
 	ph_pair_close(&p);
 }
 
-/* The server's application is inside a read of the kernel's socket when
- * the client's request comes: the server's successor takes its counts,
- * and answers, only once that read is over (the read could otherwise take
- * the switch's echo for data). The client's next bytes, on TCP, end it. */
+/* An application's read inside the kernel's socket when the connection
+ * could move to RDMA again: the successor takes its counts, and asks or
+ * answers, only once that read is over (the read could otherwise take the
+ * switch's echo for data). */
 struct blocked_read {
 	int fd;
 	char got[8];
@@ -418,83 +427,42 @@ static void *read_once(void *arg)
 	return NULL;
 }
 
-Test(kept, a_read_under_way_on_the_server_goes_first)
+/* A pair on RDMA; the child writes on its copy of the client's end and
+ * leaves while a thread of one end (the server's, or the client's) is
+ * inside a read. Neither end reaches RDMA again until the other end's
+ * bytes, on TCP, end that read; then both do. */
+static void read_under_way(bool on_server, uint64_t seed)
 {
 	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 15);
-	struct sv_stream *oc = p.c, *os = p.s;
 	int go[2];
-	cr_assert_eq(pipe(go), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0)
-		child_writes_then_leaves(p.cfd, go[0]);
-	char b[5];
-	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
-	cr_assert_eq(memcmp(b, "child", 5), 0);
-	struct blocked_read r = {.fd = p.sfd};
+	pid_t pid = a_writing_child(&p, seed, go);
+	struct sv_stream *oc = p.c, *os = p.s;
+	struct blocked_read r = {.fd = on_server ? p.sfd : p.cfd};
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, read_once, &r), 0);
 	usleep(100000); /* inside the kernel's read by now, most likely */
 	cr_assert_eq(write(go[1], "g", 1), 1);
 	child_ok(pid);
-	/* The client asks; its request waits for the server's read. */
-	p.c = wait_successor_on_rdma(p.cfd, oc, 1000);
-	cr_assert_null(p.c, "the client reached RDMA while the server's read was under way");
-	cr_assert_eq(write(p.cfd, "tcp", 3), 3);
+	cr_assert_null(wait_successor_on_rdma(p.cfd, oc, 1000),
+		       "the client reached RDMA while a read was under way");
+	cr_assert_eq(write(on_server ? p.cfd : p.sfd, "tcp", 3), 3);
 	cr_assert_eq(pthread_join(t, NULL), 0);
 	cr_assert_eq(r.n, 3);
 	cr_assert_eq(memcmp(r.got, "tcp", 3), 0);
-	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
-	cr_assert_not_null(p.c, "the client did not move to RDMA again");
-	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
-	cr_assert_not_null(p.s, "the server did not move to RDMA again");
-	exchange_on_rdma(&p, 16);
+	both_again_on_rdma(&p, oc, os, seed + 1);
 	close(go[0]);
 	close(go[1]);
 	ph_pair_close(&p);
 }
 
-/* The same on the client's side: its application is inside a read when
- * the child is gone; its successor asks only once that read is over,
- * which the server's next bytes, on TCP, end. */
+Test(kept, a_read_under_way_on_the_server_goes_first)
+{
+	read_under_way(true, 15);
+}
+
 Test(kept, a_read_under_way_on_the_client_goes_first)
 {
-	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 17);
-	struct sv_stream *oc = p.c, *os = p.s;
-	int go[2];
-	cr_assert_eq(pipe(go), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0)
-		child_writes_then_leaves(p.cfd, go[0]);
-	char b[5];
-	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
-	cr_assert_eq(memcmp(b, "child", 5), 0);
-	struct blocked_read r = {.fd = p.cfd};
-	pthread_t t;
-	cr_assert_eq(pthread_create(&t, NULL, read_once, &r), 0);
-	usleep(100000); /* inside the kernel's read by now, most likely */
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	child_ok(pid);
-	usleep(500000); /* the parent's helper has seen the child gone */
-	cr_assert_eq(ph_stream(p.cfd) != oc && h_state(ph_stream(p.cfd)) == SV_CONN_RDMA, false,
-		     "the client reached RDMA while its read was under way");
-	cr_assert_eq(write(p.sfd, "tcp", 3), 3);
-	cr_assert_eq(pthread_join(t, NULL), 0);
-	cr_assert_eq(r.n, 3);
-	cr_assert_eq(memcmp(r.got, "tcp", 3), 0);
-	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
-	cr_assert_not_null(p.c, "the client did not move to RDMA again");
-	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
-	cr_assert_not_null(p.s, "the server did not move to RDMA again");
-	exchange_on_rdma(&p, 18);
-	close(go[0]);
-	close(go[1]);
-	ph_pair_close(&p);
+	read_under_way(false, 17);
 }
 
 /* ---- Copies the parent must still follow ---------------------------------------- */
