@@ -88,10 +88,12 @@ bool sv_stream_kept_for_child(const struct sv_stream *s, struct sv_share_ref *re
 }
 
 /* Shared streams (keep.shared): looked at now and then, whether the
- * copies' holders are all gone. */
+ * copies' holders are all gone (each look reads their /proc/PID/fd): soon
+ * after a stream is shared, then less and less often. */
 static unsigned nshared;
-static uint64_t shared_look_at;
+static uint64_t shared_look_at, shared_look_us;
 #define SV_SHARED_LOOK_US 200000u
+#define SV_SHARED_LOOK_MAX_US 3200000u
 
 /* The owner is done with the entry: released or lost. Under s->lock. */
 static void settle(struct sv_stream *s, bool lost)
@@ -126,8 +128,9 @@ static void share(struct sv_stream *s)
 	s->keep.shared = true;
 	s->keep.want_back = false;
 	sv_lock(&keep_lock);
-	if (!nshared++)
-		shared_look_at = 0;
+	nshared++;
+	shared_look_at = 0;
+	shared_look_us = SV_SHARED_LOOK_US;
 	sv_unlock(&keep_lock);
 	if (s->keep.claimed)
 		sv_info("fd %d: plain TCP again, given to the fork's child that claimed it; "
@@ -286,8 +289,11 @@ uint64_t sv_stream_keep_service(uint64_t now)
 	}
 	sv_lock(&keep_lock);
 	bool look = nshared && now >= shared_look_at;
-	if (look)
-		shared_look_at = now + SV_SHARED_LOOK_US;
+	if (look) {
+		shared_look_at = now + shared_look_us;
+		if (shared_look_us < SV_SHARED_LOOK_MAX_US)
+			shared_look_us *= 2;
+	}
 	uint64_t next = nshared ? shared_look_at : 0;
 	sv_unlock(&keep_lock);
 	for (unsigned i = 0; look && i < SV_SHARES_SLOTS; i++) {
