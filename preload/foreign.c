@@ -6,9 +6,9 @@
  * unless the parent still holds its own copy: then this entry stays, its
  * calls the kernel's, so that the parent, which takes the connection to
  * RDMA again once it holds it alone, knows who else holds it (forks here,
- * closes, and hand-overs it cannot follow). A close does not claim (most children never use what they inherited).
- * The copy stays the parent's entry meanwhile: a fork here lists the new
- * child as another holder.
+ * dups, and hand-overs it cannot follow). A close does not claim (most
+ * children never use what they inherited). The copy stays the parent's
+ * entry meanwhile: a fork here lists the new child as another holder.
  *
  * When the parent cannot give it back (it died, or the connection failed),
  * the copy's calls fail with ECONNRESET: the bytes the parent's QP brought

@@ -62,10 +62,9 @@ void sv_stream_unpark(struct sv_stream *s)
 static bool revivable(const struct sv_stream *s)
 {
 	/* Not while a fork's child may use it too (stream_keep.c). */
-	return atomic_load(&s->parked) && (!s->keep.shared || s->keep.alone) && s->state == SV_CONN_DETACHED &&
-	       s->redo.ok &&
-	       !s->error && !s->cl.app_closed && !s->cl.tx_shut && s->opens == 1 &&
-	       !s->fd_private && s->fd >= 0;
+	return atomic_load(&s->parked) && (!s->keep.shared || s->keep.alone) &&
+	       s->state == SV_CONN_DETACHED && s->redo.ok && !s->error && !s->cl.app_closed &&
+	       !s->cl.tx_shut && s->opens == 1 && !s->fd_private && s->fd >= 0;
 }
 
 struct sv_stream *sv_stream_successor(struct sv_stream *s)
