@@ -500,6 +500,19 @@ bool sv_stream_fd_adopt(const int *fds, int n, const struct sv_hand *hand, uint6
 
 /* ---- A second life (src/stream_redo.c) ------------------------------------------ */
 
+/* No call of any kind is under way on the predecessor's entry: the
+ * successor holds the only reference left (the table's went at the swap;
+ * an epoll set's would stay, but a stream in one gets no successor). */
+static bool entry_idle(void *e)
+{
+	return atomic_load(&((struct sv_fd *)e)->refs) == 1;
+}
+
+static void entry_put(void *e)
+{
+	sv_fd_put(e);
+}
+
 /* The application's fd of s, back on plain TCP, becomes a new stream that
  * moves to RDMA again: 1; -1 when it cannot, as for an fd an epoll set
  * watches (the set would not see the successor). */
@@ -508,8 +521,11 @@ static int revive(struct sv_stream *s, int fd, struct sv_listener *l)
 	sv_enter();
 	struct sv_fd *f = sv_fd_get(fd);
 	struct sv_stream *n = f && f->priv == s && !atomic_load(&f->in_epoll)
-				      ? sv_stream_successor(s)
+				      ? sv_stream_successor(s, f, entry_idle, entry_put)
 				      : NULL;
+	if (!n)
+		sv_fd_put(f);
+	/* f's reference is n's from here on. */
 	struct sv_fd *nf = n ? sv_fd_new(fd, &sv_stream_ops, n) : NULL;
 	bool ok = nf && sv_fd_swap(f, nf) == 0; /* not if closed meanwhile */
 	if (ok) {
@@ -520,7 +536,6 @@ static int revive(struct sv_stream *s, int fd, struct sv_listener *l)
 		sv_fd_put(nf); /* the table's now, or n goes with it */
 	else if (n)
 		sv_stream_put(n);
-	sv_fd_put(f);
 	sv_leave();
 	return ok ? 1 : -1;
 }

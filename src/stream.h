@@ -173,9 +173,13 @@ void sv_stream_set_revive(sv_revive_fn fn);
 int sv_stream_revive(struct sv_stream *s, struct sv_listener *l);
 /* s's successor, or NULL (s cannot have one: not back on TCP with its
  * counts known, closed, dup'd, or it has one already): a new stream for
- * s's fd. Once it is the fd's entry, sv_stream_successor_took: the calls
- * that reach s from then on go on to it. */
-struct sv_stream *sv_stream_successor(struct sv_stream *s);
+ * s's fd. `entry` is the fd's entry for s, a reference the successor
+ * keeps (dropped with put) until its switch is over, asking `idle` whether
+ * a call is under way on it. Once the successor is the fd's entry,
+ * sv_stream_successor_took: the calls that reach s from then on go on to
+ * it. */
+struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
+				      void (*put)(void *));
 void sv_stream_successor_took(struct sv_stream *s, struct sv_stream *n);
 void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l);
 /* s gets no successor: the application has another fd for its socket,

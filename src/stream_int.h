@@ -271,14 +271,20 @@ struct sv_redo {
 };
 
 /* A stream made from one back on TCP, its predecessor: its counts are
- * taken, and its upgrade goes on, only once no call of the predecessor's
- * is in the kernel (such a call reads and writes the kernel's socket past
- * us, and could take a switch's echo for data). Calls that reach the
- * predecessor later go on to its successor. */
+ * taken, and its upgrade goes on, only once no data call of the
+ * predecessor's is in the kernel (such a read could take a switch's echo
+ * for data). Calls that reach the predecessor later go on to its
+ * successor. A poll or select that began on the predecessor's fd entry
+ * sleeps in the kernel: it must see the peer's bytes and echo arrive on
+ * TCP, so nothing of ours reads them ahead (the pump) while one may
+ * sleep there. Both are held until the switch is over (or the upgrade). */
 struct sv_pred {
-	struct sv_stream *s; /* held while pending */
-	void *node;          /* to let go of it later, without a lock */
-	bool pending;        /* counts not taken yet */
+	struct sv_stream *s;        /* held until done */
+	void *entry;                /* the preload layer's, held until done */
+	bool (*idle)(void *entry);  /* no call of any kind under way on it */
+	void (*put)(void *entry);
+	void *node;                 /* to let them go later, without a lock */
+	bool pending;               /* counts not taken yet */
 };
 
 /* Socket options that shape the protocol or the waits. */
@@ -607,9 +613,12 @@ bool sv_stream_redo_ready(struct sv_stream *s);
 /* In a fork's child: the parent's predecessors waiting to go are the
  * parent's. */
 void sv_stream_redo_atfork_child(void);
-/* Its counts will never be taken (it fell back, or was closed): the
- * predecessor goes. */
+/* The switch is over, the upgrade failed, or the application closed
+ * it: the predecessor and its entry go (by the helper). */
 void sv_stream_pred_done(struct sv_stream *s);
+/* A call may sleep on the predecessor's fd entry (a poll that began
+ * before the successor took the fd): nothing of ours reads TCP ahead. */
+bool sv_stream_pred_busy(const struct sv_stream *s);
 /* The stream is freed: its predecessor and successor, if still held, go. */
 void sv_stream_pred_forget(struct sv_stream *s);
 /* A data call of the application's would go to the kernel's socket: NULL,

@@ -26,6 +26,8 @@ static _Atomic(sv_revive_fn) revive_fn;
  * own). */
 struct reap {
 	struct sv_stream *s;
+	void *entry;
+	void (*put)(void *entry);
 	struct reap *next;
 };
 static _Atomic(struct reap *) to_reap;
@@ -67,7 +69,8 @@ static bool revivable(const struct sv_stream *s)
 	       !s->cl.tx_shut && s->opens == 1 && !s->fd_private && s->fd >= 0;
 }
 
-struct sv_stream *sv_stream_successor(struct sv_stream *s)
+struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
+				      void (*put)(void *))
 {
 	struct reap *node = malloc(sizeof(*node));
 	struct sv_stream *n = node ? sv_stream_new(s->fd, s->is_client) : NULL;
@@ -81,7 +84,8 @@ struct sv_stream *sv_stream_successor(struct sv_stream *s)
 		atomic_store(&s->parked, false); /* one successor */
 		n->redo = s->redo;
 		sv_stream_get(s);
-		n->pred = (struct sv_pred){.s = s, .node = node, .pending = true};
+		n->pred = (struct sv_pred){.s = s, .entry = entry, .idle = idle, .put = put,
+					   .node = node, .pending = true};
 	}
 	sv_unlock(&s->lock);
 	if (!ok) {
@@ -126,10 +130,8 @@ void sv_stream_kernel_call_done(struct sv_stream *s)
 static void reap_later(struct sv_stream *s)
 {
 	struct reap *r = s->pred.node;
-	s->pred.node = NULL;
-	s->pred.pending = false;
-	r->s = s->pred.s;
-	s->pred.s = NULL;
+	*r = (struct reap){.s = s->pred.s, .entry = s->pred.entry, .put = s->pred.put};
+	s->pred = (struct sv_pred){0};
 	r->next = atomic_load(&to_reap);
 	while (!atomic_compare_exchange_weak(&to_reap, &r->next, r))
 		;
@@ -141,7 +143,7 @@ bool sv_stream_redo_ready(struct sv_stream *s)
 		return true;
 	if (atomic_load(&s->pred.s->kcalls))
 		return false;
-	reap_later(s);
+	s->pred.pending = false;
 	uint64_t ktx, krx;
 	int r = sv_tcp_app_counts(s->fd, &ktx, &krx);
 	if (r < 0) {
@@ -159,9 +161,14 @@ bool sv_stream_redo_ready(struct sv_stream *s)
 	return true;
 }
 
+bool sv_stream_pred_busy(const struct sv_stream *s)
+{
+	return s->pred.entry && !s->pred.idle(s->pred.entry);
+}
+
 void sv_stream_pred_done(struct sv_stream *s)
 {
-	if (s->pred.pending)
+	if (s->pred.node)
 		reap_later(s);
 }
 
@@ -176,6 +183,8 @@ void sv_stream_redo_reap(void)
 	struct reap *r = atomic_exchange(&to_reap, NULL);
 	while (r) {
 		struct reap *next = r->next;
+		if (r->entry)
+			r->put(r->entry);
 		sv_stream_put(r->s);
 		free(r);
 		r = next;
@@ -184,6 +193,8 @@ void sv_stream_redo_reap(void)
 
 void sv_stream_pred_forget(struct sv_stream *s)
 {
+	if (s->pred.entry)
+		s->pred.put(s->pred.entry);
 	if (s->pred.s)
 		sv_stream_put(s->pred.s);
 	free(s->pred.node);

@@ -120,8 +120,8 @@ void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to)
 	s->state = to;
 	if (s->keep.ref.t)
 		sv_stream_keep_state(s, to);
-	if (to == SV_CONN_FALLBACK)
-		sv_stream_pred_done(s);
+	if (to == SV_CONN_RDMA || to == SV_CONN_FALLBACK || to == SV_CONN_BROKEN)
+		sv_stream_pred_done(s); /* the switch is over, or the upgrade */
 }
 
 /* What a fallback says of the peer, for its next connections (peers.h).

@@ -372,7 +372,7 @@ void sv_stream_pump_tcp(struct sv_stream *s)
 {
 	uint64_t seq;
 	if (!s->proto || !sv_proto_peer_switch(s->proto, &seq) || s->error ||
-	    !sv_stream_switch_point_ok(s, seq))
+	    !sv_stream_switch_point_ok(s, seq) || sv_stream_pred_busy(s))
 		return;
 	/* Only while a switch waits for its point: a buffer of the moment,
 	 * not 64 KiB in every thread of every process. */

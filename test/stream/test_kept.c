@@ -8,6 +8,7 @@
 #include "preload_harness.h"
 
 #include <criterion/criterion.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -537,5 +538,54 @@ Test(kept, a_server_whose_own_child_holds_a_copy_stays_on_tcp)
 	cr_assert_eq(write(go[1], "g", 1), 1);
 	child_ok(holder);
 	cr_assert_null(ns, "the server moved to RDMA again while its own child holds a copy");
+	ph_pair_close(&p);
+}
+
+/* The server's application sleeps in poll() on its fd when the entry is
+ * swapped (nc does, all the time): the poll is the kernel's, on the
+ * socket, and must see the client's bytes and echo arrive there. Nothing
+ * of ours may read them ahead while it sleeps, or it sleeps for ever
+ * while the connection moves to RDMA under it. */
+struct sleeping_poll {
+	int fd;
+	int ready;
+	char got[8];
+	long n;
+};
+
+static void *poll_then_read(void *arg)
+{
+	struct sleeping_poll *sp = arg;
+	struct pollfd pfd = {.fd = sp->fd, .events = POLLIN};
+	sp->ready = poll(&pfd, 1, 20000);
+	if (sp->ready == 1)
+		sp->n = read(sp->fd, sp->got, sizeof(sp->got));
+	return NULL;
+}
+
+Test(kept, a_poll_asleep_on_the_server_sees_the_switch)
+{
+	struct pair p;
+	int go[2];
+	pid_t pid = a_writing_child(&p, 19, go);
+	struct sv_stream *oc = p.c, *os = p.s;
+	struct sleeping_poll sp = {.fd = p.sfd};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, poll_then_read, &sp), 0);
+	usleep(100000); /* asleep in the kernel's poll by now, most likely */
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	p.c = wait_successor_on_rdma(p.cfd, oc, 10000);
+	cr_assert_not_null(p.c, "the client did not move to RDMA again");
+	cr_assert_eq(write(p.cfd, "qp", 2), 2);
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	cr_assert_eq(sp.ready, 1, "the poll asleep on the old entry never woke");
+	cr_assert_eq(sp.n, 2);
+	cr_assert_eq(memcmp(sp.got, "qp", 2), 0);
+	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
+	cr_assert_not_null(p.s, "the server did not move to RDMA again");
+	exchange_on_rdma(&p, 20);
+	close(go[0]);
+	close(go[1]);
 	ph_pair_close(&p);
 }
