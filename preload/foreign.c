@@ -34,7 +34,8 @@ struct sv_foreign {
 	atomic_bool lost; /* the claim found it lost */
 	/* Released, but the parent still follows the copies, to take the
 	 * connection to RDMA again once it holds it alone: this entry stays,
-	 * so that a fork here lists the new holder and a close unlists us. */
+	 * so that a fork here lists the new holder (a close leaves the
+	 * listing to the parent's look into /proc). */
 	atomic_bool shared;
 };
 

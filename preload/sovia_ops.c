@@ -514,9 +514,9 @@ static void entry_put(void *e)
 }
 
 /* The application's fd of s, back on plain TCP, becomes a new stream that
- * moves to RDMA again: 1; -1 when it cannot, as for an fd an epoll set
- * watches (the set would not see the successor). */
-static int revive(struct sv_stream *s, int fd, struct sv_listener *l)
+ * moves to RDMA again; not an fd an epoll set watches (the set would not
+ * see the successor). */
+static bool revive(struct sv_stream *s, int fd, struct sv_listener *l)
 {
 	sv_enter();
 	struct sv_fd *f = sv_fd_get(fd);
@@ -537,7 +537,7 @@ static int revive(struct sv_stream *s, int fd, struct sv_listener *l)
 	else if (n)
 		sv_stream_put(n);
 	sv_leave();
-	return ok ? 1 : -1;
+	return ok;
 }
 
 void sv_ops_init(void)

@@ -164,11 +164,12 @@ bool sv_stream_kernel_only_seen(const struct sv_stream *s);
  * one fd for it may move to RDMA again, as a new stream that takes that
  * fd: when this process holds it alone again after a fork's child used it
  * (stream_keep.c), or a server's when its client asks again. The preload
- * layer makes it: the fd's entry becomes the stream sv_stream_successor
- * gives, started with sv_stream_start_revived (l: the listener a request
- * came to; NULL for a client). 1 when it did; 0: not now (a call is under
- * way on the fd), ask again; -1: it cannot. */
-typedef int (*sv_revive_fn)(struct sv_stream *s, int fd, struct sv_listener *l);
+ * layer makes it (the hook, true when it did): the fd's entry becomes the
+ * stream sv_stream_successor gives, started with sv_stream_start_revived
+ * (l: the listener a request came to; NULL for a client).
+ * sv_stream_revive: 1 when it did; 0: not now (a fork's child of ours may
+ * still hold it, and we look again), ask again; -1: it cannot. */
+typedef bool (*sv_revive_fn)(struct sv_stream *s, int fd, struct sv_listener *l);
 void sv_stream_set_revive(sv_revive_fn fn);
 int sv_stream_revive(struct sv_stream *s, struct sv_listener *l);
 /* s's successor, or NULL (s cannot have one: not back on TCP with its
@@ -185,8 +186,8 @@ void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l);
 /* s gets no successor: the application has another fd for its socket,
  * which libsovia does not follow (a dup of a connection back on TCP). */
 void sv_stream_unpark(struct sv_stream *s);
-/* The helper, holding no lock: predecessors whose successors took their
- * counts are let go. */
+/* The helper, holding no lock: predecessors whose successors' switch is
+ * over (or their upgrade) are let go. */
 void sv_stream_redo_reap(void);
 /* A server connection of this process back on TCP, for the four-tuple of
  * a request (a reference), or NULL. */

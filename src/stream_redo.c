@@ -212,7 +212,7 @@ int sv_stream_revive(struct sv_stream *s, struct sv_listener *l)
 	sv_unlock(&s->lock);
 	if (later)
 		return 0;
-	return fn && ok ? fn(s, fd, l) : -1;
+	return fn && ok && fn(s, fd, l) ? 1 : -1;
 }
 
 int sv_stream_revive_parked(const struct sockaddr_storage *local,

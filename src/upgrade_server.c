@@ -701,8 +701,8 @@ static uint64_t pending_timers(uint64_t now)
 /* Requests that found no accepted connection: one that went back to
  * plain TCP here may move to RDMA again, as a new stream (stream_redo.c)
  * the request then matches. Each looks without up_lock (making the
- * successor takes it), once, or again soon while the connection is in
- * use (a call under way), a few times. */
+ * successor takes it), once, or again soon for a while when a fork's
+ * child of ours may still hold the connection (its owner looks again). */
 #define SV_REVIVE_BATCH 8
 #define SV_REVIVE_AGAIN_US 20000u
 #define SV_REVIVE_BUSY_MAX 50u
