@@ -11,12 +11,14 @@
 #ifndef SV_STREAM_H
 #define SV_STREAM_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
 struct sv_share_ref;
+struct sv_share_redo;
 
 struct sv_stream;
 struct sv_listener;
@@ -182,6 +184,28 @@ int sv_stream_revive(struct sv_stream *s, struct sv_listener *l);
 struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
 				      void (*put)(void *));
 void sv_stream_successor_took(struct sv_stream *s, struct sv_stream *n);
+/* The data calls of an fd entry that go to the kernel's socket while its
+ * connection may get a successor: a successor takes its counts only once
+ * none is under way (such a read could take a switch's echo for data),
+ * and once it took the fd over, the calls that still reach the old entry
+ * go on to it. sv_kcalls_enter: NULL, go to the kernel, then
+ * sv_kcalls_leave; or the successor (a reference) serves the call.
+ * sv_kcalls_forget drops the successor's reference. */
+struct sv_kcalls {
+	atomic_uint n;
+	_Atomic(struct sv_stream *) next;
+};
+struct sv_stream *sv_kcalls_enter(struct sv_kcalls *k);
+void sv_kcalls_leave(struct sv_kcalls *k);
+void sv_kcalls_took(struct sv_kcalls *k, struct sv_stream *n);
+void sv_kcalls_forget(struct sv_kcalls *k);
+/* A fork's child holds alone a client connection its parent handed to the
+ * copies (sv_shares_adopt): a new stream for fd, from where the
+ * connection stood then (redo). `entry`, `idle`, `put` as for
+ * sv_stream_successor; kc: the entry's kernel calls. NULL on ENOMEM. */
+struct sv_stream *sv_stream_adopted(int fd, const struct sv_share_redo *redo, void *entry,
+				    bool (*idle)(void *), void (*put)(void *),
+				    struct sv_kcalls *kc);
 void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l);
 /* s gets no successor: the application has another fd for its socket,
  * which libsovia does not follow (a dup of a connection back on TCP). */

@@ -283,6 +283,7 @@ struct sv_pred {
 	void *entry;                /* the preload layer's, held until done */
 	bool (*idle)(void *entry);  /* no call of any kind under way on it */
 	void (*put)(void *entry);
+	struct sv_kcalls *kc;       /* the predecessor's (or the entry's) calls */
 	void *node;                 /* to let them go later, without a lock */
 	bool pending;               /* counts not taken yet */
 };
@@ -357,10 +358,9 @@ struct sv_stream {
 	struct sv_keep keep;
 	struct sv_redo redo;
 	struct sv_pred pred;
-	/* The stream that took the application's fd over (held), and the
-	 * calls of ours in the kernel meanwhile (stream_redo.c). */
-	_Atomic(struct sv_stream *) successor;
-	atomic_uint kcalls;
+	/* Our calls in the kernel, and the stream that took the
+	 * application's fd over (stream_redo.c). */
+	struct sv_kcalls kc;
 	/* Back on TCP with known counts, a successor not made yet: a server's
 	 * request may revive it (sv_stream_find_parked). Read without the lock. */
 	atomic_bool parked;
@@ -621,12 +621,6 @@ void sv_stream_pred_done(struct sv_stream *s);
 bool sv_stream_pred_busy(const struct sv_stream *s);
 /* The stream is freed: its predecessor and successor, if still held, go. */
 void sv_stream_pred_forget(struct sv_stream *s);
-/* A data call of the application's would go to the kernel's socket: NULL,
- * and it counts as under way until sv_stream_kernel_call_done; or the
- * successor (a reference) that took the fd over, which serves it. With
- * the lock. */
-struct sv_stream *sv_stream_kernel_call(struct sv_stream *s);
-void sv_stream_kernel_call_done(struct sv_stream *s);
 
 /* ---- The upgrade's rdma_cm half (upgrade.c) -------------------------------------------- */
 

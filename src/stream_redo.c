@@ -16,6 +16,7 @@
 #include "config.h"
 #include "helper.h"
 #include "log.h"
+#include "shares.h"
 
 #include <stdlib.h>
 
@@ -85,7 +86,7 @@ struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*i
 		n->redo = s->redo;
 		sv_stream_get(s);
 		n->pred = (struct sv_pred){.s = s, .entry = entry, .idle = idle, .put = put,
-					   .node = node, .pending = true};
+					   .kc = &s->kc, .node = node, .pending = true};
 	}
 	sv_unlock(&s->lock);
 	if (!ok) {
@@ -99,32 +100,60 @@ struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*i
 
 void sv_stream_successor_took(struct sv_stream *s, struct sv_stream *n)
 {
-	sv_stream_get(n);
-	sv_lock(&s->lock);
-	atomic_store(&s->successor, n);
-	sv_unlock(&s->lock);
+	sv_kcalls_took(&s->kc, n);
 }
 
-struct sv_stream *sv_stream_kernel_call(struct sv_stream *s)
+struct sv_stream *sv_stream_adopted(int fd, const struct sv_share_redo *redo, void *entry,
+				    bool (*idle)(void *), void (*put)(void *),
+				    struct sv_kcalls *kc)
 {
-	struct sv_stream *n = atomic_load(&s->successor);
-	if (n) {
-		sv_stream_get(n);
-		return n;
+	struct reap *node = malloc(sizeof(*node));
+	struct sv_stream *n = node ? sv_stream_new(fd, true) : NULL;
+	if (!n) {
+		free(node);
+		return NULL;
 	}
-	atomic_fetch_add(&s->kcalls, 1);
-	return NULL;
+	n->redo = (struct sv_redo){.ok = true, .tx = redo->tx, .rx = redo->rx,
+				   .ktx = redo->ktx, .krx = redo->krx};
+	n->pred = (struct sv_pred){.entry = entry, .idle = idle, .put = put, .kc = kc,
+				   .node = node, .pending = true};
+	atomic_store(&n->app_used, true);
+	return n;
 }
 
-void sv_stream_kernel_call_done(struct sv_stream *s)
+struct sv_stream *sv_kcalls_enter(struct sv_kcalls *k)
 {
-	if (atomic_fetch_sub(&s->kcalls, 1) != 1)
+	/* Counted first: a successor that took the fd after our look at
+	 * `next` waits for us (sequentially consistent, both). */
+	atomic_fetch_add(&k->n, 1);
+	struct sv_stream *n = atomic_load(&k->next);
+	if (!n)
+		return NULL;
+	sv_stream_get(n);
+	sv_kcalls_leave(k);
+	return n;
+}
+
+void sv_kcalls_leave(struct sv_kcalls *k)
+{
+	if (atomic_fetch_sub(&k->n, 1) != 1)
 		return;
 	/* The last: a successor that waits for it looks again. It lives as
-	 * long as s, which the caller's fd entry holds. */
-	struct sv_stream *n = atomic_load(&s->successor);
+	 * long as k, which the caller's fd entry holds. */
+	struct sv_stream *n = atomic_load(&k->next);
 	if (n)
 		sv_helper_watch(n);
+}
+
+void sv_kcalls_took(struct sv_kcalls *k, struct sv_stream *n)
+{
+	sv_stream_get(n);
+	sv_stream_put(atomic_exchange(&k->next, n));
+}
+
+void sv_kcalls_forget(struct sv_kcalls *k)
+{
+	sv_stream_put(atomic_exchange(&k->next, NULL));
 }
 
 static void reap_later(struct sv_stream *s)
@@ -141,7 +170,7 @@ bool sv_stream_redo_ready(struct sv_stream *s)
 {
 	if (!s->pred.pending)
 		return true;
-	if (atomic_load(&s->pred.s->kcalls))
+	if (s->pred.kc && atomic_load(&s->pred.kc->n))
 		return false;
 	s->pred.pending = false;
 	uint64_t ktx, krx;
@@ -198,7 +227,7 @@ void sv_stream_pred_forget(struct sv_stream *s)
 	if (s->pred.s)
 		sv_stream_put(s->pred.s);
 	free(s->pred.node);
-	sv_stream_put(atomic_load(&s->successor));
+	sv_kcalls_forget(&s->kc);
 }
 
 int sv_stream_revive(struct sv_stream *s, struct sv_listener *l)

@@ -211,7 +211,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 	s->wt.app_calls++;
 	if (sv_stream_rx_medium(s) == SV_MEDIUM_KERNEL) {
 		sv_stream_note_kernel_only(s);
-		struct sv_stream *succ = sv_stream_kernel_call(s);
+		struct sv_stream *succ = sv_kcalls_enter(&s->kc);
 		sv_unlock(&s->lock);
 		if (succ) {
 			long r = sv_stream_recvmsg(succ, msg, flags);
@@ -222,7 +222,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		ssize_t n = SV_REAL(recvmsg)(s->fd, msg, flags);
 		sv_guard_resume(inside);
 		int err = errno;
-		sv_stream_kernel_call_done(s);
+		sv_kcalls_leave(&s->kc);
 		errno = err;
 		if (n > 0 && !(flags & MSG_PEEK)) {
 			__atomic_fetch_add(&s->st.tcp_rx_bytes, (uint64_t)n, __ATOMIC_RELAXED);

@@ -233,7 +233,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 	s->wt.app_calls++;
 	if (sv_stream_tx_medium(s) == SV_MEDIUM_KERNEL && !s->cl.tx_shut) {
 		sv_stream_note_kernel_only(s);
-		struct sv_stream *succ = sv_stream_kernel_call(s);
+		struct sv_stream *succ = sv_kcalls_enter(&s->kc);
 		sv_unlock(&s->lock);
 		if (succ) {
 			long r = sv_stream_sendmsg(succ, msg, flags);
@@ -244,7 +244,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		ssize_t n = SV_REAL(sendmsg)(s->fd, msg, flags);
 		sv_guard_resume(inside);
 		int err = errno;
-		sv_stream_kernel_call_done(s);
+		sv_kcalls_leave(&s->kc);
 		errno = err;
 		if (n > 0) {
 			__atomic_fetch_add(&s->st.tcp_tx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
