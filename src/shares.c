@@ -34,8 +34,18 @@
 
 /* SHARED: released to the copies, which the owner still follows (their
  * forks list the new holders) to take the connection to RDMA again once
- * it holds it alone. */
-enum { PH_FREE = 0, PH_KEPT = 1, PH_CLAIMED = 2, PH_RELEASED = 3, PH_LOST = 4, PH_SHARED = 5 };
+ * it holds it alone. HANDED: released to the copies by an owner that let
+ * go of it, with the counts a copy's holder needs to take it to RDMA
+ * again once it holds it alone (sv_shares_adopt); followed until then. */
+enum {
+	PH_FREE = 0,
+	PH_KEPT = 1,
+	PH_CLAIMED = 2,
+	PH_RELEASED = 3,
+	PH_LOST = 4,
+	PH_SHARED = 5,
+	PH_HANDED = 6,
+};
 #define PHASE(st) ((st) & 7u)
 #define GEN(st) ((st) >> 3)
 #define MAKE(gen, ph) ((uint32_t)(gen) << 3 | (uint32_t)(ph))
@@ -47,6 +57,7 @@ struct slot {
 	_Atomic int32_t pid[SV_SHARES_PIDS];
 	_Atomic uint64_t ino;
 	_Atomic bool taken; /* a claim the owner's helper has not seen yet */
+	struct sv_share_redo redo; /* HANDED: written before the phase */
 };
 
 struct sv_shares {
@@ -110,7 +121,7 @@ int sv_shares_keep(struct sv_shares *t, uint64_t ino, struct sv_share_ref *out)
 		 * compare generations, and a new one reads as released. A lost
 		 * one must go on reading lost as long as a copy is held. */
 		if (PHASE(st) != PH_FREE && PHASE(st) != PH_RELEASED &&
-		    (PHASE(st) != PH_LOST || slot_others_hold(sl)))
+		    ((PHASE(st) != PH_LOST && PHASE(st) != PH_HANDED) || slot_others_hold(sl)))
 			continue;
 		atomic_store(&sl->pending, 0);
 		atomic_store(&sl->unlisted, 0);
@@ -145,7 +156,8 @@ static bool open_entry(struct slot *sl, const struct sv_share_ref *r)
 {
 	uint32_t st;
 	return current(sl, r, &st) &&
-	       (PHASE(st) == PH_KEPT || PHASE(st) == PH_CLAIMED || PHASE(st) == PH_SHARED);
+	       (PHASE(st) == PH_KEPT || PHASE(st) == PH_CLAIMED || PHASE(st) == PH_SHARED ||
+		PHASE(st) == PH_HANDED);
 }
 
 bool sv_shares_fork_begin(const struct sv_share_ref *r)
@@ -199,21 +211,21 @@ static bool zombie(pid_t pid)
 	return close_paren && close_paren[1] == ' ' && close_paren[2] == 'Z';
 }
 
-/* Has process pid the socket whose inode is ino open? Unknown (no access
- * to its fds) counts as yes. */
-static bool pid_holds(pid_t pid, uint64_t ino)
+/* How many of process pid's fds are the socket whose inode is ino, up to
+ * max? Unknown (no access to its fds) counts as max. */
+static int pid_fds(pid_t pid, uint64_t ino, int max)
 {
 	if (kill(pid, 0) < 0 && errno == ESRCH)
-		return false;
+		return 0;
 	char path[64], link[64], want[40];
 	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
 	snprintf(want, sizeof(want), "socket:[%" PRIu64 "]", ino);
 	DIR *d = opendir(path);
-	if (!d)
-		return errno != ENOENT && !zombie(pid); /* ENOENT: it ended meanwhile */
-	bool found = false;
+	if (!d) /* ENOENT: it ended meanwhile */
+		return errno != ENOENT && !zombie(pid) ? max : 0;
+	int found = 0;
 	size_t plen = strlen(path);
-	for (struct dirent *e; !found && (e = readdir(d));) {
+	for (struct dirent *e; found < max && (e = readdir(d));) {
 		if (e->d_name[0] == '.' || plen + 1 + strlen(e->d_name) >= sizeof(path))
 			continue;
 		char fdpath[sizeof(path)];
@@ -222,10 +234,15 @@ static bool pid_holds(pid_t pid, uint64_t ino)
 		if (n <= 0)
 			continue;
 		link[n] = '\0';
-		found = strcmp(link, want) == 0;
+		found += strcmp(link, want) == 0;
 	}
 	closedir(d);
 	return found;
+}
+
+static bool pid_holds(pid_t pid, uint64_t ino)
+{
+	return pid_fds(pid, ino, 1) > 0;
 }
 
 bool sv_shares_others_hold(const struct sv_share_ref *r)
@@ -281,11 +298,57 @@ void sv_shares_share(const struct sv_share_ref *r)
 	move_to(r, PH_SHARED);
 }
 
+void sv_shares_hand(const struct sv_share_ref *r, const struct sv_share_redo *redo)
+{
+	struct slot *sl = slot_of(r);
+	uint32_t st;
+	if (!sl || !current(sl, r, &st))
+		return;
+	sl->redo = *redo; /* the phase's store below publishes it */
+	move_to(r, PH_HANDED);
+}
+
+bool sv_shares_handed(const struct sv_share_ref *r)
+{
+	struct slot *sl = slot_of(r);
+	uint32_t st;
+	return sl && current(sl, r, &st) && PHASE(st) == PH_HANDED;
+}
+
+int sv_shares_adopt(const struct sv_share_ref *r, struct sv_share_redo *out)
+{
+	struct slot *sl = slot_of(r);
+	uint32_t st;
+	if (!sl || !current(sl, r, &st) || PHASE(st) != PH_HANDED)
+		return -1;
+	int32_t me = (int32_t)getpid();
+	uint64_t ino = atomic_load(&sl->ino);
+	if (atomic_load(&sl->pending) || atomic_load(&sl->unlisted) ||
+	    pid_holds(atomic_load(&r->t->owner), ino) || pid_fds(me, ino, 2) != 1)
+		return 0;
+	for (int k = 0; k < SV_SHARES_PIDS; k++) {
+		int32_t pid = atomic_load(&sl->pid[k]);
+		if (pid <= 0 || pid == me)
+			continue;
+		if (pid_holds(pid, ino))
+			return 0;
+		atomic_compare_exchange_strong(&sl->pid[k], &pid, 0);
+	}
+	*out = sl->redo;
+	/* One adopter: a fork of ours since the look above counts as
+	 * pending and loses it. */
+	if (atomic_load(&sl->pending) ||
+	    !atomic_compare_exchange_strong(&sl->state, &st, MAKE(r->gen, PH_RELEASED)))
+		return 0;
+	futex_wake_all(&sl->state);
+	return 1;
+}
+
 void sv_shares_unlist(const struct sv_share_ref *r)
 {
 	struct slot *sl = slot_of(r);
 	uint32_t st;
-	if (sl && current(sl, r, &st) && PHASE(st) == PH_SHARED)
+	if (sl && current(sl, r, &st) && (PHASE(st) == PH_SHARED || PHASE(st) == PH_HANDED))
 		atomic_fetch_add(&sl->unlisted, 1);
 }
 
@@ -328,6 +391,7 @@ int sv_shares_claim(const struct sv_share_ref *r)
 		case PH_RELEASED:
 			return 0;
 		case PH_SHARED:
+		case PH_HANDED:
 			return 1;
 		case PH_LOST:
 			return -ECONNRESET;

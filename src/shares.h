@@ -31,6 +31,14 @@ struct sv_shares;
 /* More kept connections at once than this go back to TCP at the fork. */
 #define SV_SHARES_SLOTS 1024u
 
+/* Where a connection handed to the copies stands (sv_shares_hand): the
+ * stream offsets where TCP took over from the owner's QP, and the
+ * kernel's counts of the socket then (stream_redo.c). */
+struct sv_share_redo {
+	uint64_t tx, rx;
+	uint64_t ktx, krx;
+};
+
 /* One kept connection, as each process names it. */
 struct sv_share_ref {
 	struct sv_shares *t; /* NULL: none */
@@ -70,6 +78,11 @@ void sv_shares_settle(const struct sv_share_ref *r, bool lost);
  * learns when it holds the connection alone again
  * (sv_shares_others_hold), then settles it. */
 void sv_shares_share(const struct sv_share_ref *r);
+/* The owner lets go of a connection it released to the copies, a client
+ * whose counts are known: as sv_shares_share, the copies' forks are still
+ * followed, until one holder of a copy, alone, takes it to RDMA again
+ * (sv_shares_adopt). The entry is no longer the owner's to settle. */
+void sv_shares_hand(const struct sv_share_ref *r, const struct sv_share_redo *redo);
 /* The entries claimed since the last call (each at most once per call),
  * for the owner's helper: up to max slots into out; returns how many. */
 int sv_shares_take_claims(struct sv_shares *t, int *out, int max);
@@ -78,10 +91,18 @@ int sv_shares_take_claims(struct sv_shares *t, int *out, int max);
 
 /* Block until the owner released the connection, whose kernel's socket
  * then carries all of it: 0; 1 when the owner still follows the copies
- * (sv_shares_share), and this one stays listed while it is held;
+ * (sv_shares_share) or handed it on (sv_shares_hand), and this one stays
+ * listed while it is held;
  * -ECONNRESET when it was lost (the owner died, or could not give it
  * back). Not interrupted by signals. */
 int sv_shares_claim(const struct sv_share_ref *r);
+/* Handed (sv_shares_hand), not adopted yet? One load. */
+bool sv_shares_handed(const struct sv_share_ref *r);
+/* A handed connection whose only holder is this process, on one fd, is
+ * this process's now: 1, with its counts; 0: another process (the owner
+ * too) or another fd of ours holds it, or a fork is under way (ask again
+ * later); -1: not handed. Reads /proc: not for a signal handler. */
+int sv_shares_adopt(const struct sv_share_ref *r, struct sv_share_redo *out);
 /* A copy released that way is passed on where its holder cannot be
  * followed (spawn, SCM_RIGHTS, ...): the owner is never alone again. */
 void sv_shares_unlist(const struct sv_share_ref *r);

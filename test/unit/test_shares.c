@@ -219,3 +219,56 @@ Test(shares, a_shared_entry_follows_its_copies_until_settled)
 	cr_assert_eq(sv_shares_claim(&ref), 0);
 	cr_assert_not(sv_shares_fork_begin(&ref), "a settled entry is still followed");
 }
+
+/* A handed entry (the owner let go): its copies claim at once and stay
+ * followed; the one holder left, on one fd, adopts it with the counts the
+ * owner gave, once. Not while the owner or another fd holds the socket. */
+Test(shares, a_handed_entry_is_adopted_by_its_only_holder)
+{
+	int go[2], said[2];
+	cr_assert_eq(pipe(go), 0);
+	cr_assert_eq(pipe(said), 0);
+	cr_assert(sv_shares_fork_begin(&ref));
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct sv_share_redo got = {0};
+		char c;
+		if (read(go[0], &c, 1) != 1 || sv_shares_claim(&ref) != 1)
+			_exit(10);
+		if (sv_shares_adopt(&ref, &got) != 0)
+			_exit(11); /* the owner holds it */
+		if (write(said[1], "a", 1) != 1 || read(go[0], &c, 1) != 1)
+			_exit(12);
+		int d = dup(sv[0]);
+		if (d < 0 || sv_shares_adopt(&ref, &got) != 0)
+			_exit(13); /* two fds of ours */
+		close(d);
+		if (sv_shares_adopt(&ref, &got) != 1)
+			_exit(14);
+		if (got.tx != 1 || got.rx != 2 || got.ktx != 3 || got.krx != 4)
+			_exit(15);
+		if (sv_shares_adopt(&ref, &got) != -1)
+			_exit(16); /* once */
+		_exit(0);
+	}
+	sv_shares_fork_end(&ref, pid);
+	struct sv_share_redo r = {.tx = 1, .rx = 2, .ktx = 3, .krx = 4};
+	sv_shares_hand(&ref, &r);
+	cr_assert(sv_shares_handed(&ref));
+	struct sv_share_ref other;
+	cr_assert_eq(sv_shares_keep(t, 1, &other), 0);
+	cr_assert_neq(other.slot, ref.slot, "a handed entry was reused while a copy is held");
+	char c;
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	cr_assert_eq(read(said[0], &c, 1), 1);
+	close(sv[0]);
+	sv[0] = -1;
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	cr_assert_eq(status_of(pid), 0);
+	cr_assert_not(sv_shares_handed(&ref), "adopted, but still handed");
+	for (int i = 0; i < 2; i++) {
+		close(go[i]);
+		close(said[i]);
+	}
+}
