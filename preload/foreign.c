@@ -9,6 +9,10 @@
  * dups, and hand-overs it cannot follow). A close does not claim (most
  * children never use what they inherited). The copy stays the parent's
  * entry meanwhile: a fork here lists the new child as another holder.
+ * When the parent lets go of a client connection it shares so, it hands
+ * it on (sv_shares_hand): the last holder, alone with it on one fd, makes
+ * it a stream of its own at its next read, write or wait (maybe_adopt),
+ * which moves it to RDMA again.
  *
  * When the parent cannot give it back (it died, or the connection failed),
  * the copy's calls fail with ECONNRESET: the bytes the parent's QP brought
@@ -20,11 +24,13 @@
 #include "sovia_ops.h"
 
 #include "shares.h"
+#include "stream.h"
 
 #include <errno.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 struct sv_foreign {
@@ -37,11 +43,52 @@ struct sv_foreign {
 	 * so that a fork here lists the new holder (a close leaves the
 	 * listing to the parent's look into /proc). */
 	atomic_bool shared;
+	/* Handed on by a parent that let go of it: this process takes it to
+	 * RDMA again once it holds it alone (sv_ops_adopt). Looked at on
+	 * its calls, soon, then less and less often (each look reads
+	 * /proc). */
+	atomic_flag looking;
+	uint64_t look_at_us, look_us;
+	struct sv_kcalls kc; /* our calls in the kernel meanwhile */
 };
+
+#define SV_ADOPT_LOOK_US 2000u
+#define SV_ADOPT_LOOK_MAX_US 1000000u
 
 static struct sv_foreign *foreign_of(struct sv_fd *f)
 {
 	return f->priv;
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* A connection the parent handed on: alone with it, this process takes it
+ * to RDMA again; the calls that reach this entry from then on go on to
+ * the new stream (sv_kcalls_enter). */
+static void maybe_adopt(struct sv_fd *f)
+{
+	struct sv_foreign *c = foreign_of(f);
+	if (atomic_load(&f->in_epoll) || c->pid != getpid() || !sv_shares_handed(&c->ref) ||
+	    atomic_flag_test_and_set(&c->looking))
+		return;
+	uint64_t now = now_us();
+	if (now >= c->look_at_us) {
+		struct sv_share_redo redo;
+		int r = sv_shares_adopt(&c->ref, &redo);
+		if (r == 1 && sv_ops_adopt(f, &redo, &c->kc))
+			sv_info("fd %d: the parent that used it let go, and no one else holds "
+				"it: it moves to RDMA again", f->fd);
+		c->look_us = c->look_us ? c->look_us * 2 : SV_ADOPT_LOOK_US;
+		if (c->look_us > SV_ADOPT_LOOK_MAX_US)
+			c->look_us = SV_ADOPT_LOOK_MAX_US;
+		c->look_at_us = now + c->look_us;
+	}
+	atomic_flag_clear(&c->looking);
 }
 
 /* 0: the kernel's socket is the whole connection now (the entry, and any
@@ -70,22 +117,51 @@ static int claim(struct sv_fd *f)
 	return 0;
 }
 
-static ssize_t c_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
+/* For a read, a write or a wait (not a dup or a hand-over, which would
+ * leave another holder of the kernel's socket): claimed, then adopted if
+ * it may be. */
+static int claim_to_use(struct sv_fd *f)
 {
 	int r = claim(f);
+	if (r == 0 && atomic_load_explicit(&foreign_of(f)->shared, memory_order_relaxed))
+		maybe_adopt(f);
+	return r;
+}
+
+static ssize_t c_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
+{
+	int r = claim_to_use(f);
 	if (r < 0)
 		return r;
+	struct sv_kcalls *kc = &foreign_of(f)->kc;
+	struct sv_stream *next = sv_kcalls_enter(kc);
+	if (next) {
+		long got = sv_stream_recvmsg(next, msg, flags);
+		sv_stream_put(next);
+		return got;
+	}
 	ssize_t n = sv_real.recvmsg(f->fd, msg, flags);
-	return n < 0 ? -errno : n;
+	int err = errno;
+	sv_kcalls_leave(kc);
+	return n < 0 ? -err : n;
 }
 
 static ssize_t c_sendmsg(struct sv_fd *f, const struct msghdr *msg, int flags)
 {
-	int r = claim(f);
+	int r = claim_to_use(f);
 	if (r < 0)
 		return r;
+	struct sv_kcalls *kc = &foreign_of(f)->kc;
+	struct sv_stream *next = sv_kcalls_enter(kc);
+	if (next) {
+		long sent = sv_stream_sendmsg(next, msg, flags);
+		sv_stream_put(next);
+		return sent;
+	}
 	ssize_t n = sv_real.sendmsg(f->fd, msg, flags);
-	return n < 0 ? -errno : n;
+	int err = errno;
+	sv_kcalls_leave(kc);
+	return n < 0 ? -err : n;
 }
 
 static int c_shutdown(struct sv_fd *f, int how)
@@ -108,6 +184,7 @@ static int c_close(struct sv_fd *f)
 
 static void c_release(struct sv_fd *f)
 {
+	sv_kcalls_forget(&foreign_of(f)->kc);
 	free(foreign_of(f));
 }
 
@@ -174,7 +251,7 @@ static bool c_add_copy(struct sv_fd *f, int nfd)
 static void w_split(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen)
 {
 	*gen = 0;
-	if (claim(f) < 0) {
+	if (claim_to_use(f) < 0) {
 		*own = (short)((events & (POLLIN | POLLRDNORM | POLLOUT)) | POLLERR | POLLHUP);
 		*kernel = 0;
 		return;
@@ -270,5 +347,6 @@ struct sv_foreign *sv_foreign_new(const struct sv_share_ref *ref)
 		return NULL;
 	c->ref = *ref;
 	c->pid = getpid();
+	atomic_flag_clear(&c->looking);
 	return c;
 }

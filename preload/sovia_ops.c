@@ -193,6 +193,8 @@ static void st_atfork_child(struct sv_fd *f)
 		free(c);
 		return;
 	}
+	/* An epoll set the child inherits watches it: no successor. */
+	atomic_store(&nf->in_epoll, atomic_load(&f->in_epoll));
 	(void)sv_fd_remove(f->fd); /* the parent's: leaked on purpose */
 	sv_fd_install(nf);
 	sv_fd_put(nf);
@@ -440,6 +442,8 @@ void sv_listen_atfork_child(struct sv_fd *f)
 		sv_ours_atfork_child(f);
 		return;
 	}
+	/* An epoll set the child inherits watches it: no successor. */
+	atomic_store(&nf->in_epoll, atomic_load(&f->in_epoll));
 	(void)sv_fd_remove(f->fd); /* the parent's: leaked on purpose */
 	sv_fd_install(nf);
 	sv_fd_put(nf);
@@ -534,6 +538,29 @@ static bool revive(struct sv_stream *s, int fd, struct sv_listener *l)
 	}
 	if (nf)
 		sv_fd_put(nf); /* the table's now, or n goes with it */
+	else if (n)
+		sv_stream_put(n);
+	sv_leave();
+	return ok;
+}
+
+bool sv_ops_adopt(struct sv_fd *f, const struct sv_share_redo *redo, struct sv_kcalls *kc)
+{
+	sv_enter();
+	struct sv_fd *g = sv_fd_get(f->fd);
+	struct sv_stream *n = g == f ? sv_stream_adopted(f->fd, redo, g, entry_idle, entry_put, kc)
+				     : NULL;
+	if (!n)
+		sv_fd_put(g);
+	/* g's reference is n's from here on. */
+	struct sv_fd *nf = n ? sv_fd_new(f->fd, &sv_stream_ops, n) : NULL;
+	bool ok = nf && sv_fd_swap(f, nf) == 0; /* not if closed meanwhile */
+	if (ok) {
+		sv_kcalls_took(kc, n);
+		sv_stream_start_revived(n, NULL);
+	}
+	if (nf)
+		sv_fd_put(nf);
 	else if (n)
 		sv_stream_put(n);
 	sv_leave();

@@ -57,6 +57,13 @@ void sv_ops_atfork_child(void);
 /* At the start: the stream layer may make a connection back on TCP a new
  * stream (src/stream_redo.c). */
 void sv_ops_init(void);
+/* A fork's child holds alone the copy f of a client connection its parent
+ * handed on (foreign.c): f becomes a new stream that moves it to RDMA
+ * again, from where it stood (redo); kc: f's calls in the kernel, which
+ * the stream waits for and which go on to it later. False: it stays. */
+struct sv_share_redo;
+struct sv_kcalls;
+bool sv_ops_adopt(struct sv_fd *f, const struct sv_share_redo *redo, struct sv_kcalls *kc);
 /* The process is exiting. */
 void sv_on_exit(void);
 

@@ -95,13 +95,10 @@ static uint64_t shared_look_at, shared_look_us;
 #define SV_SHARED_LOOK_US 200000u
 #define SV_SHARED_LOOK_MAX_US 3200000u
 
-/* The owner is done with the entry: released or lost. Under s->lock. */
-static void settle(struct sv_stream *s, bool lost)
+/* The entry is no longer ours to follow. Under s->lock. */
+static void leave_entry(struct sv_stream *s)
 {
 	struct sv_share_ref ref = s->keep.ref;
-	if (!ref.t || s->keep.forking)
-		return; /* a fork under way still counts on it */
-	sv_shares_settle(&ref, lost);
 	s->keep.ref.t = NULL;
 	s->keep.want_back = false;
 	sv_lock(&keep_lock);
@@ -110,10 +107,41 @@ static void settle(struct sv_stream *s, bool lost)
 	if (s->keep.shared)
 		nshared--;
 	sv_unlock(&keep_lock);
+	s->keep.shared = s->keep.alone = false;
+}
+
+/* The owner is done with the entry: released or lost. Under s->lock. */
+static void settle(struct sv_stream *s, bool lost)
+{
+	struct sv_share_ref ref = s->keep.ref;
+	if (!ref.t || s->keep.forking)
+		return; /* a fork under way still counts on it */
+	sv_shares_settle(&ref, lost);
 	if (s->keep.claimed && !s->keep.shared)
 		sv_info("fd %d: %s to the fork's child that claimed it", s->fd,
 			lost ? "lost (the connection failed)" : "plain TCP again, given");
-	s->keep.shared = s->keep.alone = false;
+	leave_entry(s);
+}
+
+/* We let go of a connection back on plain TCP that copies may still
+ * hold: a client's, whose counts are known, is handed to them, so that
+ * the one holder left takes it to RDMA again (shares.h, sv_shares_adopt;
+ * a server's client would have to ask again: it is settled). Under
+ * s->lock. */
+static void hand(struct sv_stream *s)
+{
+	if (!s->keep.ref.t || s->keep.forking)
+		return;
+	if (!s->is_client || !s->redo.ok || s->state != SV_CONN_DETACHED || s->error) {
+		settle(s, false);
+		return;
+	}
+	struct sv_share_redo r = {
+		.tx = s->redo.tx, .rx = s->redo.rx, .ktx = s->redo.ktx, .krx = s->redo.krx};
+	sv_shares_hand(&s->keep.ref, &r);
+	sv_info("fd %d: plain TCP again, handed to the fork's children that hold it: the "
+		"last one moves it to RDMA again", s->fd);
+	leave_entry(s);
 }
 
 /* Back on plain TCP for a copy's holder, while we still hold it: the
@@ -172,7 +200,9 @@ void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to)
 		 * while we keep ours: a successor may move it to RDMA again
 		 * (stream_redo.c), once we hold it alone; the copies are
 		 * followed until then. */
-		if (!s->keep.letting_go && atomic_load(&s->parked))
+		if (s->keep.letting_go)
+			hand(s);
+		else if (atomic_load(&s->parked))
 			share(s);
 		else
 			settle(s, false);
@@ -315,7 +345,7 @@ static void let_go(struct sv_stream *s, const char *why)
 	struct sv_share_ref ref = s->keep.ref;
 	s->keep.letting_go = true;
 	if (s->keep.shared) {
-		settle(s, false); /* the copies have it on TCP already */
+		hand(s); /* the copies have it on TCP already */
 		ref.t = NULL;
 	}
 	sv_unlock(&s->lock);

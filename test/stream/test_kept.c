@@ -589,3 +589,164 @@ Test(kept, a_poll_asleep_on_the_server_sees_the_switch)
 	close(go[1]);
 	ph_pair_close(&p);
 }
+
+/* ---- A child left alone: the parent handed the connection on ---------------------- */
+
+/* The child's part: it drops its copy of the server's end, writes "early"
+ * on its copy of the client's end if `used_first` (its claim takes the
+ * connection back to TCP while the parent holds it too), waits until the
+ * parent closed its own (`go`), then writes "adopt": alone with the
+ * connection, this write makes it a stream of the child's, which moves it
+ * to RDMA again. Here that upgrade finds no route (the fake network is the
+ * parent's) and it stays on TCP; the bedtest fork_handed proves the move.
+ * Then it reads the parent's answer through that stream. */
+static void child_left_alone(int cfd, int sfd, int go, bool used_first)
+{
+	fake_net_no_route(true);
+	CHILD_CHECK(80, close(sfd) == 0);
+	if (used_first)
+		CHILD_CHECK(81, write(cfd, "early", 5) == 5);
+	char c;
+	CHILD_CHECK(82, read(go, &c, 1) == 1);
+	CHILD_CHECK(83, write(cfd, "adopt", 5) == 5);
+	const char *ops = ph_ops_name(cfd);
+	CHILD_CHECK(84, ops && strcmp(ops, "stream") == 0);
+	char b[6];
+	CHILD_CHECK(85, ph_read_all(cfd, b, 6) == 6 && memcmp(b, "answer", 6) == 0);
+	_exit(0);
+}
+
+static void parent_lets_go(bool used_first, uint64_t seed)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, seed);
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_left_alone(p.cfd, p.sfd, go[0], used_first);
+	char b[5];
+	if (used_first) {
+		cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+		cr_assert_eq(memcmp(b, "early", 5), 0);
+	}
+	cr_assert_eq(close(p.cfd), 0);
+	p.cfd = -1;
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "adopt", 5), 0);
+	cr_assert_eq(ph_write_all(p.sfd, "answer", 6), 6);
+	child_ok(pid);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
+
+Test(kept, a_child_that_used_its_copy_takes_it_over_when_the_parent_closes)
+{
+	parent_lets_go(true, 40);
+}
+
+Test(kept, a_child_that_uses_its_copy_after_the_parents_close_takes_it_over)
+{
+	parent_lets_go(false, 41);
+}
+
+/* Two children hold copies of the client's end when the parent closes
+ * its own: neither may take it over while the other holds it; once one is
+ * gone, the other does. */
+Test(kept, a_child_takes_it_over_only_once_its_sibling_is_gone)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 42);
+	int go[2], go2[2];
+	cr_assert_eq(pipe(go), 0);
+	cr_assert_eq(pipe(go2), 0);
+	pid_t sib = fork();
+	cr_assert_geq(sib, 0);
+	if (sib == 0) {
+		char c;
+		CHILD_CHECK(90, read(go2[0], &c, 1) == 1);
+		_exit(0);
+	}
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		fake_net_no_route(true);
+		CHILD_CHECK(91, close(p.sfd) == 0);
+		char c;
+		CHILD_CHECK(92, read(go[0], &c, 1) == 1);
+		CHILD_CHECK(93, write(p.cfd, "one", 3) == 3);
+		const char *ops = ph_ops_name(p.cfd);
+		CHILD_CHECK(94, ops && strcmp(ops, "kept by the parent") == 0);
+		CHILD_CHECK(95, read(go[0], &c, 1) == 1); /* the sibling is gone */
+		usleep(50000); /* past the next look */
+		CHILD_CHECK(96, write(p.cfd, "two", 3) == 3);
+		ops = ph_ops_name(p.cfd);
+		CHILD_CHECK(97, ops && strcmp(ops, "stream") == 0);
+		_exit(0);
+	}
+	cr_assert_eq(close(p.cfd), 0);
+	p.cfd = -1;
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	char b[6];
+	cr_assert_eq(ph_read_all(p.sfd, b, 3), 3);
+	cr_assert_eq(memcmp(b, "one", 3), 0);
+	cr_assert_eq(write(go2[1], "g", 1), 1);
+	child_ok(sib);
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	cr_assert_eq(ph_read_all(p.sfd, b, 3), 3);
+	cr_assert_eq(memcmp(b, "two", 3), 0);
+	child_ok(pid);
+	for (int i = 0; i < 2; i++) {
+		close(go[i]);
+		close(go2[i]);
+	}
+	ph_pair_close(&p);
+}
+
+/* A child that holds the client's end on two fds (a dup) when the parent
+ * closes: a stream on one of them would leave the other on the kernel's
+ * socket, so it is not taken over. */
+Test(kept, a_child_with_a_dup_of_its_copy_does_not_take_it_over)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 43);
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		fake_net_no_route(true);
+		CHILD_CHECK(100, close(p.sfd) == 0);
+		CHILD_CHECK(101, write(p.cfd, "dup", 3) == 3);
+		int d = dup(p.cfd);
+		CHILD_CHECK(102, d >= 0);
+		char c;
+		CHILD_CHECK(103, read(go[0], &c, 1) == 1);
+		usleep(50000);
+		CHILD_CHECK(104, write(p.cfd, "one", 3) == 3);
+		usleep(50000);
+		CHILD_CHECK(105, write(d, "two", 3) == 3);
+		const char *ops = ph_ops_name(p.cfd);
+		CHILD_CHECK(106, ops && strcmp(ops, "kept by the parent") == 0);
+		ops = ph_ops_name(d);
+		CHILD_CHECK(107, ops && strcmp(ops, "kept by the parent") == 0);
+		_exit(0);
+	}
+	char b[9];
+	cr_assert_eq(ph_read_all(p.sfd, b, 3), 3);
+	cr_assert_eq(close(p.cfd), 0);
+	p.cfd = -1;
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	cr_assert_eq(ph_read_all(p.sfd, b, 6), 6);
+	cr_assert_eq(memcmp(b, "onetwo", 6), 0);
+	child_ok(pid);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
