@@ -1,17 +1,22 @@
 /* A client that lets a forked child write part of its stream: a shell
  * that runs a command with the connection as its output, then goes on
- * with it. Nothing here knows about libsovia.
+ * with it; or, with "leave", a client that hands its connection to a
+ * child and exits (a daemon's start). Nothing here knows about libsovia.
  *
- *   sovia-forkwrite HOST PORT HEAD CHILD GO1 GO2 < FILE
+ *   sovia-forkwrite HOST PORT HEAD CHILD GO1 GO2 [leave] < FILE
  *
  * Connects to HOST:PORT and sends FILE, a regular file, in three parts:
  * its first HEAD bytes; once the file GO1 exists, a forked child sends the
  * next CHILD bytes (read from the same stdin, whose offset parent and
  * child share) and exits; the parent waits for it, then for the file GO2,
  * and sends the rest. Then it shuts its sending down and reads until the
- * peer's end. Exits 0 when every byte went, 1 otherwise. */
+ * peer's end. Exits 0 when every byte went, 1 otherwise. With "leave",
+ * the child goes on instead: the parent exits 0 once the child sent its
+ * CHILD bytes, and the child waits for GO2, then sends the rest and ends
+ * as the parent would have. */
 #include <errno.h>
 #include <netdb.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,8 +71,9 @@ static void wait_file(const char *path)
 
 int main(int argc, char **argv)
 {
-	if (argc != 7) {
-		fprintf(stderr, "usage: " WHO " HOST PORT HEAD CHILD GO1 GO2 < FILE\n");
+	bool leave = argc == 8 && strcmp(argv[7], "leave") == 0;
+	if (argc != 7 && !leave) {
+		fprintf(stderr, "usage: " WHO " HOST PORT HEAD CHILD GO1 GO2 [leave] < FILE\n");
 		return 2;
 	}
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
@@ -81,17 +87,27 @@ int main(int argc, char **argv)
 	freeaddrinfo(ai);
 	copy(fd, strtoull(argv[3], NULL, 10));
 	wait_file(argv[5]);
+	int sent[2];
+	if (pipe(sent) < 0)
+		die("pipe");
 	pid_t pid = fork();
 	if (pid < 0)
 		die("fork");
 	if (pid == 0) {
 		copy(fd, strtoull(argv[4], NULL, 10));
-		_exit(0);
-	}
-	int st;
-	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-		fprintf(stderr, WHO ": the child failed\n");
-		return 1;
+		if (!leave)
+			_exit(0);
+		if (write(sent[1], "s", 1) != 1)
+			die("write pipe");
+	} else if (leave) {
+		char c;
+		return read(sent[0], &c, 1) == 1 ? 0 : 1;
+	} else {
+		int st;
+		if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			fprintf(stderr, WHO ": the child failed\n");
+			return 1;
+		}
 	}
 	wait_file(argv[6]);
 	copy(fd, 0);
