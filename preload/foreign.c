@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -55,6 +56,27 @@ struct sv_foreign {
 #define SV_ADOPT_LOOK_US 2000u
 #define SV_ADOPT_LOOK_MAX_US 1000000u
 
+/* An adoption, from the look that takes the entry to the fd table's swap,
+ * against the interposed fork (sv_foreign_fork_lock). */
+static pthread_rwlock_t adopting = PTHREAD_RWLOCK_INITIALIZER;
+static __thread bool fork_locked;
+
+void sv_foreign_fork_lock(void)
+{
+	fork_locked = !sv_reentered() && pthread_rwlock_wrlock(&adopting) == 0;
+}
+
+void sv_foreign_fork_unlock(pid_t pid)
+{
+	if (!fork_locked)
+		return;
+	fork_locked = false;
+	if (pid == 0) /* the child's only thread: a free lock */
+		pthread_rwlock_init(&adopting, NULL);
+	else
+		pthread_rwlock_unlock(&adopting);
+}
+
 static struct sv_foreign *foreign_of(struct sv_fd *f)
 {
 	return f->priv;
@@ -77,10 +99,12 @@ static void maybe_adopt(struct sv_fd *f)
 	    atomic_flag_test_and_set(&c->looking))
 		return;
 	uint64_t now = now_us();
-	if (now >= c->look_at_us) {
+	if (now >= c->look_at_us && pthread_rwlock_tryrdlock(&adopting) == 0) {
 		struct sv_share_redo redo;
 		int r = sv_shares_adopt(&c->ref, &redo);
-		if (r == 1 && sv_ops_adopt(f, &redo, &c->kc))
+		bool adopted = r == 1 && sv_ops_adopt(f, &redo, &c->kc);
+		pthread_rwlock_unlock(&adopting);
+		if (adopted)
 			sv_info("fd %d: the parent that used it let go, and no one else holds "
 				"it: it moves to RDMA again", f->fd);
 		c->look_us = c->look_us ? c->look_us * 2 : SV_ADOPT_LOOK_US;
@@ -136,8 +160,10 @@ static ssize_t c_recvmsg(struct sv_fd *f, struct msghdr *msg, int flags)
 	struct sv_kcalls *kc = &foreign_of(f)->kc;
 	struct sv_stream *next = sv_kcalls_enter(kc);
 	if (next) {
+		sv_enter();
 		long got = sv_stream_recvmsg(next, msg, flags);
 		sv_stream_put(next);
+		sv_leave();
 		return got;
 	}
 	ssize_t n = sv_real.recvmsg(f->fd, msg, flags);
@@ -154,8 +180,10 @@ static ssize_t c_sendmsg(struct sv_fd *f, const struct msghdr *msg, int flags)
 	struct sv_kcalls *kc = &foreign_of(f)->kc;
 	struct sv_stream *next = sv_kcalls_enter(kc);
 	if (next) {
+		sv_enter();
 		long sent = sv_stream_sendmsg(next, msg, flags);
 		sv_stream_put(next);
+		sv_leave();
 		return sent;
 	}
 	ssize_t n = sv_real.sendmsg(f->fd, msg, flags);

@@ -135,8 +135,10 @@ static int st_detach(struct sv_fd *f)
 	sv_enter();
 	sv_dbg("fd %d: going back to plain TCP", f->fd);
 	int r = sv_stream_detach(raw_stream(f));
-	if (r == 0)
+	if (r == 0) {
+		sv_stream_unpark(raw_stream(f)); /* whoever gets it is not followed */
 		sv_fd_make_plain_all(f->priv);
+	}
 	sv_leave();
 	return r;
 }
@@ -155,6 +157,7 @@ static int st_detach_for_fork(struct sv_fd *f)
 		struct sv_held *h = hand.h ? sv_held_new(&hand, tx, rx) : NULL;
 		if (hand.h && !h)
 			sv_holders_spoil(&hand); /* our copy could not be followed */
+		sv_stream_unpark(raw_stream(f)); /* the child's copy is not followed */
 		if (h && replace_entry(f->fd, &sv_held_ops, h))
 			sv_epoll_fd_plain(f->fd);
 		else

@@ -47,6 +47,13 @@ extern const struct sv_fd_ops sv_foreign_ops;
 struct sv_share_ref;
 struct sv_foreign;
 struct sv_foreign *sv_foreign_new(const struct sv_share_ref *ref);
+/* The interposed fork, around its detaching and the real fork: no copy is
+ * adopted meanwhile (the new stream would be none of the fork's, the
+ * child's copy a plain socket). Not from inside libsovia (a signal
+ * handler's fork: it could be this thread's adoption it interrupted).
+ * After the fork: unlock in the parent, reset in the child. */
+void sv_foreign_fork_lock(void);
+void sv_foreign_fork_unlock(pid_t pid);
 
 /* fd's connection is plain TCP now: its entry (and its copies', the entries
  * with the same priv) become the kernel's. */

@@ -25,6 +25,7 @@
 #include "log.h"
 #include "preload.h"
 #include "real.h"
+#include "sovia_ops.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -172,10 +173,14 @@ SV_EXPORT pid_t fork(void)
 		sv_refuse(-1, "fork", EBUSY);
 		return -1;
 	}
+	bool locking = !sv_passthrough();
+	if (locking)
+		sv_foreign_fork_lock();
 	ENTER_DETACHING(sv_fd_detach_all_for_fork());
 	pid_t pid = SV_REAL(fork)();
-	if (!sv_passthrough()) {
+	if (locking) {
 		int saved = errno;
+		sv_foreign_fork_unlock(pid);
 		sv_ops_after_fork(pid);
 		errno = saved;
 	}

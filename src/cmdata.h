@@ -49,6 +49,9 @@ enum sv_cm_rej {
 				    * for their accept() as it keeps: ask again */
 	SV_CM_REJ_REDIRECT = 3,    /* another process of the server holds the
 				    * connection: ask at the port in bytes 6-7 */
+	SV_CM_REJ_LATER = 4,       /* the connection, back on TCP, is shared with
+				    * another process of the server's for now:
+				    * ask again later */
 };
 #define SV_CM_REJ_LEN 8
 void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN]);

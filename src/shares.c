@@ -11,7 +11,6 @@
 #include "ownfd.h"
 #include "real.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -54,6 +53,8 @@ struct slot {
 	_Atomic uint32_t state;   /* the futex word */
 	_Atomic uint32_t pending; /* forks under way that give a copy */
 	_Atomic uint32_t unlisted; /* copies given that have no pid below */
+	_Atomic uint32_t forks;   /* forks begun, ever: an adopter's look saw
+				   * them all if it did not move meanwhile */
 	_Atomic int32_t pid[SV_SHARES_PIDS];
 	_Atomic uint64_t ino;
 	_Atomic bool taken; /* a claim the owner's helper has not seen yet */
@@ -165,6 +166,7 @@ bool sv_shares_fork_begin(const struct sv_share_ref *r)
 	struct slot *sl = slot_of(r);
 	if (!sl || !open_entry(sl, r))
 		return false;
+	atomic_fetch_add(&sl->forks, 1);
 	atomic_fetch_add(&sl->pending, 1);
 	return true;
 }
@@ -212,7 +214,10 @@ static bool zombie(pid_t pid)
 }
 
 /* How many of process pid's fds are the socket whose inode is ino, up to
- * max? Unknown (no access to its fds) counts as max. */
+ * max? Unknown (no access to its fds) counts as max. With the directory
+ * read by getdents64 into the stack, not opendir: a copy's read or write
+ * looks (sv_shares_adopt), and it may be a signal handler's that
+ * interrupted malloc. */
 static int pid_fds(pid_t pid, uint64_t ino, int max)
 {
 	if (kill(pid, 0) < 0 && errno == ESRCH)
@@ -220,23 +225,29 @@ static int pid_fds(pid_t pid, uint64_t ino, int max)
 	char path[64], link[64], want[40];
 	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
 	snprintf(want, sizeof(want), "socket:[%" PRIu64 "]", ino);
-	DIR *d = opendir(path);
-	if (!d) /* ENOENT: it ended meanwhile */
+	int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) /* ENOENT: it ended meanwhile */
 		return errno != ENOENT && !zombie(pid) ? max : 0;
 	int found = 0;
-	size_t plen = strlen(path);
-	for (struct dirent *e; found < max && (e = readdir(d));) {
-		if (e->d_name[0] == '.' || plen + 1 + strlen(e->d_name) >= sizeof(path))
-			continue;
-		char fdpath[sizeof(path)];
-		snprintf(fdpath, sizeof(fdpath), "%s/%s", path, e->d_name);
-		ssize_t n = readlink(fdpath, link, sizeof(link) - 1);
-		if (n <= 0)
-			continue;
-		link[n] = '\0';
-		found += strcmp(link, want) == 0;
+	_Alignas(8) char buf[2048];
+	long n;
+	while (found < max && (n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+		for (long off = 0; off < n && found < max;) {
+			/* struct linux_dirent64: ino 8, off 8, reclen 2, type 1, name */
+			unsigned short reclen;
+			memcpy(&reclen, buf + off + 16, sizeof(reclen));
+			const char *name = buf + off + 19;
+			off += reclen;
+			if (name[0] == '.')
+				continue;
+			ssize_t len = readlinkat(dfd, name, link, sizeof(link) - 1);
+			if (len <= 0)
+				continue;
+			link[len] = '\0';
+			found += strcmp(link, want) == 0;
+		}
 	}
-	closedir(d);
+	SV_REAL(close)(dfd);
 	return found;
 }
 
@@ -323,6 +334,11 @@ int sv_shares_adopt(const struct sv_share_ref *r, struct sv_share_redo *out)
 		return -1;
 	int32_t me = (int32_t)getpid();
 	uint64_t ino = atomic_load(&sl->ino);
+	/* A holder that forks during our look may list its child in a slot
+	 * we looked at already, then close its own copy: the count of forks
+	 * tells. (A holder forks only while it holds its copy, which our look
+	 * at it then sees.) */
+	uint32_t forks = atomic_load(&sl->forks);
 	if (atomic_load(&sl->pending) || atomic_load(&sl->unlisted) ||
 	    pid_holds(atomic_load(&r->t->owner), ino) || pid_fds(me, ino, 2) != 1)
 		return 0;
@@ -335,9 +351,9 @@ int sv_shares_adopt(const struct sv_share_ref *r, struct sv_share_redo *out)
 		atomic_compare_exchange_strong(&sl->pid[k], &pid, 0);
 	}
 	*out = sl->redo;
-	/* One adopter: a fork of ours since the look above counts as
-	 * pending and loses it. */
-	if (atomic_load(&sl->pending) ||
+	/* One adopter. */
+	if (atomic_load(&sl->pending) || atomic_load(&sl->unlisted) ||
+	    atomic_load(&sl->forks) != forks ||
 	    !atomic_compare_exchange_strong(&sl->state, &st, MAKE(r->gen, PH_RELEASED)))
 		return 0;
 	futex_wake_all(&sl->state);

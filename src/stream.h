@@ -207,8 +207,11 @@ struct sv_stream *sv_stream_adopted(int fd, const struct sv_share_redo *redo, vo
 				    bool (*idle)(void *), void (*put)(void *),
 				    struct sv_kcalls *kc);
 void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l);
-/* s gets no successor: the application has another fd for its socket,
- * which libsovia does not follow (a dup of a connection back on TCP). */
+/* s gets no successor, and is not handed to a fork's children: the
+ * application has another fd for its socket, which libsovia does not
+ * follow (a dup of a connection back on TCP), or its fd became the
+ * kernel's (a hand-over: exec, spawn, SCM_RIGHTS, ...; a fork that took
+ * it back first). */
 void sv_stream_unpark(struct sv_stream *s);
 /* The helper, holding no lock: predecessors whose successors' switch is
  * over (or their upgrade) are let go. */

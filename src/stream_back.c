@@ -38,6 +38,7 @@ static int send_back(struct sv_stream *s)
 	/* The peer's TCP bytes we read but the application did not: they go
 	 * back first. */
 	struct sv_clock clk = SV_CLOCK_INIT;
+	bool peer_first = sv_proto_back_wanted(s->proto);
 	int r = sv_proto_send_back(s->proto, s->tcpbuf ? s->tcpbuf + s->tcpbuf_off : NULL,
 				   sv_stream_tcpbuf_held(s), &clk);
 	if (r < 0)
@@ -45,7 +46,7 @@ static int send_back(struct sv_stream *s)
 	s->tcpbuf_off = s->tcpbuf_len = 0;
 	/* From here on the kernel's socket carries both directions' next
 	 * bytes: its counts now are where a second life counts from. */
-	sv_stream_redo_snapshot(s);
+	sv_stream_redo_snapshot(s, peer_first);
 	s->keep.want_back = false;
 	sv_stream_set_state(s, SV_CONN_DETACHING);
 	s->cl.back_deadline_us = sv_clock_now(&clk) + SV_PEER_SILENCE_US;

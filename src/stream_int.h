@@ -149,6 +149,7 @@ struct sv_switch {
 			       * (SOVIA_UPGRADE_DELAY_MS, or a retry after "no
 			       * listener"); 0: not waiting */
 	uint8_t connect_retries; /* client: requests asked again after "no listener" */
+	uint8_t later_retries;   /* client: asked again after "later" */
 	uint16_t redirect_port;  /* client: the server's RDMA port to ask at instead
 				  * of the TCP one (SV_CM_REJ_REDIRECT), 0: none */
 	/* Its buffers (these bytes) did not fit the locked-memory budget
@@ -258,6 +259,10 @@ struct sv_keep {
 				  * still follows: alone again, we upgrade anew */
 	bool letting_go;         /* our last close, exit or exec takes it back */
 	bool alone;              /* shared, and no copy is held any more */
+	bool escaped;            /* the application's fd for it became the
+				  * kernel's (a dup, a hand-over, a fork that
+				  * took it back): a process the entry does not
+				  * list may hold it, so it is never handed */
 };
 
 /* A connection back on plain TCP may move to RDMA again, as a new stream
@@ -266,6 +271,9 @@ struct sv_keep {
  * carried since is the stream's next, whichever process moved it. */
 struct sv_redo {
 	bool ok;            /* the counts below are known */
+	bool peer_first;    /* the peer's BACK came before ours: it went back
+			     * (a fork's child of its used its copy), and its
+			     * end may move to RDMA again: a client asks */
 	uint64_t tx, rx;    /* stream offsets where TCP took over */
 	uint64_t ktx, krx;  /* the kernel's counts at our BACK */
 };
@@ -601,8 +609,9 @@ void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool
 
 /* ---- A second life (stream_redo.c) ---------------------------------------------- */
 
-/* At our BACK: the kernel's counts (redo.ok says whether they were had). */
-void sv_stream_redo_snapshot(struct sv_stream *s);
+/* At our BACK: the kernel's counts (redo.ok says whether they were had);
+ * peer_first: the peer's BACK came first. */
+void sv_stream_redo_snapshot(struct sv_stream *s, bool peer_first);
 /* At detached: where each direction went on TCP; a server's may be revived
  * by a request from now on (parked). */
 void sv_stream_redo_detached(struct sv_stream *s);

@@ -126,13 +126,15 @@ static void settle(struct sv_stream *s, bool lost)
 /* We let go of a connection back on plain TCP that copies may still
  * hold: a client's, whose counts are known, is handed to them, so that
  * the one holder left takes it to RDMA again (shares.h, sv_shares_adopt;
- * a server's client would have to ask again: it is settled). Under
- * s->lock. */
+ * a server's client would have to ask again: it is settled). Not one
+ * shut down, nor one whose fd here became the kernel's (keep.escaped): a
+ * process the entry does not list may hold it. Under s->lock. */
 static void hand(struct sv_stream *s)
 {
 	if (!s->keep.ref.t || s->keep.forking)
 		return;
-	if (!s->is_client || !s->redo.ok || s->state != SV_CONN_DETACHED || s->error) {
+	if (!s->is_client || !s->redo.ok || s->state != SV_CONN_DETACHED || s->error ||
+	    s->cl.tx_shut || s->keep.escaped) {
 		settle(s, false);
 		return;
 	}

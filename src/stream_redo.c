@@ -33,15 +33,25 @@ struct reap {
 };
 static _Atomic(struct reap *) to_reap;
 
+/* Client connections the peer took back to TCP, whose server end may
+ * move to RDMA again: asked for by the helper, holding no lock (a
+ * successor takes the fd table's). */
+struct ask {
+	struct sv_stream *s; /* held */
+	struct ask *next;
+};
+static _Atomic(struct ask *) to_ask;
+
 void sv_stream_set_revive(sv_revive_fn fn)
 {
 	atomic_store(&revive_fn, fn);
 }
 
-void sv_stream_redo_snapshot(struct sv_stream *s)
+void sv_stream_redo_snapshot(struct sv_stream *s, bool peer_first)
 {
 	uint64_t tx, rx;
 	s->redo.ok = sv_tcp_app_counts(s->fd, &tx, &rx) == 0;
+	s->redo.peer_first = peer_first;
 	s->redo.ktx = tx;
 	s->redo.krx = rx;
 }
@@ -54,11 +64,28 @@ void sv_stream_redo_detached(struct sv_stream *s)
 	/* One fd of the application's, which the successor takes over. */
 	if (s->opens == 1 && !s->fd_private && !s->cl.app_closed && !s->cl.tx_shut)
 		atomic_store(&s->parked, true);
+	/* The server went back: its end may move to RDMA again once its
+	 * process holds it alone (or its child, handed it), and it tells
+	 * us when we ask (SV_CM_REJ_LATER until then). */
+	struct ask *a = s->is_client && s->redo.peer_first && atomic_load(&s->parked)
+				? malloc(sizeof(*a))
+				: NULL;
+	if (a) {
+		sv_stream_get(s);
+		a->s = s;
+		a->next = atomic_load(&to_ask);
+		while (!atomic_compare_exchange_weak(&to_ask, &a->next, a))
+			;
+		sv_helper_watch(s); /* its next round asks */
+	}
 }
 
 void sv_stream_unpark(struct sv_stream *s)
 {
 	atomic_store(&s->parked, false);
+	sv_lock(&s->lock);
+	s->keep.escaped = true;
+	sv_unlock(&s->lock);
 }
 
 /* May s have a successor? With the lock. */
@@ -203,12 +230,23 @@ void sv_stream_pred_done(struct sv_stream *s)
 
 void sv_stream_redo_atfork_child(void)
 {
-	/* The parent's predecessors are the parent's. */
+	/* The parent's predecessors and asks are the parent's. */
 	atomic_store(&to_reap, NULL);
+	atomic_store(&to_ask, NULL);
 }
 
 void sv_stream_redo_reap(void)
 {
+	struct ask *a = atomic_exchange(&to_ask, NULL);
+	while (a) {
+		struct ask *next = a->next;
+		if (sv_stream_revive(a->s, NULL) == 1)
+			sv_info("fd %d: the server took it back to TCP: asking it to move to RDMA "
+				"again", a->s->fd);
+		sv_stream_put(a->s);
+		free(a);
+		a = next;
+	}
 	struct reap *r = atomic_exchange(&to_reap, NULL);
 	while (r) {
 		struct reap *next = r->next;

@@ -218,6 +218,14 @@ void sv_upgrade_connect_now(struct sv_stream *s)
 #define SV_REJ_NO_LISTENER 8
 #define SV_CONNECT_RETRIES 5
 #define SV_CONNECT_RETRY_MS 20u
+/* "Later" (a connection back on TCP that another process of the server
+ * holds too): asked again after 200 ms, then at twice the last interval
+ * up to 5 s, at most 64 times (about 5 minutes): the server says when,
+ * and a server that says it for ever costs a request every 5 s, for a
+ * while. */
+#define SV_LATER_RETRIES 64
+#define SV_LATER_RETRY_MS 200u
+#define SV_LATER_RETRY_MAX_MS 5000u
 
 static void start_connect(struct sv_stream *s)
 {
@@ -243,7 +251,7 @@ static void start_connect(struct sv_stream *s)
 	}
 	s->id = id;
 	sv_stream_set_state(s, SV_CONN_RESOLVING);
-	if (s->sw.connect_retries && s->fallback == SV_FB_REJECTED)
+	if ((s->sw.connect_retries || s->sw.later_retries) && s->fallback == SV_FB_REJECTED)
 		s->fallback = SV_FB_NONE; /* asked again (retry_connect) */
 	s->sw.deadline_us = sv_upgrade_deadline(sv_now_us());
 	struct sockaddr_storage src = s->tuple.local, dst = s->tuple.peer;
@@ -330,16 +338,20 @@ void sv_upgrade_retry_room(struct sv_stream *s)
  * (SV_CM_REJ_BUSY), or another of its processes holds the connection
  * (SV_CM_REJ_REDIRECT to port `to`): drop this attempt's QP and id and
  * have the helper ask again, later or (redirected) at once, within
- * SV_CONNECT_RETRIES. Until then the connection is on TCP, labelled with
- * the reason it keeps if no retry gets through. False when no retry is
- * due: the caller falls back. The id is the caller's to destroy (its event
- * is not acknowledged yet). With up_lock. */
+ * SV_CONNECT_RETRIES. "Later" (SV_CM_REJ_LATER) has retries of its own.
+ * Until then the connection is on TCP, labelled with the reason it keeps
+ * if no retry gets through. False when no retry is due: the caller falls
+ * back. The id is the caller's to destroy (its event is not acknowledged
+ * yet). With up_lock. */
 static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 {
 	bool write_first = said == SV_CM_REJ_WRITE_FIRST, busy = said == SV_CM_REJ_BUSY;
+	bool later = said == SV_CM_REJ_LATER;
 	sv_lock(&s->lock);
 	bool go = s->is_client && s->state == SV_CONN_REQUESTED && !s->cl.app_closed &&
-		  !s->error && !s->cl.tx_shut && s->sw.connect_retries < SV_CONNECT_RETRIES;
+		  !s->error && !s->cl.tx_shut &&
+		  (later ? s->sw.later_retries < SV_LATER_RETRIES
+			 : s->sw.connect_retries < SV_CONNECT_RETRIES);
 	if (go) {
 		release_qp(s);
 		s->id = NULL;
@@ -347,9 +359,17 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		s->fallback = SV_FB_REJECTED;
 		/* A redirect: that port's listener is up already. */
 		uint32_t ms = to ? 0 : SV_CONNECT_RETRY_MS << s->sw.connect_retries;
+		if (later) {
+			unsigned n = s->sw.later_retries < 5 ? s->sw.later_retries : 5;
+			ms = SV_LATER_RETRY_MS << n;
+			if (ms > SV_LATER_RETRY_MAX_MS)
+				ms = SV_LATER_RETRY_MAX_MS;
+			s->sw.later_retries++;
+		} else {
+			s->sw.connect_retries++;
+		}
 		bool was_redirected = s->sw.redirect_port != 0;
 		s->sw.redirect_port = to;
-		s->sw.connect_retries++;
 		s->sw.upgrade_at = sv_now_us() + (uint64_t)ms * 1000u;
 		/* "No listener": a plain server, or one that has just called
 		 * listen() (a passive FTP data port in a fresh session
@@ -361,10 +381,11 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		 * accept() waits for data gets our first bytes on TCP. */
 		if (write_first)
 			sv_stream_end_hold(s, UINT64_MAX);
-		else if (!busy && !to && !was_redirected)
+		else if (!busy && !later && !to && !was_redirected)
 			sv_peers_plain_port(&s->tuple.peer);
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,
 			write_first ? "the server accepts once we wrote: our first bytes go on TCP"
+			: later	    ? "another process of the server holds it too, for now"
 			: busy	    ? "the server has too many requests waiting"
 			: to	    ? "another process of the server holds it: at its port"
 				    : "no RDMA listener at the server (yet)",
@@ -460,7 +481,8 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 				      ? sv_cm_rej_port(ev->param.conn.private_data,
 						       ev->param.conn.private_data_len)
 				      : 0;
-		bool again = said == SV_CM_REJ_WRITE_FIRST || said == SV_CM_REJ_BUSY || to;
+		bool again = said == SV_CM_REJ_WRITE_FIRST || said == SV_CM_REJ_BUSY ||
+			     said == SV_CM_REJ_LATER || to;
 		if ((ev->status == SV_REJ_NO_LISTENER || again) && retry_connect(s, said, to)) {
 			*destroy = ev->id; /* once its event is acknowledged */
 			break;

@@ -52,7 +52,6 @@ struct pending_req {
 	uint64_t holders_seen; /* the holders' table's adds at our last look */
 	uint64_t deadline;
 	bool revive_tried; /* a connection back on TCP here was looked for */
-	uint8_t revive_busy; /* ... and found in use: looked for again */
 	struct pending_req *next;
 };
 
@@ -701,11 +700,10 @@ static uint64_t pending_timers(uint64_t now)
 /* Requests that found no accepted connection: one that went back to
  * plain TCP here may move to RDMA again, as a new stream (stream_redo.c)
  * the request then matches. Each looks without up_lock (making the
- * successor takes it), once, or again soon for a while when a fork's
- * child of ours may still hold the connection (its owner looks again). */
+ * successor takes it), once. One that a fork's child of ours still holds
+ * (its owner looks again) is told "later" (SV_CM_REJ_LATER): its client
+ * asks again, and is matched once we hold it alone. */
 #define SV_REVIVE_BATCH 8
-#define SV_REVIVE_AGAIN_US 20000u
-#define SV_REVIVE_BUSY_MAX 50u
 struct revive_look {
 	struct sv_cm_req req;
 	struct sv_listener *l;
@@ -725,27 +723,30 @@ static int revive_looks(struct revive_look *out)
 	return n;
 }
 
-/* True when one was in use: to be looked at again soon. */
-static bool revive_parked(struct revive_look *looks, int n)
+static void revive_parked(struct revive_look *looks, int n)
 {
 	int r[SV_REVIVE_BATCH];
 	for (int i = 0; i < n; i++)
 		r[i] = sv_stream_revive_parked(&looks[i].req.server, &looks[i].req.client,
 					       looks[i].l);
-	bool again = false;
 	sv_lock(&sv_up_lock);
 	for (int i = 0; i < n; i++) {
 		listener_put(looks[i].l);
-		for (struct pending_req *p = pending; r[i] == 0 && p; p = p->next) {
-			if (p == looks[i].p && p->revive_busy < SV_REVIVE_BUSY_MAX) {
-				p->revive_busy++;
-				p->revive_tried = false;
-				again = true;
-			}
+		for (struct pending_req **pp = &pending; r[i] == 0 && *pp; pp = &(*pp)->next) {
+			struct pending_req *p = *pp;
+			if (p != looks[i].p)
+				continue;
+			sv_dbg("upgrade request: its connection is back on TCP and shared with a "
+			       "fork's child of ours: later");
+			sv_up_reject(p->id, true, SV_CM_REJ_LATER);
+			sv_cm->destroy_id(p->id);
+			*pp = p->next;
+			listener_put(p->l);
+			free(p);
+			break;
 		}
 	}
 	sv_unlock(&sv_up_lock);
-	return again;
 }
 
 uint64_t sv_upgrade_timers(uint64_t now)
@@ -754,11 +755,9 @@ uint64_t sv_upgrade_timers(uint64_t now)
 	sv_lock(&sv_up_lock);
 	int nlooks = revive_looks(looks);
 	sv_unlock(&sv_up_lock);
-	bool again = revive_parked(looks, nlooks);
+	revive_parked(looks, nlooks);
 	sv_lock(&sv_up_lock);
 	uint64_t next = pending_timers(now);
-	if (again && (!next || now + SV_REVIVE_AGAIN_US < next))
-		next = now + SV_REVIVE_AGAIN_US;
 	for (struct unmatched **pp = &unmatched; *pp;) {
 		struct unmatched *u = *pp;
 		sv_lock(&u->s->lock);

@@ -5,6 +5,7 @@
  * that never uses its copy costs the parent nothing. The interposed fork()
  * runs here, over the fake network, whose QPs a fork leaves to the parent
  * (fake_net_fork_keeps). */
+#include "kept_util.h"
 #include "preload_harness.h"
 
 #include <criterion/criterion.h>
@@ -17,38 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static void kept_setup(void)
-{
-	h_setup();
-	fake_net_fork_keeps(true);
-}
-
 TestSuite(kept, .init = kept_setup, .fini = h_teardown, .timeout = 60);
-
-static void child_ok(pid_t pid)
-{
-	int st;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child failed check %d",
-		  WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st));
-}
-
-/* Bytes both ways over the QP, every one of them. */
-static void exchange_on_rdma(struct pair *p, uint64_t seed)
-{
-	enum { LEN = 6000 };
-	static uint8_t out[LEN], in[LEN];
-	struct h_counts c0 = h_counts(p->c), s0 = h_counts(p->s);
-	h_pattern(out, LEN, seed, 0);
-	cr_assert_eq(ph_write_all(p->cfd, out, LEN), LEN);
-	cr_assert_eq(ph_read_all(p->sfd, in, LEN), LEN);
-	cr_assert(h_pattern_ok(in, LEN, seed, 0));
-	cr_assert_eq(ph_write_all(p->sfd, out, LEN), LEN);
-	cr_assert_eq(ph_read_all(p->cfd, in, LEN), LEN);
-	cr_assert(h_pattern_ok(in, LEN, seed, 0));
-	cr_assert_eq(h_counts(p->c).rdma_tx - c0.rdma_tx, LEN);
-	cr_assert_eq(h_counts(p->s).rdma_tx - s0.rdma_tx, LEN);
-}
 
 /* A pair on RDMA, bytes both ways, then a fork whose child leaves at once
  * (as a snapshot child or a helper that execs). */
@@ -505,8 +475,8 @@ Test(kept, a_dup_in_the_child_keeps_the_parent_on_tcp)
  * end, unused) before the client's child claimed the client's end: the
  * server's end is detached by the client's BACK while its own child
  * still holds the socket. The client, alone, asks: the server must not be
- * revived. */
-Test(kept, a_server_whose_own_child_holds_a_copy_stays_on_tcp)
+ * revived until its child is gone ("later"); then both move. */
+Test(kept, a_server_whose_own_child_holds_a_copy_stays_on_tcp_until_it_is_gone)
 {
 	struct pair p;
 	ph_pair_rdma(&p);
@@ -533,11 +503,49 @@ Test(kept, a_server_whose_own_child_holds_a_copy_stays_on_tcp)
 	char b[5];
 	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
 	cr_assert_eq(memcmp(b, "child", 5), 0);
-	p.c = wait_successor_on_rdma(p.cfd, oc, 3000);
-	struct sv_stream *ns = wait_successor_on_rdma(p.sfd, os, 3000);
+	struct sv_stream *nc = wait_successor_on_rdma(p.cfd, oc, 1500);
+	struct sv_stream *ns = wait_successor_on_rdma(p.sfd, os, 1500);
+	cr_assert_null(ns, "the server moved to RDMA again while its own child holds a copy");
+	cr_assert_null(nc, "the client moved to RDMA again while the server's child holds a copy");
 	cr_assert_eq(write(go[1], "g", 1), 1);
 	child_ok(holder);
-	cr_assert_null(ns, "the server moved to RDMA again while its own child holds a copy");
+	both_again_on_rdma(&p, oc, os, 32);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
+
+/* The server's child uses its copy (its claim takes the connection back
+ * to TCP, the server's BACK first), then leaves: the client, taken back
+ * by its peer, asks again, is told "later" while the child holds its
+ * copy, and both move to RDMA again once the server holds it alone. */
+Test(kept, a_server_left_alone_by_the_child_that_used_its_copy_is_back_on_rdma)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 33);
+	struct sv_stream *oc = p.c, *os = p.s;
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		CHILD_CHECK(120, close(p.cfd) == 0);
+		CHILD_CHECK(121, write(p.sfd, "child", 5) == 5);
+		char c;
+		CHILD_CHECK(122, read(go[0], &c, 1) == 1);
+		_exit(0);
+	}
+	char b[5];
+	cr_assert_eq(ph_read_all(p.cfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	cr_assert_null(wait_successor_on_rdma(p.sfd, os, 1000),
+		       "the server moved to RDMA again while its child holds a copy");
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	both_again_on_rdma(&p, oc, os, 34);
+	close(go[0]);
+	close(go[1]);
 	ph_pair_close(&p);
 }
 
@@ -585,167 +593,6 @@ Test(kept, a_poll_asleep_on_the_server_sees_the_switch)
 	p.s = wait_successor_on_rdma(p.sfd, os, 10000);
 	cr_assert_not_null(p.s, "the server did not move to RDMA again");
 	exchange_on_rdma(&p, 20);
-	close(go[0]);
-	close(go[1]);
-	ph_pair_close(&p);
-}
-
-/* ---- A child left alone: the parent handed the connection on ---------------------- */
-
-/* The child's part: it drops its copy of the server's end, writes "early"
- * on its copy of the client's end if `used_first` (its claim takes the
- * connection back to TCP while the parent holds it too), waits until the
- * parent closed its own (`go`), then writes "adopt": alone with the
- * connection, this write makes it a stream of the child's, which moves it
- * to RDMA again. Here that upgrade finds no route (the fake network is the
- * parent's) and it stays on TCP; the bedtest fork_handed proves the move.
- * Then it reads the parent's answer through that stream. */
-static void child_left_alone(int cfd, int sfd, int go, bool used_first)
-{
-	fake_net_no_route(true);
-	CHILD_CHECK(80, close(sfd) == 0);
-	if (used_first)
-		CHILD_CHECK(81, write(cfd, "early", 5) == 5);
-	char c;
-	CHILD_CHECK(82, read(go, &c, 1) == 1);
-	CHILD_CHECK(83, write(cfd, "adopt", 5) == 5);
-	const char *ops = ph_ops_name(cfd);
-	CHILD_CHECK(84, ops && strcmp(ops, "stream") == 0);
-	char b[6];
-	CHILD_CHECK(85, ph_read_all(cfd, b, 6) == 6 && memcmp(b, "answer", 6) == 0);
-	_exit(0);
-}
-
-static void parent_lets_go(bool used_first, uint64_t seed)
-{
-	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, seed);
-	int go[2];
-	cr_assert_eq(pipe(go), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0)
-		child_left_alone(p.cfd, p.sfd, go[0], used_first);
-	char b[5];
-	if (used_first) {
-		cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
-		cr_assert_eq(memcmp(b, "early", 5), 0);
-	}
-	cr_assert_eq(close(p.cfd), 0);
-	p.cfd = -1;
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
-	cr_assert_eq(memcmp(b, "adopt", 5), 0);
-	cr_assert_eq(ph_write_all(p.sfd, "answer", 6), 6);
-	child_ok(pid);
-	close(go[0]);
-	close(go[1]);
-	ph_pair_close(&p);
-}
-
-Test(kept, a_child_that_used_its_copy_takes_it_over_when_the_parent_closes)
-{
-	parent_lets_go(true, 40);
-}
-
-Test(kept, a_child_that_uses_its_copy_after_the_parents_close_takes_it_over)
-{
-	parent_lets_go(false, 41);
-}
-
-/* Two children hold copies of the client's end when the parent closes
- * its own: neither may take it over while the other holds it; once one is
- * gone, the other does. */
-Test(kept, a_child_takes_it_over_only_once_its_sibling_is_gone)
-{
-	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 42);
-	int go[2], go2[2];
-	cr_assert_eq(pipe(go), 0);
-	cr_assert_eq(pipe(go2), 0);
-	pid_t sib = fork();
-	cr_assert_geq(sib, 0);
-	if (sib == 0) {
-		char c;
-		CHILD_CHECK(90, read(go2[0], &c, 1) == 1);
-		_exit(0);
-	}
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		fake_net_no_route(true);
-		CHILD_CHECK(91, close(p.sfd) == 0);
-		char c;
-		CHILD_CHECK(92, read(go[0], &c, 1) == 1);
-		CHILD_CHECK(93, write(p.cfd, "one", 3) == 3);
-		const char *ops = ph_ops_name(p.cfd);
-		CHILD_CHECK(94, ops && strcmp(ops, "kept by the parent") == 0);
-		CHILD_CHECK(95, read(go[0], &c, 1) == 1); /* the sibling is gone */
-		usleep(50000); /* past the next look */
-		CHILD_CHECK(96, write(p.cfd, "two", 3) == 3);
-		ops = ph_ops_name(p.cfd);
-		CHILD_CHECK(97, ops && strcmp(ops, "stream") == 0);
-		_exit(0);
-	}
-	cr_assert_eq(close(p.cfd), 0);
-	p.cfd = -1;
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	char b[6];
-	cr_assert_eq(ph_read_all(p.sfd, b, 3), 3);
-	cr_assert_eq(memcmp(b, "one", 3), 0);
-	cr_assert_eq(write(go2[1], "g", 1), 1);
-	child_ok(sib);
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	cr_assert_eq(ph_read_all(p.sfd, b, 3), 3);
-	cr_assert_eq(memcmp(b, "two", 3), 0);
-	child_ok(pid);
-	for (int i = 0; i < 2; i++) {
-		close(go[i]);
-		close(go2[i]);
-	}
-	ph_pair_close(&p);
-}
-
-/* A child that holds the client's end on two fds (a dup) when the parent
- * closes: a stream on one of them would leave the other on the kernel's
- * socket, so it is not taken over. */
-Test(kept, a_child_with_a_dup_of_its_copy_does_not_take_it_over)
-{
-	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 43);
-	int go[2];
-	cr_assert_eq(pipe(go), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		fake_net_no_route(true);
-		CHILD_CHECK(100, close(p.sfd) == 0);
-		CHILD_CHECK(101, write(p.cfd, "dup", 3) == 3);
-		int d = dup(p.cfd);
-		CHILD_CHECK(102, d >= 0);
-		char c;
-		CHILD_CHECK(103, read(go[0], &c, 1) == 1);
-		usleep(50000);
-		CHILD_CHECK(104, write(p.cfd, "one", 3) == 3);
-		usleep(50000);
-		CHILD_CHECK(105, write(d, "two", 3) == 3);
-		const char *ops = ph_ops_name(p.cfd);
-		CHILD_CHECK(106, ops && strcmp(ops, "kept by the parent") == 0);
-		ops = ph_ops_name(d);
-		CHILD_CHECK(107, ops && strcmp(ops, "kept by the parent") == 0);
-		_exit(0);
-	}
-	char b[9];
-	cr_assert_eq(ph_read_all(p.sfd, b, 3), 3);
-	cr_assert_eq(close(p.cfd), 0);
-	p.cfd = -1;
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	cr_assert_eq(ph_read_all(p.sfd, b, 6), 6);
-	cr_assert_eq(memcmp(b, "onetwo", 6), 0);
-	child_ok(pid);
 	close(go[0]);
 	close(go[1]);
 	ph_pair_close(&p);
