@@ -3,9 +3,10 @@
  * with it; or, with "leave", a client that hands its connection to a
  * child and exits (a daemon's start). Nothing here knows about libsovia.
  *
- *   sovia-forkwrite HOST PORT HEAD CHILD GO1 GO2 [leave] < FILE
+ *   sovia-forkwrite [-l] HOST PORT HEAD CHILD GO1 GO2 [leave] < FILE
  *
- * Connects to HOST:PORT and sends FILE, a regular file, in three parts:
+ * Connects to HOST:PORT (with -l: listens there and accepts one client,
+ * a server that forks with a client connected) and sends FILE, a regular file, in three parts:
  * its first HEAD bytes; once the file GO1 exists, a forked child sends the
  * next CHILD bytes (read from the same stdin, whose offset parent and
  * child share) and exits; the parent waits for it, then for the file GO2,
@@ -71,9 +72,14 @@ static void wait_file(const char *path)
 
 int main(int argc, char **argv)
 {
+	bool listening = argc > 1 && strcmp(argv[1], "-l") == 0;
+	if (listening) {
+		argc--;
+		argv++;
+	}
 	bool leave = argc == 8 && strcmp(argv[7], "leave") == 0;
 	if (argc != 7 && !leave) {
-		fprintf(stderr, "usage: " WHO " HOST PORT HEAD CHILD GO1 GO2 [leave] < FILE\n");
+		fprintf(stderr, "usage: " WHO " [-l] HOST PORT HEAD CHILD GO1 GO2 [leave] < FILE\n");
 		return 2;
 	}
 	struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai;
@@ -82,8 +88,22 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0)
+	if (fd < 0)
+		die("socket");
+	if (listening) {
+		int one = 1;
+		if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+		    bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 1) < 0)
+			die("listen");
+		/* The listening socket stays open, as a server's does: a
+		 * client asks its port again after the fork. */
+		int c = accept(fd, NULL, NULL);
+		if (c < 0)
+			die("accept");
+		fd = c;
+	} else if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
 		die("connect");
+	}
 	freeaddrinfo(ai);
 	copy(fd, strtoull(argv[3], NULL, 10));
 	wait_file(argv[5]);
