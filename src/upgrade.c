@@ -220,12 +220,12 @@ void sv_upgrade_connect_now(struct sv_stream *s)
 #define SV_CONNECT_RETRY_MS 20u
 /* "Later" (a connection back on TCP that another process of the server
  * holds too): asked again after 200 ms, then at twice the last interval
- * up to 5 s, at most 64 times (about 5 minutes): the server says when,
- * and a server that says it for ever costs a request every 5 s, for a
- * while. */
-#define SV_LATER_RETRIES 64
+ * up to 3.2 s (the server's own looks at its holders back off as far),
+ * at most 96 times (about 5 minutes): a server that says it for ever
+ * costs a request every 3.2 s, for a while. */
+#define SV_LATER_RETRIES 96
 #define SV_LATER_RETRY_MS 200u
-#define SV_LATER_RETRY_MAX_MS 5000u
+#define SV_LATER_RETRY_MAX_MS 3200u
 
 static void start_connect(struct sv_stream *s)
 {

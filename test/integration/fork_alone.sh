@@ -43,17 +43,15 @@ cmp -s "$WORK/in" "$WORK/out" || fail "nc received other bytes ($(stat -c %s "$W
 
 grep -q "moves to RDMA again" "$WORK/client.err" || fail "no second life logged"
 # Each end: the first stream's line (detached), then its successor's.
-lines() { grep -h "libsovia stats.* $2 " "$1"; }
-[ "$(lines "$WORK/client.err" client | wc -l)" -ge 2 ] || fail "client: fewer than two streams"
-[ "$(lines "$WORK/server.err" server | wc -l)" -ge 2 ] || fail "server: fewer than two streams"
-lines "$WORK/client.err" client | head -1 | grep -q " state=detached " ||
+[ "$(stats_lines "$WORK/client.err" client | wc -l)" -ge 2 ] || fail "client: fewer than two streams"
+[ "$(stats_lines "$WORK/server.err" server | wc -l)" -ge 2 ] || fail "server: fewer than two streams"
+stats_lines "$WORK/client.err" client | head -1 | grep -q " state=detached " ||
 	fail "the first client stream did not go back to TCP"
-field() { sed -n "s/.* $2=\([0-9a-z-]*\).*/\1/p" <<<"$1"; }
-cl=$(lines "$WORK/client.err" client | tail -1)
-sl=$(lines "$WORK/server.err" server | tail -1)
-[ "$(field "$cl" state)" = rdma ] || fail "client successor ended $(field "$cl" state)"
-[ "$(field "$sl" state)" = rdma ] || fail "server successor ended $(field "$sl" state)"
-ctx=$(field "$cl" rdma_tx_bytes) srx=$(field "$sl" rdma_rx_bytes)
+cl=$(stats_lines "$WORK/client.err" client | tail -1)
+sl=$(stats_lines "$WORK/server.err" server | tail -1)
+[ "$(stats_field "$cl" state)" = rdma ] || fail "client successor ended $(stats_field "$cl" state)"
+[ "$(stats_field "$sl" state)" = rdma ] || fail "server successor ended $(stats_field "$sl" state)"
+ctx=$(stats_field "$cl" rdma_tx_bytes) srx=$(stats_field "$sl" rdma_rx_bytes)
 echo "fork_alone: the successors carried $ctx (client sent) and $srx (server got) bytes over" \
 	"RDMA of the last $REST; rxe sent $pkts packets meanwhile"
 [ "$ctx" -ge $((REST * 9 / 10)) ] || fail "client: ${ctx} of $REST bytes over RDMA"

@@ -44,17 +44,15 @@ pkts=$(($(rxe_pkts) - p0))
 cmp -s "$WORK/in" "$WORK/out" || fail "nc received other bytes ($(stat -c %s "$WORK/out") of $(stat -c %s "$WORK/in"))"
 
 grep -q "asking it to move to RDMA again" "$WORK/client.err" || fail "the client did not ask again"
-lines() { grep -h "libsovia stats.* $2 " "$1"; }
-[ "$(lines "$WORK/client.err" client | wc -l)" -ge 2 ] || fail "client: fewer than two streams"
-[ "$(lines "$WORK/server.err" server | wc -l)" -ge 2 ] || fail "server: fewer than two streams"
-lines "$WORK/server.err" server | head -1 | grep -q " state=detached " ||
+[ "$(stats_lines "$WORK/client.err" client | wc -l)" -ge 2 ] || fail "client: fewer than two streams"
+[ "$(stats_lines "$WORK/server.err" server | wc -l)" -ge 2 ] || fail "server: fewer than two streams"
+stats_lines "$WORK/server.err" server | head -1 | grep -q " state=detached " ||
 	fail "the first server stream did not go back to TCP"
-field() { sed -n "s/.* $2=\([0-9a-z-]*\).*/\1/p" <<<"$1"; }
-cl=$(lines "$WORK/client.err" client | tail -1)
-sl=$(lines "$WORK/server.err" server | tail -1)
-[ "$(field "$cl" state)" = rdma ] || fail "client successor ended $(field "$cl" state)"
-[ "$(field "$sl" state)" = rdma ] || fail "server successor ended $(field "$sl" state)"
-stx=$(field "$sl" rdma_tx_bytes) crx=$(field "$cl" rdma_rx_bytes)
+cl=$(stats_lines "$WORK/client.err" client | tail -1)
+sl=$(stats_lines "$WORK/server.err" server | tail -1)
+[ "$(stats_field "$cl" state)" = rdma ] || fail "client successor ended $(stats_field "$cl" state)"
+[ "$(stats_field "$sl" state)" = rdma ] || fail "server successor ended $(stats_field "$sl" state)"
+stx=$(stats_field "$sl" rdma_tx_bytes) crx=$(stats_field "$cl" rdma_rx_bytes)
 echo "fork_server: the successors carried $stx (server sent) and $crx (client got) bytes over" \
 	"RDMA of the last $REST; rxe sent $pkts packets meanwhile"
 [ "$stx" -ge $((REST * 9 / 10)) ] || fail "server: ${stx} of $REST bytes over RDMA"

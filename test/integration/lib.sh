@@ -46,6 +46,11 @@ hang_watch() {
 }
 note() { echo "== $*"; }
 
+# The statistics lines of the streams of role $2 (client, server) in file
+# $1, in the order they ended; a field of one such line ($1) by name ($2).
+stats_lines() { grep -h "libsovia stats.* $2 " "$1"; }
+stats_field() { sed -n "s/.* $2=\([0-9a-z-]*\).*/\1/p" <<<"$1"; }
+
 # Wait until something listens on TCP port $1.
 wait_port() {
 	for _ in $(seq 300); do

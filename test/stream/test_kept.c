@@ -259,9 +259,12 @@ static struct sv_stream *wait_successor_on_rdma(int fd, struct sv_stream *old, i
 static void both_again_on_rdma(struct pair *p, struct sv_stream *oc, struct sv_stream *os,
 			       uint64_t seed)
 {
-	p->c = wait_successor_on_rdma(p->cfd, oc, 10000);
+	/* A server's end that its own child held moves once it looked at
+	 * its holders again and its client asked again ("later"): each backs
+	 * off to 3.2 s. */
+	p->c = wait_successor_on_rdma(p->cfd, oc, 20000);
 	cr_assert_not_null(p->c, "the client did not move to RDMA again");
-	p->s = wait_successor_on_rdma(p->sfd, os, 10000);
+	p->s = wait_successor_on_rdma(p->sfd, os, 20000);
 	cr_assert_not_null(p->s, "the server did not move to RDMA again");
 	exchange_on_rdma(p, seed);
 }
