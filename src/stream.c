@@ -348,7 +348,8 @@ struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
 	struct sv_stream *found = NULL;
 	sv_lock(&all_lock);
 	for (struct sv_stream *s = all_streams; s && !found; s = s->next_all)
-		if (!s->is_client && atomic_load(&s->parked) && sv_addr_equal(&s->tuple.local, local) &&
+		if (!s->is_client && (atomic_load(&s->parked) || atomic_load(&s->going_back)) &&
+		    sv_addr_equal(&s->tuple.local, local) &&
 		    sv_addr_equal(&s->tuple.peer, peer) && sv_stream_try_get(s))
 			found = s;
 	sv_unlock(&all_lock);

@@ -170,7 +170,8 @@ bool sv_stream_kernel_only_seen(const struct sv_stream *s);
  * stream sv_stream_successor gives, started with sv_stream_start_revived
  * (l: the listener a request came to; NULL for a client).
  * sv_stream_revive: 1 when it did; 0: not now (a fork's child of ours may
- * still hold it, and we look again), ask again; -1: it cannot. */
+ * still hold it, and we look again, or it is on its way back), ask again;
+ * -1: it cannot. */
 typedef bool (*sv_revive_fn)(struct sv_stream *s, int fd, struct sv_listener *l);
 void sv_stream_set_revive(sv_revive_fn fn);
 int sv_stream_revive(struct sv_stream *s, struct sv_listener *l);
@@ -216,8 +217,8 @@ void sv_stream_unpark(struct sv_stream *s);
 /* The helper, holding no lock: predecessors whose successors' switch is
  * over (or their upgrade) are let go. */
 void sv_stream_redo_reap(void);
-/* A server connection of this process back on TCP, for the four-tuple of
- * a request (a reference), or NULL. */
+/* A server connection of this process back on TCP (or on its way back),
+ * for the four-tuple of a request (a reference), or NULL. */
 struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
 					const struct sockaddr_storage *peer);
 /* ... revived (sv_stream_revive) for the request that came to l; -1: none. */

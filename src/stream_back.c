@@ -49,6 +49,7 @@ static int send_back(struct sv_stream *s)
 	sv_stream_redo_snapshot(s, peer_first);
 	s->keep.want_back = false;
 	sv_stream_set_state(s, SV_CONN_DETACHING);
+	atomic_store(&s->going_back, true);
 	s->cl.back_deadline_us = sv_clock_now(&clk) + SV_PEER_SILENCE_US;
 	s->st.switches_to_tcp++;
 	sv_helper_watch(s); /* it finishes the exchange if nobody calls in */
@@ -118,6 +119,7 @@ void sv_stream_back_progress(struct sv_stream *s)
 		return;
 	sv_stream_redo_detached(s);
 	sv_stream_set_state(s, SV_CONN_DETACHED);
+	atomic_store(&s->going_back, false);
 	s->cl.linger_deadline_us = sv_clock_now(&clk) + SV_DETACH_GRACE_US;
 	sv_stream_kernel_shut(s);
 	const struct sv_proto_stats *st = sv_proto_stats(p);

@@ -372,6 +372,9 @@ struct sv_stream {
 	/* Back on TCP with known counts, a successor not made yet: a server's
 	 * request may revive it (sv_stream_find_parked). Read without the lock. */
 	atomic_bool parked;
+	/* On its way back (our BACK went, not detached yet): a request for it
+	 * is told "later" (it will be parked). Read without the lock. */
+	atomic_bool going_back;
 	struct sv_watch *watch; /* the helper's, under its lock */
 
 	bool stats_printed;

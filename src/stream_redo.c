@@ -274,8 +274,10 @@ int sv_stream_revive(struct sv_stream *s, struct sv_listener *l)
 	sv_lock(&s->lock);
 	int fd = s->fd;
 	bool ok = revivable(s);
-	/* A fork's child still holds it: its owner looks again soon. */
-	bool later = !ok && s->keep.shared && !s->keep.alone && atomic_load(&s->parked);
+	/* A fork's child still holds it (its owner looks again soon), or it
+	 * is on its way back (the client's request beat our detached). */
+	bool later = !ok && ((s->keep.shared && !s->keep.alone && atomic_load(&s->parked)) ||
+			     (s->state == SV_CONN_DETACHING && !s->error && !s->cl.app_closed));
 	sv_unlock(&s->lock);
 	if (later)
 		return 0;
