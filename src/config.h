@@ -31,6 +31,8 @@ struct sv_config {
 				       * server ports below 1024 */
 	bool fork_keep;               /* SOVIA_FORK_KEEP: a fork leaves the parent's
 				       * connections on RDMA until a child uses its copy */
+	bool ask_again;               /* SOVIA_ASK_AGAIN: a client taken back to TCP by
+				       * its server asks again at once */
 };
 
 typedef char *(*sv_getenv_fn)(const char *name);
