@@ -67,10 +67,8 @@ void sv_stream_redo_detached(struct sv_stream *s)
 	/* The server went back: its end may move to RDMA again once its
 	 * process holds it alone (or its child, handed it), and it tells
 	 * us when we ask (SV_CM_REJ_LATER until then). */
-	/* Off by default (SOVIA_ASK_AGAIN): asked while its server passed the
-	 * connection on (SCM_RIGHTS), the client's successor left
-	 * unserved/sendmsg_scm_rights_* hanging in 4 of 6 runs, cause not
-	 * found yet. */
+	/* Off by default (SOVIA_ASK_AGAIN): the asking is not known to be
+	 * safe when the server passed its end on (SCM_RIGHTS). */
 	struct ask *a = sv_cfg.ask_again && s->is_client && s->redo.peer_first &&
 				atomic_load(&s->parked)
 				? malloc(sizeof(*a))
