@@ -23,6 +23,19 @@ const char *ph_ops_name(int fd)
 	return n;
 }
 
+/* The pairs' streams, held for the test's life: a successor (a second
+ * life, stream_redo.c) may take a pair's fd, and its predecessor, which
+ * the test still looks at, would be freed. */
+static struct sv_stream *held[64];
+static unsigned nheld;
+
+static void hold(struct sv_stream *s)
+{
+	cr_assert_lt(nheld, sizeof(held) / sizeof(held[0]), "too many pairs in one test");
+	sv_stream_get(s);
+	held[nheld++] = s;
+}
+
 void ph_pair_rdma(struct pair *p)
 {
 	h_listen(p, false); /* listen() made the RDMA listener */
@@ -30,6 +43,8 @@ void ph_pair_rdma(struct pair *p)
 	p->c = ph_stream(p->cfd);
 	p->s = ph_stream(p->sfd);
 	cr_assert(p->c && p->s, "connect() and accept() made no streams");
+	hold(p->c);
+	hold(p->s);
 	/* The server looks at it as an application does after accept():
 	 * its upgrade request waits for that (sv_stream_app_uses). */
 	struct pollfd pfd = {.fd = p->sfd, .events = POLLIN};

@@ -15,7 +15,8 @@ struct sv_stream *ph_stream(int fd);
 const char *ph_ops_name(int fd);
 
 /* A connection made with the application's calls (socket, listen, connect,
- * accept: the interposer makes both ends streams), both ends on RDMA. */
+ * accept: the interposer makes both ends streams), both ends on RDMA. p->c
+ * and p->s stay valid until the test ends. */
 void ph_pair_rdma(struct pair *p);
 /* Close what the test left open of it (through close()). */
 void ph_pair_close(struct pair *p);
