@@ -345,15 +345,23 @@ bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand)
 struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
 					const struct sockaddr_storage *peer)
 {
-	struct sv_stream *found = NULL;
+	/* One that may revive first; else any (a predecessor, one that went
+	 * back for good), which sv_stream_revive_parked then refuses. */
+	struct sv_stream *found = NULL, *other = NULL;
 	sv_lock(&all_lock);
-	for (struct sv_stream *s = all_streams; s && !found; s = s->next_all)
-		if (!s->is_client && (atomic_load(&s->parked) || atomic_load(&s->going_back)) &&
-		    sv_addr_equal(&s->tuple.local, local) &&
-		    sv_addr_equal(&s->tuple.peer, peer) && sv_stream_try_get(s))
-			found = s;
+	for (struct sv_stream *s = all_streams; s && !found; s = s->next_all) {
+		if (s->is_client || !sv_addr_equal(&s->tuple.local, local) ||
+		    !sv_addr_equal(&s->tuple.peer, peer))
+			continue;
+		if (atomic_load(&s->parked) || atomic_load(&s->going_back))
+			found = sv_stream_try_get(s) ? s : NULL;
+		else if (!other && sv_stream_try_get(s))
+			other = s;
+	}
 	sv_unlock(&all_lock);
-	return found;
+	if (found && other)
+		sv_stream_put(other);
+	return found ? found : other;
 }
 
 /* ---- Process events ---------------------------------------------------------- */

@@ -217,11 +217,13 @@ void sv_stream_unpark(struct sv_stream *s);
 /* The helper, holding no lock: predecessors whose successors' switch is
  * over (or their upgrade) are let go. */
 void sv_stream_redo_reap(void);
-/* A server connection of this process back on TCP (or on its way back),
- * for the four-tuple of a request (a reference), or NULL. */
+/* A server connection of this process for the four-tuple of a request (a
+ * reference), one back on TCP (or on its way back) first, or NULL. */
 struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
 					const struct sockaddr_storage *peer);
-/* ... revived (sv_stream_revive) for the request that came to l; -1: none. */
+/* ... revived (sv_stream_revive) for the request that came to l; -1: none;
+ * -2: it went back to TCP here and never moves again (its fd became the
+ * kernel's, or it was closed): the request is refused at once. */
 int sv_stream_revive_parked(const struct sockaddr_storage *local,
 			    const struct sockaddr_storage *peer, struct sv_listener *l);
 

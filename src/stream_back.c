@@ -49,7 +49,7 @@ static int send_back(struct sv_stream *s)
 	sv_stream_redo_snapshot(s, peer_first);
 	s->keep.want_back = false;
 	sv_stream_set_state(s, SV_CONN_DETACHING);
-	atomic_store(&s->going_back, true);
+	atomic_store(&s->going_back, !s->keep.escaped);
 	s->cl.back_deadline_us = sv_clock_now(&clk) + SV_PEER_SILENCE_US;
 	s->st.switches_to_tcp++;
 	sv_helper_watch(s); /* it finishes the exchange if nobody calls in */
@@ -230,9 +230,15 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool for
 	return 0;
 }
 
-static int detach(struct sv_stream *s, bool fork)
+/* away: the application's fd becomes the kernel's (the caller hands it on),
+ * so the connection gets no second life here (not parked, not handed). */
+static int detach(struct sv_stream *s, bool fork, bool away)
 {
 	sv_lock(&s->lock);
+	bool escaped = s->keep.escaped;
+	/* Before the BACK: a request that comes once it is detached, before
+	 * our caller returns, must not revive it. */
+	s->keep.escaped = escaped || away;
 	struct sv_clock clk = SV_CLOCK_INIT;
 	uint64_t deadline = sv_upgrade_deadline(sv_clock_now(&clk));
 	int r = 0;
@@ -257,16 +263,23 @@ static int detach(struct sv_stream *s, bool fork)
 		/* Interrupted by a signal: the call we serve goes on regardless. */
 		(void)sv_stream_wait(s, &clk, wait_tcp_out ? POLLOUT : 0, clk.us + 10000, 0);
 	}
-	if (r < 0)
+	if (r < 0) {
+		s->keep.escaped = escaped;
 		sv_warn("fd %d: cannot go back to plain TCP (%s, state %s): libsovia keeps it",
 			s->fd, strerror(-r), sv_conn_state_name(s->state));
+	}
 	sv_unlock(&s->lock);
 	return r;
 }
 
 int sv_stream_detach(struct sv_stream *s)
 {
-	return detach(s, false);
+	return detach(s, false, true);
+}
+
+int sv_stream_detach_for_copies(struct sv_stream *s)
+{
+	return detach(s, false, false);
 }
 
 int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_t *tx,
@@ -277,7 +290,7 @@ int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_
 		*tx = *rx = 0;
 		return 1;
 	}
-	int r = detach(s, true);
+	int r = detach(s, true, true);
 	sv_lock(&s->lock);
 	bool handed = r == 0 && s->fallback == SV_FB_HANDED && s->hand.h;
 	*hand = handed ? s->hand : (struct sv_hand){.h = NULL, .slot = -1};

@@ -584,6 +584,9 @@ void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to);
 /* Its last reference is going (without the lock). */
 void sv_stream_keep_forget(struct sv_stream *s);
 
+/* sv_stream_detach for a connection whose copies, not a new holder, get
+ * it on TCP (the owner lets go): it may still be handed (stream_keep.c). */
+int sv_stream_detach_for_copies(struct sv_stream *s);
 /* Detaching: answer the peer's BACK, give back, write what came back. */
 void sv_stream_back_progress(struct sv_stream *s);
 /* TCP's shutdown(SHUT_WR), held back while TCP may still have to carry

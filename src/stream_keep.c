@@ -356,7 +356,7 @@ static void let_go(struct sv_stream *s, const char *why)
 	if (sv_shares_others_hold(&ref)) {
 		sv_info("fd %d: %s while a fork's child holds a copy: back to plain TCP for it",
 			s->fd, why);
-		int r = sv_stream_detach(s);
+		int r = sv_stream_detach_for_copies(s);
 		if (r == 0)
 			return; /* DETACHED settled it */
 	}

@@ -62,13 +62,12 @@ void sv_stream_redo_detached(struct sv_stream *s)
 		return;
 	sv_proto_back_points(s->proto, &s->redo.tx, &s->redo.rx);
 	/* One fd of the application's, which the successor takes over. */
-	if (s->opens == 1 && !s->fd_private && !s->cl.app_closed && !s->cl.tx_shut)
+	if (s->opens == 1 && !s->fd_private && !s->cl.app_closed && !s->cl.tx_shut &&
+	    !s->keep.escaped)
 		atomic_store(&s->parked, true);
 	/* The server went back: its end may move to RDMA again once its
 	 * process holds it alone (or its child, handed it), and it tells
 	 * us when we ask (SV_CM_REJ_LATER until then). */
-	/* Off by default (SOVIA_ASK_AGAIN): the asking is not known to be
-	 * safe when the server passed its end on (SCM_RIGHTS). */
 	struct ask *a = sv_cfg.ask_again && s->is_client && s->redo.peer_first &&
 				atomic_load(&s->parked)
 				? malloc(sizeof(*a))
@@ -280,7 +279,8 @@ int sv_stream_revive(struct sv_stream *s, struct sv_listener *l)
 	/* A fork's child still holds it (its owner looks again soon), or it
 	 * is on its way back (the client's request beat our detached). */
 	bool later = !ok && ((s->keep.shared && !s->keep.alone && atomic_load(&s->parked)) ||
-			     (s->state == SV_CONN_DETACHING && !s->error && !s->cl.app_closed));
+			     (s->state == SV_CONN_DETACHING && !s->error && !s->cl.app_closed &&
+			      !s->keep.escaped));
 	sv_unlock(&s->lock);
 	if (later)
 		return 0;
@@ -294,6 +294,13 @@ int sv_stream_revive_parked(const struct sockaddr_storage *local,
 	if (!s)
 		return -1;
 	int r = sv_stream_revive(s, l);
+	if (r < 0) {
+		/* Neither revivable nor "later": back on TCP for good. */
+		sv_lock(&s->lock);
+		if (s->state == SV_CONN_DETACHED || s->state == SV_CONN_DETACHING)
+			r = -2;
+		sv_unlock(&s->lock);
+	}
 	sv_stream_put(s);
 	return r;
 }

@@ -702,7 +702,8 @@ static uint64_t pending_timers(uint64_t now)
  * the request then matches. Each looks without up_lock (making the
  * successor takes it), once. One that a fork's child of ours still holds
  * (its owner looks again) is told "later" (SV_CM_REJ_LATER): its client
- * asks again, and is matched once we hold it alone. */
+ * asks again, and is matched once we hold it alone. One back for good (its
+ * fd is the kernel's) is refused at once, not held until its deadline. */
 #define SV_REVIVE_BATCH 8
 struct revive_look {
 	struct sv_cm_req req;
@@ -732,13 +733,16 @@ static void revive_parked(struct revive_look *looks, int n)
 	sv_lock(&sv_up_lock);
 	for (int i = 0; i < n; i++) {
 		listener_put(looks[i].l);
-		for (struct pending_req **pp = &pending; r[i] == 0 && *pp; pp = &(*pp)->next) {
+		bool later = r[i] == 0, never = r[i] == -2;
+		for (struct pending_req **pp = &pending; (later || never) && *pp;
+		     pp = &(*pp)->next) {
 			struct pending_req *p = *pp;
 			if (p != looks[i].p)
 				continue;
-			sv_dbg("upgrade request: its connection is back on TCP and shared with a "
-			       "fork's child of ours: later");
-			sv_up_reject(p->id, true, SV_CM_REJ_LATER);
+			sv_dbg("upgrade request: its connection is back on TCP %s",
+			       later ? "and shared with a fork's child of ours: later"
+				     : "here for good: refused");
+			sv_up_reject(p->id, true, later ? SV_CM_REJ_LATER : SV_CM_REJ_NO);
 			sv_cm->destroy_id(p->id);
 			*pp = p->next;
 			listener_put(p->l);

@@ -79,6 +79,20 @@ static void check_passed(struct pair *p, int got_fd, uint64_t seed, size_t len, 
 	cr_assert_null(ph_stream(got_fd), "the received fd is not libsovia's");
 	uint8_t *in = malloc(len + 4);
 	cr_assert_eq(h_wait_state(p->c, SV_CONN_DETACHED, 10000), SV_CONN_DETACHED);
+	/* The client, taken back by its server, asks again (SOVIA_ASK_AGAIN)
+	 * as a new stream; the server's end went to the receiver and is
+	 * never revived, so the server refuses at once (its deadline would
+	 * end it as a timeout, the client's writes held meanwhile). */
+	struct sv_stream *n = NULL;
+	for (int waited = 0; waited < 10000 && (!n || n == p->c); waited += 10) {
+		usleep(10000);
+		n = ph_stream(p->cfd);
+	}
+	cr_assert(n && n != p->c, "the client did not ask again");
+	cr_assert_eq(h_wait_state(n, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "%s",
+		     sv_conn_state_name(h_state(n)));
+	cr_assert_eq(h_fallback(n), SV_FB_REJECTED, "the request was not refused: %s",
+		     sv_fallback_name(h_fallback(n)));
 	cr_assert_eq(write(p->cfd, "more", 4), 4);
 	cr_assert_eq(ph_read_all(got_fd, in, len - consumed + 4), len - consumed + 4);
 	cr_assert(h_pattern_ok(in, len - consumed, seed, consumed), "the passed socket's bytes");
