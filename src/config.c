@@ -71,10 +71,10 @@ static const struct setting settings[] = {
 	 "a fork leaves the parent's connections on RDMA until a child uses its copy of one "
 	 "(where the kernel copies pinned pages at a fork); 0: every fork takes them back to "
 	 "TCP first"},
-	{"SOVIA_ASK_AGAIN", SETTING_BOOL, U32(ask_again), 0, 0, 1,
+	{"SOVIA_ASK_AGAIN", SETTING_BOOL, U32(ask_again), 1, 0, 1,
 	 "a client whose server took its connection back to TCP asks at once to move it to "
 	 "RDMA again (a server whose fork's child used the connection, once the child is "
-	 "gone); experimental: off by default"},
+	 "gone); 0: it stays on TCP unless the client has its own reason to ask"},
 };
 
 static void store(struct sv_config *cfg, const struct setting *s, uint32_t v)

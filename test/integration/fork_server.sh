@@ -15,8 +15,6 @@
 # needs.
 . "$(dirname "$0")/lib.sh"
 export SOVIA_LOG=info
-# The client's asking again is opt-in (README, settings).
-export SOVIA_ASK_AGAIN=1
 HEAD=$((1 << 20)) CHILD=65536 REST=$((40 << 20))
 PORT=5303
 head -c $((HEAD + CHILD + REST)) /dev/urandom >"$WORK/in"
