@@ -37,6 +37,8 @@ struct sv_shares;
 struct sv_share_redo {
 	uint64_t tx, rx;
 	uint64_t ktx, krx;
+	bool server; /* the owner's end was the server's: its adopter
+		      * listens for the client's request (holders.h) */
 };
 
 /* One kept connection, as each process names it. */

@@ -226,6 +226,13 @@ void sv_stream_start_client(struct sv_stream *s)
 
 void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l)
 {
+	if (!s->is_client && !l) {
+		/* Handed on by the parent that accepted it: our own listener,
+		 * to which the parent's redirects the client's request. */
+		if (!no_rdma(s))
+			sv_upgrade_adopted(s);
+		return;
+	}
 	if (!s->is_client) {
 		sv_stream_start_server(s, l);
 		return;

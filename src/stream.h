@@ -200,10 +200,11 @@ struct sv_stream *sv_kcalls_enter(struct sv_kcalls *k);
 void sv_kcalls_leave(struct sv_kcalls *k);
 void sv_kcalls_took(struct sv_kcalls *k, struct sv_stream *n);
 void sv_kcalls_forget(struct sv_kcalls *k);
-/* A fork's child holds alone a client connection its parent handed to the
- * copies (sv_shares_adopt): a new stream for fd, from where the
- * connection stood then (redo). `entry`, `idle`, `put` as for
- * sv_stream_successor; kc: the entry's kernel calls. NULL on ENOMEM. */
+/* A fork's child holds alone a connection its parent handed to the copies
+ * (sv_shares_adopt): a new stream for fd, from where the connection stood
+ * then (redo), in the parent's role. `entry`, `idle`, `put` as for
+ * sv_stream_successor; kc: the entry's kernel calls. NULL on ENOMEM, or
+ * for a server's end without a holders' table. */
 struct sv_stream *sv_stream_adopted(int fd, const struct sv_share_redo *redo, void *entry,
 				    bool (*idle)(void *), void (*put)(void *),
 				    struct sv_kcalls *kc);

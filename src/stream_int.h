@@ -263,6 +263,9 @@ struct sv_keep {
 				  * kernel's (a dup, a hand-over, a fork that
 				  * took it back): a process the entry does not
 				  * list may hold it, so it is never handed */
+	/* A server's end handed on (.t NULL: not): while its entry waits
+	 * for an adopter, its client's requests hear "later". */
+	struct sv_share_ref handed;
 };
 
 /* A connection back on plain TCP may move to RDMA again, as a new stream
@@ -648,7 +651,8 @@ void sv_upgrade_retry_room(struct sv_stream *s);
 /* Server: the application accepted this connection; a request may match
  * it. Without the lock. */
 void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l);
-/* A fork's child took s, a connection handed to it (s->hand): it waits for
+/* A fork's child took s, a connection handed to it (s->hand, or a server's
+ * end its parent handed on as it let go: stream_keep.c): it waits for
  * its request at an RDMA listener of the child's on its address, whose
  * port it claims in the holders' table. */
 void sv_upgrade_adopted(struct sv_stream *s);

@@ -124,26 +124,33 @@ static void settle(struct sv_stream *s, bool lost)
 }
 
 /* We let go of a connection back on plain TCP that copies may still
- * hold: a client's, whose counts are known, is handed to them, so that
- * the one holder left takes it to RDMA again (shares.h, sv_shares_adopt;
- * a server's client would have to ask again: it is settled). Not one
- * shut down, nor one whose fd here became the kernel's (keep.escaped): a
- * process the entry does not list may hold it. Under s->lock. */
+ * hold: when its counts are known, it is handed to them, so that the one
+ * holder left takes it to RDMA again (shares.h, sv_shares_adopt). A
+ * server's end goes only where a holder can be found by its client: the
+ * accepting listener has a holders' table (our listener then redirects
+ * the client's request to the adopter's; until it adopts, "later"). Not
+ * one shut down, nor one whose fd here became the kernel's
+ * (keep.escaped): a process the entry does not list may hold it. Under
+ * s->lock. */
 static void hand(struct sv_stream *s)
 {
 	if (!s->keep.ref.t || s->keep.forking)
 		return;
-	if (!s->is_client || !s->redo.ok || s->state != SV_CONN_DETACHED || s->error ||
-	    s->cl.tx_shut || s->keep.escaped) {
+	if ((!s->is_client && !s->holders) || !s->redo.ok || s->state != SV_CONN_DETACHED ||
+	    s->error || s->cl.tx_shut || s->keep.escaped) {
 		settle(s, false);
 		return;
 	}
-	struct sv_share_redo r = {
-		.tx = s->redo.tx, .rx = s->redo.rx, .ktx = s->redo.ktx, .krx = s->redo.krx};
+	struct sv_share_redo r = {.tx = s->redo.tx, .rx = s->redo.rx, .ktx = s->redo.ktx,
+				  .krx = s->redo.krx, .server = !s->is_client};
 	sv_shares_hand(&s->keep.ref, &r);
 	sv_info("fd %d: plain TCP again, handed to the fork's children that hold it: the "
-		"last one moves it to RDMA again", s->fd);
+		"last one moves it to RDMA again%s", s->fd,
+		s->is_client ? "" : " when the client asks");
+	struct sv_share_ref ref = s->keep.ref;
 	leave_entry(s);
+	if (!s->is_client)
+		s->keep.handed = ref;
 }
 
 /* Back on plain TCP for a copy's holder, while we still hold it: the

@@ -136,11 +136,21 @@ struct sv_stream *sv_stream_adopted(int fd, const struct sv_share_redo *redo, vo
 				    bool (*idle)(void *), void (*put)(void *),
 				    struct sv_kcalls *kc)
 {
+	/* A server's end: its own RDMA listener, entered in the family's
+	 * holders' table (made before the fork, the owner's), which the
+	 * owner looks at from now on (sv_upgrade_adopted). */
+	struct sv_holders *h = redo->server ? sv_holders_get() : NULL;
+	if (redo->server && !h)
+		return NULL;
 	struct reap *node = malloc(sizeof(*node));
-	struct sv_stream *n = node ? sv_stream_new(fd, true) : NULL;
+	struct sv_stream *n = node ? sv_stream_new(fd, !redo->server) : NULL;
 	if (!n) {
 		free(node);
 		return NULL;
+	}
+	if (h) {
+		n->holders = h;
+		sv_holders_mark_forked(h);
 	}
 	n->redo = (struct sv_redo){.ok = true, .tx = redo->tx, .rx = redo->rx,
 				   .ktx = redo->ktx, .krx = redo->krx};
@@ -280,7 +290,8 @@ int sv_stream_revive(struct sv_stream *s, struct sv_listener *l)
 	 * is on its way back (the client's request beat our detached). */
 	bool later = !ok && ((s->keep.shared && !s->keep.alone && atomic_load(&s->parked)) ||
 			     (s->state == SV_CONN_DETACHING && !s->error && !s->cl.app_closed &&
-			      !s->keep.escaped));
+			      !s->keep.escaped) ||
+			     (s->keep.handed.t && sv_shares_handed(&s->keep.handed)));
 	sv_unlock(&s->lock);
 	if (later)
 		return 0;
@@ -295,9 +306,12 @@ int sv_stream_revive_parked(const struct sockaddr_storage *local,
 		return -1;
 	int r = sv_stream_revive(s, l);
 	if (r < 0) {
-		/* Neither revivable nor "later": back on TCP for good. */
+		/* Neither revivable nor "later": back on TCP for good, unless
+		 * a child adopted it (its entry in the holders' table, which
+		 * the pending request looks at, comes soon). */
 		sv_lock(&s->lock);
-		if (s->state == SV_CONN_DETACHED || s->state == SV_CONN_DETACHING)
+		if ((s->state == SV_CONN_DETACHED || s->state == SV_CONN_DETACHING) &&
+		    !s->keep.handed.t)
 			r = -2;
 		sv_unlock(&s->lock);
 	}

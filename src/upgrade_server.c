@@ -374,7 +374,7 @@ void sv_upgrade_adopted(struct sv_stream *s)
 	if (!l && (l = calloc(1, sizeof(*l)))) {
 		l->fd = -1;
 		l->addr = s->tuple.local;
-		l->holders = s->hand.h;
+		l->holders = s->holders;
 		l->inherited = true;
 		l->adopter = true;
 		l->refs = 1; /* the list's, for the process's life */

@@ -1,11 +1,13 @@
-/* A child left alone with a client connection its parent kept on RDMA
+/* A child left alone with a connection its parent kept on RDMA
  * (src/shares.h, sv_shares_hand and sv_shares_adopt): the parent let go
  * (its close, exit or exec) while the child holds a copy, and the child,
  * once no other process holds the socket, makes its fd a stream of its
- * own, which moves the connection to RDMA again. The fake network is the
- * parent's, so the child's upgrade finds no route here and stays on TCP:
- * these tests check who takes the connection over, and that its bytes stay
- * right; bed.fork_handed proves the move to RDMA. */
+ * own, which moves the connection to RDMA again (a server's end: at the
+ * child's own RDMA listener, to which the parent's redirects the client).
+ * The fake network is the parent's, so the child's upgrade finds no route
+ * here and stays on TCP: these tests check who takes the connection over,
+ * and that its bytes stay right; bed.fork_handed and bed.fork_server prove
+ * the move to RDMA. */
 #include "kept_util.h"
 
 #include <criterion/criterion.h>
@@ -21,55 +23,57 @@
 
 TestSuite(handed_copy, .init = kept_setup, .fini = h_teardown, .timeout = 60);
 
-/* The child's part: it drops its copy of the server's end, writes "early"
- * on its copy of the client's end if `used_first` (its claim takes the
- * connection back to TCP while the parent holds it too), waits until the
- * parent closed its own (`go`), then writes "adopt": alone with the
- * connection, this write makes it a stream of the child's, which moves it
- * to RDMA again. Here that upgrade finds no route (the fake network is the
- * parent's) and it stays on TCP; the bedtest fork_handed proves the move.
- * Then it reads the parent's answer through that stream. */
-static void child_left_alone(int cfd, int sfd, int go, bool used_first)
+/* The child's part: it drops its copy of the other end, writes "early"
+ * on its copy of `mine` if `used_first` (its claim takes the connection
+ * back to TCP while the parent holds it too), waits until the parent
+ * closed its own (`go`), then writes "adopt": alone with the connection,
+ * this write makes it a stream of the child's, which moves it to RDMA
+ * again. Here that upgrade finds no route (the fake network is the
+ * parent's) and it stays on TCP; the bed proves the move. Then it reads
+ * the parent's answer through that stream. */
+static void child_left_alone(int mine, int other, int go, bool used_first)
 {
 	fake_net_no_route(true);
-	CHILD_CHECK(10, close(sfd) == 0);
+	CHILD_CHECK(10, close(other) == 0);
 	if (used_first)
-		CHILD_CHECK(11, write(cfd, "early", 5) == 5);
+		CHILD_CHECK(11, write(mine, "early", 5) == 5);
 	char c;
 	CHILD_CHECK(12, read(go, &c, 1) == 1);
-	CHILD_CHECK(13, write(cfd, "adopt", 5) == 5);
-	const char *ops = ph_ops_name(cfd);
+	CHILD_CHECK(13, write(mine, "adopt", 5) == 5);
+	const char *ops = ph_ops_name(mine);
 	CHILD_CHECK(14, ops && strcmp(ops, "stream") == 0);
 	char b[6];
-	CHILD_CHECK(15, ph_read_all(cfd, b, 6) == 6 && memcmp(b, "answer", 6) == 0);
+	CHILD_CHECK(15, ph_read_all(mine, b, 6) == 6 && memcmp(b, "answer", 6) == 0);
 	_exit(0);
 }
 
-static void parent_lets_go(bool used_first, uint64_t seed)
+/* The parent hands the client's end (or the server's) to its child: it
+ * closes its own copy and talks to the child through the other end. */
+static void parent_lets_go(bool used_first, bool server, uint64_t seed)
 {
 	struct pair p;
 	ph_pair_rdma(&p);
 	exchange_on_rdma(&p, seed);
+	int *handed = server ? &p.sfd : &p.cfd, kept = server ? p.cfd : p.sfd;
 	int go[2];
 	cr_assert_eq(pipe(go), 0);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
-		alarm(30);
 		alarm(30); /* never outlives a failed test */
-		child_left_alone(p.cfd, p.sfd, go[0], used_first);
+		child_left_alone(*handed, kept, go[0], used_first);
 	}
 	char b[5];
 	if (used_first) {
-		cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+		cr_assert_eq(ph_read_all(kept, b, 5), 5);
 		cr_assert_eq(memcmp(b, "early", 5), 0);
 	}
-	cr_assert_eq(close(p.cfd), 0);
-	p.cfd = -1;
+	cr_assert_eq(close(*handed), 0);
+	*handed = -1;
 	cr_assert_eq(write(go[1], "g", 1), 1);
-	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(ph_read_all(kept, b, 5), 5);
 	cr_assert_eq(memcmp(b, "adopt", 5), 0);
-	cr_assert_eq(ph_write_all(p.sfd, "answer", 6), 6);
+	cr_assert_eq(ph_write_all(kept, "answer", 6), 6);
 	child_ok(pid);
 	close(go[0]);
 	close(go[1]);
@@ -78,12 +82,24 @@ static void parent_lets_go(bool used_first, uint64_t seed)
 
 Test(handed_copy, a_child_that_used_its_copy_takes_it_over_when_the_parent_closes)
 {
-	parent_lets_go(true, 40);
+	parent_lets_go(true, false, 40);
 }
 
 Test(handed_copy, a_child_that_uses_its_copy_after_the_parents_close_takes_it_over)
 {
-	parent_lets_go(false, 41);
+	parent_lets_go(false, false, 41);
+}
+
+/* An accept-then-fork server whose connection went to RDMA before the
+ * fork: the parent closes its copy, and its child serves the client. */
+Test(handed_copy, a_servers_child_that_used_its_copy_takes_it_over_when_the_parent_closes)
+{
+	parent_lets_go(true, true, 43);
+}
+
+Test(handed_copy, a_servers_child_that_uses_its_copy_after_the_parents_close_takes_it_over)
+{
+	parent_lets_go(false, true, 44);
 }
 
 /* Two children hold copies of the client's end when the parent closes
