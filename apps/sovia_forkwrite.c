@@ -14,9 +14,14 @@
  * peer's end. Exits 0 when every byte went, 1 otherwise. With "leave",
  * the child goes on instead: the parent exits 0 once the child sent its
  * CHILD bytes, and the child waits for GO2, then sends the rest and ends
- * as the parent would have. */
+ * as the parent would have. With -l and "leave", an accept-then-fork
+ * server: the parent closes its copy of the connection once the child
+ * sent its CHILD bytes, keeps its listening socket, and exits with the
+ * child's status; the child watches the connection (poll) while it waits
+ * for GO2. */
 #include <errno.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,10 +69,15 @@ static void copy(int fd, unsigned long long n)
 	}
 }
 
-static void wait_file(const char *path)
+/* Until path exists; watching fd (>= 0) meanwhile, as a server waits
+ * for its client's next request. */
+static void wait_file(const char *path, int fd)
 {
-	while (access(path, F_OK) != 0)
-		usleep(20000);
+	while (access(path, F_OK) != 0) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (fd < 0 || poll(&p, 1, 20) != 0)
+			usleep(20000);
+	}
 }
 
 int main(int argc, char **argv)
@@ -97,16 +107,15 @@ int main(int argc, char **argv)
 			die("listen");
 		/* The listening socket stays open, as a server's does: a
 		 * client asks its port again after the fork. */
-		int c = accept(fd, NULL, NULL);
-		if (c < 0)
+		fd = accept(fd, NULL, NULL);
+		if (fd < 0)
 			die("accept");
-		fd = c;
 	} else if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
 		die("connect");
 	}
 	freeaddrinfo(ai);
 	copy(fd, strtoull(argv[3], NULL, 10));
-	wait_file(argv[5]);
+	wait_file(argv[5], -1);
 	int sent[2];
 	if (pipe(sent) < 0)
 		die("pipe");
@@ -121,7 +130,13 @@ int main(int argc, char **argv)
 			die("write pipe");
 	} else if (leave) {
 		char c;
-		return read(sent[0], &c, 1) == 1 ? 0 : 1;
+		if (read(sent[0], &c, 1) != 1)
+			return 1;
+		if (!listening)
+			return 0;
+		close(fd);
+		int st;
+		return waitpid(pid, &st, 0) == pid && WIFEXITED(st) ? WEXITSTATUS(st) : 1;
 	} else {
 		int st;
 		if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
@@ -129,7 +144,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	wait_file(argv[6]);
+	wait_file(argv[6], leave && listening ? fd : -1);
 	copy(fd, 0);
 	if (shutdown(fd, SHUT_WR) < 0)
 		die("shutdown");

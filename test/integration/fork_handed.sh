@@ -1,62 +1,105 @@
 #!/usr/bin/env bash
-# A client on RDMA hands its connection to a forked child and exits (a
-# daemon's start): the child's first write takes the connection back to
-# TCP (its copy claims it) while the parent still holds its own; the
-# parent's exit hands the connection to the child, which, holding it
-# alone, moves it to RDMA again as a stream of its own, from where both
-# directions stand (src/shares.h, sv_shares_adopt). The server,
-# unmodified nc, is revived by the child's request.
+# A process on RDMA hands its connection to a forked child and lets go of
+# its own copy; the child, holding it alone, moves it to RDMA again as a
+# stream of its own, from where both directions stand (src/shares.h,
+# sv_shares_adopt). The child's first write takes the connection back to
+# TCP (its copy claims it) while the parent still holds its own. Run twice:
+#  - client: the parent exits (a daemon's start); the server, unmodified
+#    nc, is revived by the child's request;
+#  - server: an accept-then-fork server whose connection went to RDMA
+#    before the fork; the parent closes its copy and keeps listening. Its
+#    client, unmodified nc, taken back by the server, asks again; the
+#    parent answers "later", then, once the child adopted the connection
+#    at its own RDMA listener, redirects the client there.
 #
-# sovia-forkwrite ... leave: the parent sends 1 MiB, its child 64 KiB, the
-# parent exits, and the child sends 40 MiB more.
+# sovia-forkwrite [-l] ... leave: the parent sends 1 MiB, its child 64 KiB,
+# the parent lets go, and the child sends 40 MiB more.
 # Asserted: nc received the file byte for byte; the parent's stream went
 # back to TCP (detached) and handed the connection on; the child's stream
-# reached RDMA, and so did the server's second one; the last part went
-# over RDMA by libsovia's statistics at both ends (at least 80%: the
-# child's writes go on over TCP until the switch), and rxe sent the
-# packets it needs.
+# reached RDMA, and so did the peer's second one; the last part went over
+# RDMA by libsovia's statistics at both ends (at least 80%: the child's
+# writes go on over TCP until the switch), and rxe sent the packets it
+# needs.
 . "$(dirname "$0")/lib.sh"
 export SOVIA_LOG=info
 HEAD=$((1 << 20)) CHILD=65536 REST=$((40 << 20))
-PORT=5302
 head -c $((HEAD + CHILD + REST)) /dev/urandom >"$WORK/in"
 
-LD_PRELOAD=$LIB timeout 300 nc -l "$IP" "$PORT" >"$WORK/out" 2>"$WORK/server.err" &
-srv=$!
-wait_port "$PORT"
-LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-forkwrite" "$IP" "$PORT" "$HEAD" "$CHILD" \
-	"$WORK/go1" "$WORK/go2" leave <"$WORK/in" 2>"$WORK/client.err" &
-cli=$!
-wait_line "$WORK/client.err" "on RDMA" 120 || fail "the client never reached RDMA"
-touch "$WORK/go1"
-wait "$cli" || fail "sovia-forkwrite's parent failed"
-grep -q "handed to the fork's children" "$WORK/client.err" ||
-	fail "the parent's exit did not hand the connection on"
-p0=$(rxe_pkts)
-touch "$WORK/go2"
-wait "$srv" || fail "nc failed"
-pkts=$(($(rxe_pkts) - p0))
-# The child's statistics line comes at its exit, after nc's end.
-for _ in $(seq 100); do
-	[ "$(grep -c "libsovia stats.* client " "$WORK/client.err")" -ge 2 ] && break
-	sleep 0.1
-done
-cmp -s "$WORK/in" "$WORK/out" || fail "nc received other bytes ($(stat -c %s "$WORK/out") of $(stat -c %s "$WORK/in"))"
+# run ROLE PORT: ROLE is the forking process's (client or server).
+run() {
+	local role=$1 port=$2 peer fw fwl srv cli
+	rm -f "$WORK"/go1 "$WORK"/go2 "$WORK"/out "$WORK"/*.err
+	if [ "$role" = client ]; then
+		peer=server fw=client.err fwl=
+		LD_PRELOAD=$LIB timeout 300 nc -l "$IP" "$port" >"$WORK/out" 2>"$WORK/server.err" &
+		srv=$!
+		wait_port "$port"
+	else
+		peer=client fw=server.err fwl=-l
+	fi
+	LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-forkwrite" $fwl "$IP" "$port" "$HEAD" \
+		"$CHILD" "$WORK/go1" "$WORK/go2" leave <"$WORK/in" 2>"$WORK/$fw" &
+	local fwp=$!
+	if [ "$role" = server ]; then
+		wait_port "$port"
+		LD_PRELOAD=$LIB timeout 300 nc "$IP" "$port" </dev/null >"$WORK/out" \
+			2>"$WORK/client.err" &
+		cli=$!
+	fi
+	wait_line "$WORK/$fw" "on RDMA" 120 || fail "$role: the parent never reached RDMA"
+	touch "$WORK/go1"
+	wait_line "$WORK/$fw" "handed to the fork's children" 120 ||
+		fail "$role: the parent's let-go did not hand the connection on"
+	if [ "$role" = server ]; then
+		# The child adopts it while it waits; the client, redirected
+		# to it, moves with it (its "later" retries back off to 3.2 s).
+		for _ in $(seq 600); do
+			[ "$(grep -c "on RDMA" "$WORK/server.err")" -ge 2 ] && break
+			sleep 0.1
+		done
+	else
+		wait "$fwp" || fail "sovia-forkwrite's parent failed"
+	fi
+	local p0
+	p0=$(rxe_pkts)
+	touch "$WORK/go2"
+	if [ "$role" = server ]; then
+		wait "$fwp" || fail "sovia-forkwrite failed"
+		wait "$cli" || fail "nc failed"
+	else
+		wait "$srv" || fail "nc failed"
+	fi
+	local pkts=$(($(rxe_pkts) - p0))
+	# The child's statistics line comes at its exit, after nc's end.
+	for _ in $(seq 100); do
+		[ "$(grep -c "libsovia stats.* $role " "$WORK/$fw")" -ge 2 ] && break
+		sleep 0.1
+	done
+	cmp -s "$WORK/in" "$WORK/out" ||
+		fail "$role: nc received other bytes ($(stat -c %s "$WORK/out") of $(stat -c %s "$WORK/in"))"
 
-grep -q "no one else holds it: it moves to RDMA again" "$WORK/client.err" ||
-	fail "the child did not take the connection over"
-[ "$(stats_lines "$WORK/client.err" client | wc -l)" -ge 2 ] || fail "client: fewer than two streams"
-[ "$(stats_lines "$WORK/server.err" server | wc -l)" -ge 2 ] || fail "server: fewer than two streams"
-stats_lines "$WORK/client.err" client | head -1 | grep -q " state=detached " ||
-	fail "the parent's stream did not go back to TCP"
-cl=$(stats_lines "$WORK/client.err" client | tail -1)
-sl=$(stats_lines "$WORK/server.err" server | tail -1)
-[ "$(stats_field "$cl" state)" = rdma ] || fail "the child's stream ended $(stats_field "$cl" state)"
-[ "$(stats_field "$sl" state)" = rdma ] || fail "server successor ended $(stats_field "$sl" state)"
-ctx=$(stats_field "$cl" rdma_tx_bytes) srx=$(stats_field "$sl" rdma_rx_bytes)
-echo "fork_handed: the child's stream sent $ctx and the server's second got $srx bytes over" \
-	"RDMA of the last $REST; rxe sent $pkts packets meanwhile"
-[ "$ctx" -ge $((REST * 8 / 10)) ] || fail "client: ${ctx} of $REST bytes over RDMA"
-[ "$srx" -ge $((REST * 8 / 10)) ] || fail "server: ${srx} of $REST bytes over RDMA"
-[ "$pkts" -ge $((REST * 8 / 10 / 4096)) ] || fail "rxe sent $pkts packets for $REST bytes"
+	grep -q "no one else holds it: it moves to RDMA again" "$WORK/$fw" ||
+		fail "$role: the child did not take the connection over"
+	[ "$role" = client ] || grep -q "another process of the server holds it: at its port" \
+		"$WORK/client.err" || fail "server: the parent did not redirect the client to its child"
+	[ "$(stats_lines "$WORK/$fw" "$role" | wc -l)" -ge 2 ] || fail "$role: fewer than two streams"
+	[ "$(stats_lines "$WORK/$peer.err" "$peer" | wc -l)" -ge 2 ] || fail "$peer: fewer than two streams"
+	stats_lines "$WORK/$fw" "$role" | head -1 | grep -q " state=detached " ||
+		fail "$role: the parent's stream did not go back to TCP"
+	local ml pl
+	ml=$(stats_lines "$WORK/$fw" "$role" | tail -1)
+	pl=$(stats_lines "$WORK/$peer.err" "$peer" | tail -1)
+	[ "$(stats_field "$ml" state)" = rdma ] || fail "$role: the child's stream ended $(stats_field "$ml" state)"
+	[ "$(stats_field "$pl" state)" = rdma ] || fail "$peer: its second stream ended $(stats_field "$pl" state)"
+	local tx rx
+	tx=$(stats_field "$ml" rdma_tx_bytes) rx=$(stats_field "$pl" rdma_rx_bytes)
+	echo "fork_handed ($role): the child's stream sent $tx and the $peer's second got $rx bytes" \
+		"over RDMA of the last $REST; rxe sent $pkts packets meanwhile"
+	[ "$tx" -ge $((REST * 8 / 10)) ] || fail "$role: ${tx} of $REST bytes over RDMA"
+	[ "$rx" -ge $((REST * 8 / 10)) ] || fail "$peer: ${rx} of $REST bytes over RDMA"
+	[ "$pkts" -ge $((REST * 8 / 10 / 4096)) ] || fail "rxe sent $pkts packets for $REST bytes"
+}
+
+run client 5302
+run server 5304
 echo "fork_handed: OK"
