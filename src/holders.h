@@ -81,6 +81,10 @@ struct sv_hand {
 	struct sv_holders *h; /* NULL: none */
 	int slot;
 	uint64_t gen;
+	/* Handed after the connection was on RDMA: the counts the child
+	 * starts from are the stream's offsets, not the kernel's, so an
+	 * exec'd image (which counts from the kernel's) cannot continue it. */
+	bool after_rdma;
 };
 /* Enter (server, client) as handed by this process (before the fork).
  * 0 or -errno. Marks the table forked. */

@@ -164,6 +164,31 @@ static bool hand_to_child(struct sv_stream *s)
 	return true;
 }
 
+/* Before a fork, once back on TCP: a server connection that was on RDMA
+ * (the fork could not leave it there: bytes the application had not read
+ * yet) is handed to the child as above, from where each direction stands:
+ * our BACK's offsets plus what the kernel's socket carried since (as a
+ * successor counts them, stream_redo.c). With the lock. */
+static bool hand_detached_to_child(struct sv_stream *s, uint64_t *tx, uint64_t *rx)
+{
+	uint64_t ktx, krx;
+	if (s->is_client || !s->holders || s->hand.h || s->state != SV_CONN_DETACHED ||
+	    !s->redo.ok || s->error || s->fd <= STDERR_FILENO || s->opens != 1 ||
+	    s->fd_private || sv_stream_tcpbuf_held(s) || s->cl.tx_shut || s->cl.app_closed ||
+	    sv_tcp_app_counts(s->fd, &ktx, &krx) < 0)
+		return false;
+	if (sv_holders_hand(s->holders, &s->tuple.local, &s->tuple.peer, &s->hand) < 0) {
+		sv_info("fd %d: the holders' table is full: the fork's child keeps it on TCP",
+			s->fd);
+		return false;
+	}
+	s->hand.after_rdma = true;
+	*tx = s->redo.tx + (ktx - s->redo.ktx);
+	*rx = s->redo.rx + (krx - s->redo.krx);
+	sv_info("fd %d: handed to the fork's child, which may move it to RDMA again", s->fd);
+	return true;
+}
+
 /* One step of the way back in the current state. 1: done (r says how),
  * 0: wait and look again. */
 static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool fork)
@@ -237,8 +262,10 @@ static int detach(struct sv_stream *s, bool fork, bool away)
 	sv_lock(&s->lock);
 	bool escaped = s->keep.escaped;
 	/* Before the BACK: a request that comes once it is detached, before
-	 * our caller returns, must not revive it. */
+	 * our caller returns, must not revive it, nor be refused for good
+	 * before a fork could hand it to its child. */
 	s->keep.escaped = escaped || away;
+	s->fork_back = s->fork_back || fork;
 	struct sv_clock clk = SV_CLOCK_INIT;
 	uint64_t deadline = sv_upgrade_deadline(sv_clock_now(&clk));
 	int r = 0;
@@ -292,10 +319,11 @@ int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_
 	}
 	int r = detach(s, true, true);
 	sv_lock(&s->lock);
-	bool handed = r == 0 && s->fallback == SV_FB_HANDED && s->hand.h;
-	*hand = handed ? s->hand : (struct sv_hand){.h = NULL, .slot = -1};
 	*tx = s->tcp_tx;
 	*rx = s->tcp_rx;
+	bool handed = r == 0 && ((s->fallback == SV_FB_HANDED && s->hand.h) ||
+				 hand_detached_to_child(s, tx, rx));
+	*hand = handed ? s->hand : (struct sv_hand){.h = NULL, .slot = -1};
 	sv_unlock(&s->lock);
 	return r;
 }

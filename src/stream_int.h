@@ -342,6 +342,8 @@ struct sv_stream {
 	struct sv_hand hand;
 	bool adopted;              /* hand is ours: a fork's child took it */
 	atomic_bool handed;        /* we handed it: bytes we move spoil the hand */
+	bool fork_back;            /* a fork took it back to TCP (it may be
+				    * handed to the child: holders.h) */
 	atomic_bool adopt_pending; /* sv_stream_adopt_pending */
 	atomic_bool app_used;      /* sv_stream_app_uses */
 	/* A copy of it is on fd 0, 1 or 2 of this image, where glibc's stdio

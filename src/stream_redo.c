@@ -307,11 +307,12 @@ int sv_stream_revive_parked(const struct sockaddr_storage *local,
 	int r = sv_stream_revive(s, l);
 	if (r < 0) {
 		/* Neither revivable nor "later": back on TCP for good, unless
-		 * a child adopted it (its entry in the holders' table, which
-		 * the pending request looks at, comes soon). */
+		 * a fork's child may have it (handed: its entry in the
+		 * holders' table, which the pending request looks at, says
+		 * where once the child holds it alone). */
 		sv_lock(&s->lock);
 		if ((s->state == SV_CONN_DETACHED || s->state == SV_CONN_DETACHING) &&
-		    !s->keep.handed.t)
+		    !s->keep.handed.t && !s->fork_back)
 			r = -2;
 		sv_unlock(&s->lock);
 	}

@@ -58,7 +58,8 @@ static void fork_and_hand(struct handed *t, uint64_t want_tx, uint64_t want_rx)
 	uint64_t tx, rx;
 	cr_assert_eq(sv_stream_detach_for_fork(p->s, &t->hand, &tx, &rx), 0);
 	cr_assert_not_null(t->hand.h, "not handed: fallback %s", sv_fallback_name(h_fallback(p->s)));
-	cr_assert_eq(h_fallback(p->s), SV_FB_HANDED);
+	if (!t->hand.after_rdma) /* else back on TCP: detached */
+		cr_assert_eq(h_fallback(p->s), SV_FB_HANDED);
 	cr_assert_eq(tx, want_tx);
 	cr_assert_eq(rx, want_rx);
 	cr_assert(sv_holders_adopt(&t->hand), "the child could not adopt it");
@@ -294,4 +295,82 @@ Test(handed, the_exec_image_continues_from_the_kernels_counts)
 	cr_assert_eq(h_read_all(p->c, b, 5, &end), 5);
 	cr_assert(!memcmp(b, "stdio", 5));
 	released_to_rdma(&t);
+}
+
+/* A client's successor (stream_redo.c), made as the interposer's revive
+ * makes it, kept for the test (one reference). */
+static struct sv_stream *successor;
+
+static bool revive_for_test(struct sv_stream *s, int fd, struct sv_listener *l)
+{
+	(void)fd;
+	struct sv_stream *n = sv_stream_successor(s, NULL, NULL, NULL);
+	if (!n)
+		return false;
+	sv_stream_successor_took(s, n);
+	successor = n;
+	sv_stream_start_revived(n, l);
+	return true;
+}
+
+/* A connection on RDMA before the fork, whose server had not read all the
+ * client sent: the fork takes it back to TCP, and it is handed to the
+ * child from where each direction stands (our BACK's offsets plus what
+ * TCP carried since, not the kernel's counts alone). The client, taken
+ * back by the server, asks again; once the parent released its copy, the
+ * owner redirects it to the child, and both move to RDMA again. An exec
+ * could not continue such a hand (its image counts from the kernel's). */
+Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands)
+{
+	sv_stream_set_revive(revive_for_test);
+	struct handed t;
+	struct pair *p = &t.p;
+	connect_pair(p);
+	cr_assert_eq(h_wait_state(p->s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	enum { SENT = 5000, READ = 1000, BACK = 3000 };
+	static uint8_t b[SENT];
+	long end;
+	h_pattern(b, SENT, 7, 0);
+	cr_assert_eq(h_write_all(p->c, b, SENT), SENT);
+	cr_assert_eq(h_read_all(p->s, b, READ, &end), READ);
+	h_pattern(b, BACK, 8, 0);
+	cr_assert_eq(h_write_all(p->s, b, BACK), BACK);
+	cr_assert_eq(h_read_all(p->c, b, BACK, &end), BACK);
+	cr_assert(h_pattern_ok(b, BACK, 8, 0));
+	cr_assert_gt(h_counts(p->c).rdma_tx, 0);
+
+	fork_and_hand(&t, BACK, READ);
+	cr_assert(t.hand.after_rdma);
+	struct sv_hand on;
+	cr_assert_not(sv_stream_exec_hand(t.child, &on), "an exec'd image would count wrong");
+	sv_stream_start_adopted(t.child);
+	/* The child reads what the parent had not (given back at the fork). */
+	cr_assert_eq(h_read_all(t.child, b, SENT - READ, &end), SENT - READ);
+	cr_assert(h_pattern_ok(b, SENT - READ, 7, READ), "the child's first bytes");
+
+	sv_holders_release_first(&t.hand); /* the parent's close */
+	for (int i = 0; i < 1000 && !successor; i++)
+		usleep(10000);
+	cr_assert_not_null(successor, "the client did not ask again");
+	cr_assert_eq(h_wait_state(successor, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(successor)), sv_fallback_name(h_fallback(successor)));
+	cr_assert_eq(h_wait_state(t.child, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "child: %s (%s)",
+		     sv_conn_state_name(h_state(t.child)), sv_fallback_name(h_fallback(t.child)));
+	cr_assert_neq(successor->sw.redirect_port, 0, "the client was not redirected");
+	h_pattern(b, SENT, 9, 0);
+	cr_assert_eq(h_write_all(t.child, b, SENT), SENT);
+	cr_assert_eq(h_read_all(successor, b, SENT, &end), SENT);
+	cr_assert(h_pattern_ok(b, SENT, 9, 0));
+	cr_assert_eq(h_write_all(successor, "back", 4), 4);
+	cr_assert_eq(h_read_all(t.child, b, 4, &end), 4);
+	cr_assert(!memcmp(b, "back", 4));
+	cr_assert_geq(h_counts(t.child).rdma_tx, SENT, "the child sent %llu over RDMA",
+		      (unsigned long long)h_counts(t.child).rdma_tx);
+	sv_stream_close(t.child, t.child_fd);
+	sv_stream_close(successor, -1);
+	sv_stream_put(successor);
+	successor = NULL;
+	h_pair_free(p);
+	sv_stream_set_revive(NULL);
 }
