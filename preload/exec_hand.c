@@ -8,7 +8,7 @@
  * says who holds it (holders.h: a memfd, which survives the exec):
  *
  *   SOVIA_HANDED=<pid>:<table fd>:<conn>[,<conn>...]
- *   <conn> = <slot>.<gen>.<socket inode>.<fd>[+<fd>...]
+ *   <conn> = <slot>.<gen>.<socket inode>.<fd>[+<fd>...][~<dtx>.<drx>]
  *
  * The pid binds it to this process (exec keeps the pid; the program's own
  * children ignore it). The new image's constructor checks every part
@@ -19,7 +19,8 @@
  * child does. What TCP carried so far comes from the kernel's counters
  * (sv_tcp_app_counts), so bytes the images moved past libsovia (glibc's
  * stdio before the exec, a program between that ignored LD_PRELOAD) are
- * counted too. What such a program between could do that libsovia cannot
+ * counted too, plus what the connection's QP carried before a fork handed
+ * it (dtx, drx: struct sv_hand). What such a program between could do that libsovia cannot
  * see is leave a child holding the connection (README, Limitations).
  *
  * The table goes only where the environment passed to exec preloads
@@ -130,6 +131,11 @@ static bool format_var(char *buf, size_t size, int table_fd, const struct handed
 		for (int k = 0; w >= 0 && (size_t)w < size - len && k < c->nfds; k++) {
 			len += (size_t)w;
 			w = snprintf(buf + len, size - len, "%c%d", k ? '+' : '.', c->fds[k]);
+		}
+		if (w >= 0 && (size_t)w < size - len && (c->hand.dtx || c->hand.drx)) {
+			len += (size_t)w;
+			w = snprintf(buf + len, size - len, "~%" PRIu64 ".%" PRIu64, c->hand.dtx,
+				     c->hand.drx);
 		}
 	}
 	return w >= 0 && (size_t)w < size - len;
@@ -264,6 +270,9 @@ static bool parse_conn(const char **p, struct handed *c)
 			return false;
 		c->fds[c->nfds++] = (int)fd;
 	} while (expect(p, '+'));
+	if (expect(p, '~'))
+		return number(p, UINT64_MAX, &c->hand.dtx) && expect(p, '.') &&
+		       number(p, UINT64_MAX, &c->hand.drx);
 	return true;
 }
 
@@ -301,6 +310,8 @@ static const char *continue_conn(struct handed *c)
 	int r = sv_tcp_app_counts(c->fds[0], &tx, &rx);
 	if (r < 0)
 		return r == -ENOTCONN ? "past ESTABLISHED" : "no byte counts from the kernel";
+	tx += c->hand.dtx;
+	rx += c->hand.drx;
 	for (int k = 0; k < c->nfds; k++) {
 		if (c->fds[k] <= STDERR_FILENO && sv_stdio_take_std(c->fds[k]) < 0)
 			return "stdio was used before libsovia's constructor";

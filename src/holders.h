@@ -81,10 +81,12 @@ struct sv_hand {
 	struct sv_holders *h; /* NULL: none */
 	int slot;
 	uint64_t gen;
-	/* Handed after the connection was on RDMA: the counts the child
-	 * starts from are the stream's offsets, not the kernel's, so an
-	 * exec'd image (which counts from the kernel's) cannot continue it. */
-	bool after_rdma;
+	/* The stream's offsets less the kernel's counts of the socket, each
+	 * way (modulo 2^64): zero unless the connection was on RDMA before
+	 * it was handed (the QP's bytes never passed the kernel). Constant
+	 * from the hand on (TCP carries both); an exec'd image, which reads
+	 * the kernel's counts, adds them. */
+	uint64_t dtx, drx;
 };
 /* Enter (server, client) as handed by this process (before the fork).
  * 0 or -errno. Marks the table forked. */

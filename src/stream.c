@@ -323,7 +323,7 @@ void sv_stream_start_adopted(struct sv_stream *s)
  * connection, and the holders' table still has it as ours. With the lock. */
 static bool untouched_hand(struct sv_stream *s)
 {
-	return s->adopted && s->hand.h && !s->hand.after_rdma && atomic_load(&s->adopt_pending) &&
+	return s->adopted && s->hand.h && atomic_load(&s->adopt_pending) &&
 	       s->state == SV_CONN_TCP && !s->id && !s->proto && !sv_stream_tcpbuf_held(s) &&
 	       !s->sw.room_wait && !s->cl.tx_shut && !s->cl.app_closed &&
 	       sv_holders_check(&s->hand, &s->tuple.local, &s->tuple.peer);

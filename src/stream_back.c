@@ -182,9 +182,10 @@ static bool hand_detached_to_child(struct sv_stream *s, uint64_t *tx, uint64_t *
 			s->fd);
 		return false;
 	}
-	s->hand.after_rdma = true;
-	*tx = s->redo.tx + (ktx - s->redo.ktx);
-	*rx = s->redo.rx + (krx - s->redo.krx);
+	s->hand.dtx = s->redo.tx - s->redo.ktx;
+	s->hand.drx = s->redo.rx - s->redo.krx;
+	*tx = ktx + s->hand.dtx;
+	*rx = krx + s->hand.drx;
 	sv_info("fd %d: handed to the fork's child, which may move it to RDMA again", s->fd);
 	return true;
 }

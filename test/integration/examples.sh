@@ -278,11 +278,10 @@ held_case() {
 	[ "$back" -gt 0 ] && [ "$back" = "$gotback" ] || fail "$name held: gave back $back, got back $gotback"
 	echo "$name held: $BYTES bytes echoed exactly; on RDMA before the fork" \
 		"(client rdma_tx_bytes=$rdma), $back bytes given back at the fork"
-	[ "$prog" = sovia-echo-fork ] || return 0
 	# The fork handed it to the child (src/stream_back.c): once the
-	# parent closed its copy, the client, sent on to the child, and the
-	# child move it to RDMA again. (An exec'd image could not continue
-	# it: execcat's stays on TCP.)
+	# parent closed its copy, the client, sent on to the child (or the
+	# program it exec'd, which continues it), and the child move it to
+	# RDMA again.
 	grep -q "another process of the server holds it: at its port" "$WORK/client.err" ||
 		fail "$name held: the client was not sent on to the child"
 	local cl

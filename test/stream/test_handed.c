@@ -58,7 +58,7 @@ static void fork_and_hand(struct handed *t, uint64_t want_tx, uint64_t want_rx)
 	uint64_t tx, rx;
 	cr_assert_eq(sv_stream_detach_for_fork(p->s, &t->hand, &tx, &rx), 0);
 	cr_assert_not_null(t->hand.h, "not handed: fallback %s", sv_fallback_name(h_fallback(p->s)));
-	if (!t->hand.after_rdma) /* else back on TCP: detached */
+	if (h_state(p->s) != SV_CONN_DETACHED) /* else it was on RDMA */
 		cr_assert_eq(h_fallback(p->s), SV_FB_HANDED);
 	cr_assert_eq(tx, want_tx);
 	cr_assert_eq(rx, want_rx);
@@ -318,8 +318,9 @@ static bool revive_for_test(struct sv_stream *s, int fd, struct sv_listener *l)
  * child from where each direction stands (our BACK's offsets plus what
  * TCP carried since, not the kernel's counts alone). The client, taken
  * back by the server, asks again; once the parent released its copy, the
- * owner redirects it to the child, and both move to RDMA again. An exec
- * could not continue such a hand (its image counts from the kernel's). */
+ * owner redirects it to the child, and both move to RDMA again. The hand
+ * carries what the QP carried (an exec'd image adds it to the kernel's
+ * counts). */
 Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands)
 {
 	sv_stream_set_revive(revive_for_test);
@@ -341,9 +342,16 @@ Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands
 	cr_assert_gt(h_counts(p->c).rdma_tx, 0);
 
 	fork_and_hand(&t, BACK, READ);
-	cr_assert(t.hand.after_rdma);
+	uint64_t ktx, krx;
+	cr_assert_eq(sv_tcp_app_counts(t.child_fd, &ktx, &krx), 0);
+	cr_assert(ktx + t.hand.dtx == BACK && krx + t.hand.drx == READ,
+		  "kernel %llu out, %llu in; differences %llu, %llu", (unsigned long long)ktx,
+		  (unsigned long long)krx, (unsigned long long)t.hand.dtx,
+		  (unsigned long long)t.hand.drx);
+	cr_assert_neq(t.hand.dtx, 0, "the QP's bytes are not the kernel's");
 	struct sv_hand on;
-	cr_assert_not(sv_stream_exec_hand(t.child, &on), "an exec'd image would count wrong");
+	cr_assert(sv_stream_exec_hand(t.child, &on), "untouched: an exec may hand it on");
+	cr_assert(on.dtx == t.hand.dtx && on.drx == t.hand.drx);
 	sv_stream_start_adopted(t.child);
 	/* The child reads what the parent had not (given back at the fork). */
 	cr_assert_eq(h_read_all(t.child, b, SENT - READ, &end), SENT - READ);
