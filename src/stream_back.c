@@ -172,10 +172,12 @@ static bool hand_to_child(struct sv_stream *s)
 static bool hand_detached_to_child(struct sv_stream *s, uint64_t *tx, uint64_t *rx)
 {
 	uint64_t ktx, krx;
+	/* Not one an earlier fork's child holds too (kept, then shared):
+	 * that child would still use the socket. */
 	if (s->is_client || !s->holders || s->hand.h || s->state != SV_CONN_DETACHED ||
 	    !s->redo.ok || s->error || s->fd <= STDERR_FILENO || s->opens != 1 ||
 	    s->fd_private || sv_stream_tcpbuf_held(s) || s->cl.tx_shut || s->cl.app_closed ||
-	    sv_tcp_app_counts(s->fd, &ktx, &krx) < 0)
+	    s->keep.ref.t || s->keep.handed.t || sv_tcp_app_counts(s->fd, &ktx, &krx) < 0)
 		return false;
 	if (sv_holders_hand(s->holders, &s->tuple.local, &s->tuple.peer, &s->hand) < 0) {
 		sv_info("fd %d: the holders' table is full: the fork's child keeps it on TCP",
@@ -186,6 +188,8 @@ static bool hand_detached_to_child(struct sv_stream *s, uint64_t *tx, uint64_t *
 	s->hand.drx = s->redo.rx - s->redo.krx;
 	*tx = ktx + s->hand.dtx;
 	*rx = krx + s->hand.drx;
+	/* A call of ours under way at the fork spoils it (as above). */
+	atomic_store_explicit(&s->handed, true, memory_order_release);
 	sv_info("fd %d: handed to the fork's child, which may move it to RDMA again", s->fd);
 	return true;
 }

@@ -136,7 +136,10 @@ static void hand(struct sv_stream *s)
 {
 	if (!s->keep.ref.t || s->keep.forking)
 		return;
-	if ((!s->is_client && !s->holders) || !s->redo.ok || s->state != SV_CONN_DETACHED ||
+	/* A server's child finds the process's own table (sv_holders_get),
+	 * not one an exec handed this image (which its owner reads). */
+	if ((!s->is_client && (!s->holders || s->holders != sv_holders_get())) || !s->redo.ok ||
+	    s->state != SV_CONN_DETACHED ||
 	    s->error || s->cl.tx_shut || s->keep.escaped) {
 		settle(s, false);
 		return;
@@ -149,6 +152,7 @@ static void hand(struct sv_stream *s)
 		s->is_client ? "" : " when the client asks");
 	struct sv_share_ref ref = s->keep.ref;
 	leave_entry(s);
+	atomic_store(&s->parked, false); /* the copies' now, not a successor's */
 	if (!s->is_client)
 		s->keep.handed = ref;
 }

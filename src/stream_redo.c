@@ -95,7 +95,7 @@ static bool revivable(const struct sv_stream *s)
 {
 	/* Not while a fork's child may use it too (stream_keep.c). */
 	return atomic_load(&s->parked) && (!s->keep.shared || s->keep.alone) &&
-	       s->state == SV_CONN_DETACHED && s->redo.ok && !s->error && !s->cl.app_closed &&
+	       !s->keep.letting_go && !s->keep.handed.t && s->state == SV_CONN_DETACHED && s->redo.ok && !s->error && !s->cl.app_closed &&
 	       !s->cl.tx_shut && s->opens == 1 && !s->fd_private && s->fd >= 0;
 }
 
@@ -312,7 +312,7 @@ int sv_stream_revive_parked(const struct sockaddr_storage *local,
 		 * where once the child holds it alone). */
 		sv_lock(&s->lock);
 		if ((s->state == SV_CONN_DETACHED || s->state == SV_CONN_DETACHING) &&
-		    !s->keep.handed.t && !s->fork_back)
+		    !s->keep.handed.t && !s->fork_back && !s->cl.app_closed)
 			r = -2;
 		sv_unlock(&s->lock);
 	}

@@ -381,8 +381,10 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		 * accept() waits for data gets our first bytes on TCP. */
 		if (write_first)
 			sv_stream_end_hold(s, UINT64_MAX);
-		else if (!busy && !later && !to && !was_redirected)
-			sv_peers_plain_port(&s->tuple.peer);
+		else if (!busy && !later && !to && !was_redirected && !s->redo.ok)
+			sv_peers_plain_port(&s->tuple.peer); /* not for a second life's ask:
+							       * a server that closed its
+							       * listening socket */
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,
 			write_first ? "the server accepts once we wrote: our first bytes go on TCP"
 			: later	    ? "another process of the server holds it too, for now"
@@ -489,7 +491,7 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 		}
 		/* No listener after the retries, or another version: no
 		 * libsovia of ours at that port. */
-		if ((ev->status == SV_REJ_NO_LISTENER && !s->sw.redirect_port) ||
+		if ((ev->status == SV_REJ_NO_LISTENER && !s->sw.redirect_port && !s->redo.ok) ||
 		    said == -EPROTONOSUPPORT)
 			sv_peers_plain_port(&s->tuple.peer);
 		sv_up_drop_qp(s, said == -EPROTONOSUPPORT ? SV_FB_VERSION : SV_FB_REJECTED);

@@ -270,6 +270,47 @@ Test(handed_copy, an_unlisted_copy_keeps_the_children_on_tcp)
 	ph_pair_close(&p);
 }
 
+/* A server's end, kept at a first fork whose child used its copy
+ * (shared), is not handed to a second fork's child: the first child
+ * still holds the socket, so the second must not adopt it. */
+Test(handed_copy, a_servers_second_fork_does_not_hand_a_shared_connection)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 51);
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t c1 = fork();
+	cr_assert_geq(c1, 0);
+	if (c1 == 0) {
+		alarm(30);
+		fake_net_no_route(true);
+		CHILD_CHECK(60, close(p.cfd) == 0);
+		CHILD_CHECK(61, write(p.sfd, "c1", 2) == 2);
+		char c;
+		CHILD_CHECK(62, read(go[0], &c, 1) == 1);
+		_exit(0);
+	}
+	char b[2];
+	cr_assert_eq(ph_read_all(p.cfd, b, 2), 2);
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_DETACHED, 10000), SV_CONN_DETACHED);
+	pid_t c2 = fork();
+	cr_assert_geq(c2, 0);
+	if (c2 == 0) {
+		alarm(30);
+		fake_net_no_route(true);
+		const char *ops = ph_ops_name(p.sfd);
+		CHILD_CHECK(63, !ops || strcmp(ops, "stream") != 0);
+		_exit(0);
+	}
+	child_ok(c2);
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(c1);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
+
 /* The same with the owner's exit: the owner is a child of the test, and
  * its first child tells on a pipe whether it took the connection over. */
 Test(handed_copy, an_unlisted_copy_keeps_the_children_on_tcp_at_the_owners_exit)
