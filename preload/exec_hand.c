@@ -23,6 +23,17 @@
  * it (dtx, drx: struct sv_hand). What such a program between could do that libsovia cannot
  * see is leave a child holding the connection (README, Limitations).
  *
+ * A client connection of this image (no table: the client asks) goes on
+ * the same way, back on plain TCP first, and the new image's stream
+ * upgrades it again (the server's end, back on TCP too, matches it as a
+ * second life: src/stream_redo.c):
+ *
+ *   SOVIA_CONTINUED=<pid>:<client>[,<client>...]
+ *   <client> = <socket inode>.<fd>.<dtx>.<drx>
+ *
+ * dtx and drx: what its offsets exceed the kernel's counts by (the QP's
+ * bytes, modulo 2^64). One fd each (a dup would be the kernel's there).
+ *
  * The table goes only where the environment passed to exec preloads
  * libsovia, and only if the process's ids are the table's creator's (a
  * service inetd runs as another user stays TCP: it must not be able to
@@ -34,6 +45,7 @@
 #include "ownfd.h"
 #include "preload.h"
 #include "real.h"
+#include "shares.h"
 #include "sovia_ops.h"
 #include "stream.h"
 
@@ -48,6 +60,7 @@
 #include <unistd.h>
 
 #define HANDED_VAR "SOVIA_HANDED"
+#define CLIENTS_VAR "SOVIA_CONTINUED"
 #define MAX_CONNS 8
 #define MAX_FDS 8
 
@@ -56,6 +69,11 @@ struct handed {
 	uint64_t ino;
 	int nfds;
 	int fds[MAX_FDS];
+};
+
+struct client {
+	uint64_t ino, dtx, drx;
+	int fd;
 };
 
 /* The table the image before handed on, and our copy of its fd (set in
@@ -141,27 +159,49 @@ static bool format_var(char *buf, size_t size, int table_fd, const struct handed
 	return w >= 0 && (size_t)w < size - len;
 }
 
-/* The caller's environment without an old SOVIA_HANDED, plus var. */
-static char **env_with(char *const envp[], char *var)
+/* The client connections' variable, or false when it does not fit. */
+static bool format_clients(char *buf, size_t size, const struct client *list, int n)
+{
+	size_t len = 0;
+	int w = snprintf(buf, size, CLIENTS_VAR "=%d:", (int)getpid());
+	for (int i = 0; w >= 0 && (size_t)w < size - len && i < n; i++) {
+		len += (size_t)w;
+		w = snprintf(buf + len, size - len, "%s%" PRIu64 ".%d.%" PRIu64 ".%" PRIu64,
+			     i ? "," : "", list[i].ino, list[i].fd, list[i].dtx, list[i].drx);
+	}
+	return w >= 0 && (size_t)w < size - len;
+}
+
+static bool our_var(const char *e)
+{
+	return strncmp(e, HANDED_VAR "=", sizeof(HANDED_VAR)) == 0 ||
+	       strncmp(e, CLIENTS_VAR "=", sizeof(CLIENTS_VAR)) == 0;
+}
+
+/* The caller's environment without our old variables, plus ours. */
+static char **env_with(char *const envp[], char *var, char *client_var)
 {
 	size_t n = 0;
 	while (envp && envp[n])
 		n++;
-	char **env = malloc((n + 2) * sizeof(*env));
+	char **env = malloc((n + 3) * sizeof(*env));
 	if (!env)
 		return NULL;
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
-		if (strncmp(envp[i], HANDED_VAR "=", sizeof(HANDED_VAR)) != 0)
+		if (!our_var(envp[i]))
 			env[k++] = envp[i];
 	}
-	env[k++] = var;
+	if (var)
+		env[k++] = var;
+	if (client_var)
+		env[k++] = client_var;
 	env[k] = NULL;
 	return env;
 }
 
-/* Make the environment that hands the listed connections on. */
-static bool hand_on(struct sv_exec_env *ex, char *const envp[], const struct handed *list, int n)
+/* The variable that hands the listed connections on, with the table. */
+static bool hand_on(struct sv_exec_env *ex, const struct handed *list, int n)
 {
 	int table_fd = table_fd_for_exec(list[0].hand.h);
 	if (table_fd < 0)
@@ -171,11 +211,51 @@ static bool hand_on(struct sv_exec_env *ex, char *const envp[], const struct han
 	ex->table_fd = SV_REAL(fcntl)(table_fd, F_DUPFD, sv_ownfd_base());
 	char buf[1024];
 	if (ex->table_fd < 0 || !format_var(buf, sizeof(buf), ex->table_fd, list, n) ||
-	    !(ex->var = strdup(buf)) || !(ex->envp = env_with(envp, ex->var))) {
-		sv_exec_env_done(ex);
+	    !(ex->var = strdup(buf))) {
+		if (ex->table_fd >= 0)
+			SV_REAL(close)(ex->table_fd);
+		ex->table_fd = -1;
 		return false;
 	}
 	return true;
+}
+
+/* The application's fds that survive the exec (no FD_CLOEXEC), per
+ * client connection: the new image may continue one held on one fd only
+ * (another would be the kernel's there). A copy with FD_CLOEXEC (a shell's
+ * saved descriptor, libsovia's private one) goes with the exec. */
+struct survivors {
+	const void *priv;
+	int n;
+};
+#define MAX_SURVIVORS (4 * MAX_CONNS)
+
+static int count_survivors(struct survivors *sv)
+{
+	int n = 0, size = sv_fdtable_size();
+	for (int fd = 0; fd < size; fd++) {
+		struct sv_fd *f = sv_fd_get(fd);
+		int fl = f && f->ops->exec_client ? SV_REAL(fcntl)(fd, F_GETFD, 0) : -1;
+		int i = 0;
+		while (fl >= 0 && !(fl & FD_CLOEXEC) && i < n && sv[i].priv != f->priv)
+			i++;
+		if (fl >= 0 && !(fl & FD_CLOEXEC) && (i < n || n < MAX_SURVIVORS)) {
+			if (i == n)
+				sv[n++] = (struct survivors){.priv = f->priv};
+			sv[i].n++;
+		}
+		sv_fd_put(f);
+	}
+	return n;
+}
+
+static bool sole_survivor(const struct survivors *sv, int n, const void *priv)
+{
+	for (int i = 0; i < n; i++) {
+		if (sv[i].priv == priv)
+			return sv[i].n == 1;
+	}
+	return false; /* not counted: the table was full */
 }
 
 void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
@@ -188,7 +268,10 @@ void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 	sv_stream_keep_exec_all();
 	sv_leave();
 	struct handed list[MAX_CONNS];
-	int n = 0;
+	struct client clients[MAX_CONNS];
+	struct survivors sv[MAX_SURVIVORS];
+	int nsv = count_survivors(sv);
+	int n = 0, nc = 0;
 	int ours = -1; /* unknown yet */
 	int size = sv_fdtable_size();
 	for (int fd = 0; fd < size; fd++) {
@@ -197,26 +280,50 @@ void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 			continue;
 		bool served = f->ops->detach != NULL;
 		int fl = served ? SV_REAL(fcntl)(fd, F_GETFD, 0) : 0;
-		struct sv_hand hand;
-		bool listed = served && fl >= 0 && !(fl & FD_CLOEXEC) && f->ops->exec_hand &&
-			      f->ops->exec_hand(f, &hand);
-		if (listed && ours < 0)
+		bool kept = served && fl >= 0 && !(fl & FD_CLOEXEC);
+		if (kept && ours < 0 && (f->ops->exec_hand || f->ops->exec_client))
 			ours = preloads_us(envp);
-		listed = listed && ours > 0 && list_fd(list, &n, &hand, fd);
+		struct sv_hand hand;
+		bool listed = kept && ours > 0 && f->ops->exec_hand && f->ops->exec_hand(f, &hand) &&
+			      list_fd(list, &n, &hand, fd);
+		struct client *c = &clients[nc];
+		struct stat st;
+		if (!listed && kept && ours > 0 && f->ops->exec_client && nc < MAX_CONNS &&
+		    sole_survivor(sv, nsv, f->priv) && fstat(fd, &st) == 0 &&
+		    f->ops->exec_client(f, &c->dtx, &c->drx)) {
+			c->ino = st.st_ino;
+			c->fd = fd;
+			nc++;
+			listed = true; /* plain TCP here now */
+		}
 		sv_fd_put(f);
 		if (served && !listed && (fl < 0 || !(fl & FD_CLOEXEC)))
 			sv_fd_detach(fd);
 	}
-	if (n == 0 || hand_on(ex, envp, list, n)) {
-		if (n > 0)
-			sv_dbg("exec: %s", ex->var);
+	char buf[1024];
+	if (nc > 0 && (!format_clients(buf, sizeof(buf), clients, nc) ||
+		       !(ex->client_var = strdup(buf))))
+		sv_info("exec: no room to continue its client connections: they stay on TCP");
+	bool handed = n > 0 && hand_on(ex, list, n);
+	if (n > 0 && !handed) {
+		/* Nothing to hand them with: back to plain TCP, as without. */
+		for (int i = 0; i < n; i++) {
+			for (int k = 0; k < list[i].nfds; k++)
+				sv_fd_detach(list[i].fds[k]);
+		}
+	}
+	if ((handed || ex->client_var) && !(ex->envp = env_with(envp, ex->var, ex->client_var))) {
+		sv_exec_env_done(ex);
+		for (int i = 0; handed && i < n; i++) {
+			for (int k = 0; k < list[i].nfds; k++)
+				sv_fd_detach(list[i].fds[k]);
+		}
 		return;
 	}
-	/* Nothing to hand it with: back to plain TCP, as without. */
-	for (int i = 0; i < n; i++) {
-		for (int k = 0; k < list[i].nfds; k++)
-			sv_fd_detach(list[i].fds[k]);
-	}
+	if (handed)
+		sv_dbg("exec: %s", ex->var);
+	if (ex->client_var)
+		sv_dbg("exec: %s", ex->client_var);
 }
 
 void sv_exec_env_done(struct sv_exec_env *ex)
@@ -226,6 +333,7 @@ void sv_exec_env_done(struct sv_exec_env *ex)
 		SV_REAL(close)(ex->table_fd);
 	free(ex->envp);
 	free(ex->var);
+	free(ex->client_var);
 	*ex = (struct sv_exec_env){.table_fd = -1};
 	errno = saved;
 }
@@ -323,8 +431,61 @@ static const char *continue_conn(struct handed *c)
 	return NULL;
 }
 
+/* A client connection the image before took back to TCP: a stream again,
+ * from the kernel's counts plus what its QP carried. */
+static const char *continue_client(const struct client *c)
+{
+	if (!same_socket(c->fd, c->ino))
+		return "not the socket handed on";
+	uint64_t tx, rx;
+	int r = sv_tcp_app_counts(c->fd, &tx, &rx);
+	if (r < 0)
+		return r == -ENOTCONN ? "past ESTABLISHED" : "no byte counts from the kernel";
+	if (c->fd <= STDERR_FILENO && sv_stdio_take_std(c->fd) < 0)
+		return "stdio was used before libsovia's constructor";
+	struct sv_share_redo redo = {
+		.tx = tx + c->dtx, .rx = rx + c->drx, .ktx = tx, .krx = rx};
+	if (!sv_ops_continue_client(c->fd, &redo))
+		return "no memory";
+	sv_info("fd %d: continued after the exec, at %" PRIu64 " bytes out, %" PRIu64 " in",
+		c->fd, redo.tx, redo.rx);
+	return NULL;
+}
+
+static void inherit_clients(void)
+{
+	const char *v = getenv(CLIENTS_VAR);
+	if (!v)
+		return;
+	char copy[1024];
+	snprintf(copy, sizeof(copy), "%s", v);
+	unsetenv(CLIENTS_VAR); /* this process's alone */
+	const char *p = copy;
+	uint64_t pid;
+	if (!number(&p, INT32_MAX, &pid) || !expect(&p, ':') || pid != (uint64_t)getpid() ||
+	    sv_cfg.disable || getauxval(AT_SECURE))
+		return; /* an ancestor's, through an image that ignored LD_PRELOAD */
+	do {
+		struct client c;
+		uint64_t fd;
+		if (!number(&p, UINT64_MAX, &c.ino) || !expect(&p, '.') ||
+		    !number(&p, INT32_MAX, &fd) || !expect(&p, '.') ||
+		    !number(&p, UINT64_MAX, &c.dtx) || !expect(&p, '.') ||
+		    !number(&p, UINT64_MAX, &c.drx) || (*p && *p != ',')) {
+			sv_warn("exec: malformed " CLIENTS_VAR ": the rest stays on TCP");
+			return;
+		}
+		c.fd = (int)fd;
+		const char *why = continue_client(&c);
+		if (why)
+			sv_info("fd %d: not continued after the exec (%s): it stays on TCP", c.fd,
+				why);
+	} while (expect(&p, ','));
+}
+
 void sv_exec_inherit(void)
 {
+	inherit_clients();
 	const char *v = getenv(HANDED_VAR);
 	if (!v)
 		return;

@@ -100,6 +100,10 @@ struct sv_fd_ops {
 	 * the new image, which continues it (exec_hand.c), with *hand its
 	 * entry in the holders' table; false: detach first. */
 	bool (*exec_hand)(struct sv_fd *f, struct sv_hand *hand);
+	/* Else, a client connection: taken back to plain TCP here; true when
+	 * the new image may continue it (exec_hand.c), its offsets then the
+	 * kernel's counts plus *dtx and *drx. */
+	bool (*exec_client)(struct sv_fd *f, uint64_t *dtx, uint64_t *drx);
 	/* Readiness of its own. */
 	const struct sv_fd_wait_ops *wait;
 	/* stdio (fdopen) must call back through libsovia for this fd. */

@@ -89,7 +89,7 @@ void sv_ops_after_fork(pid_t pid);
  * TCP. sv_exec_env_done after an exec that failed. */
 struct sv_exec_env {
 	char **envp;
-	char *var;
+	char *var, *client_var;
 	int table_fd;
 };
 void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex);

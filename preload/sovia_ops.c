@@ -287,6 +287,31 @@ static bool st_exec_hand(struct sv_fd *f, struct sv_hand *hand)
 	return r;
 }
 
+static bool st_exec_client(struct sv_fd *f, uint64_t *dtx, uint64_t *drx)
+{
+	sv_enter();
+	struct sv_stream *s = raw_stream(f);
+	int r = sv_stream_detach(s);
+	bool ok = r == 0 && sv_stream_exec_client(s, dtx, drx);
+	if (r == 0)
+		sv_fd_make_plain_all(f->priv); /* the new image's, or plain TCP */
+	sv_leave();
+	return ok;
+}
+
+bool sv_ops_continue_client(int fd, const struct sv_share_redo *redo)
+{
+	sv_enter();
+	struct sv_stream *n = sv_stream_adopted(fd, redo, NULL, NULL, NULL, NULL);
+	bool ok = false;
+	if (n) {
+		sv_stream_start_at_use(n); /* not from the constructor */
+		ok = replace_entry(fd, &sv_stream_ops, n);
+	}
+	sv_leave();
+	return ok;
+}
+
 static long st_inq(struct sv_fd *f)
 {
 	sv_enter();
@@ -414,6 +439,7 @@ static const struct sv_fd_ops sv_stream_ops = {
 	.share = st_share,
 	.add_copy = st_add_copy,
 	.exec_hand = st_exec_hand,
+	.exec_client = st_exec_client,
 	.inq = st_inq,
 	.outq = st_outq,
 	.mode_changed = st_mode_changed,

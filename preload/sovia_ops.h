@@ -71,6 +71,10 @@ void sv_ops_init(void);
 struct sv_share_redo;
 struct sv_kcalls;
 bool sv_ops_adopt(struct sv_fd *f, const struct sv_share_redo *redo, struct sv_kcalls *kc);
+/* In an exec'd image: fd, a client connection the image before continued
+ * across the exec (exec_hand.c), becomes a stream from where it stands
+ * (redo), which moves it to RDMA. False on ENOMEM. */
+bool sv_ops_continue_client(int fd, const struct sv_share_redo *redo);
 /* The process is exiting. */
 void sv_on_exit(void);
 

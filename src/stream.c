@@ -293,10 +293,19 @@ bool sv_stream_adopt_pending(const struct sv_stream *s)
 	return atomic_load_explicit(&((struct sv_stream *)s)->adopt_pending, memory_order_relaxed);
 }
 
+void sv_stream_start_at_use(struct sv_stream *s)
+{
+	atomic_store(&s->adopt_pending, true);
+}
+
 void sv_stream_start_adopted(struct sv_stream *s)
 {
 	if (!atomic_exchange(&s->adopt_pending, false))
 		return;
+	if (s->is_client) {
+		sv_stream_start_revived(s, NULL); /* continued after an exec */
+		return;
+	}
 	sv_lock(&s->lock);
 	bool exposed = s->std_exposed;
 	if (exposed) {
@@ -345,6 +354,34 @@ bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand)
 	bool ok = untouched_hand(s);
 	if (ok)
 		*hand = s->hand;
+	sv_unlock(&s->lock);
+	return ok;
+}
+
+bool sv_stream_exec_client(struct sv_stream *s, uint64_t *dtx, uint64_t *drx)
+{
+	uint64_t ktx, krx;
+	sv_lock(&s->lock);
+	/* No process but this one holds it (not a fork's child's copy, kept
+	 * or handed on), nothing read ahead. */
+	bool ok = s->is_client && !s->error && !s->cl.tx_shut && !s->cl.app_closed &&
+		  !s->keep.ref.t && !s->keep.letting_go && !sv_stream_tcpbuf_held(s) &&
+		  sv_tcp_app_counts(s->fd, &ktx, &krx) == 0;
+	if (ok && s->state == SV_CONN_DETACHED && s->redo.ok) {
+		/* Back from RDMA: as a successor counts (stream_redo.c). */
+		*dtx = s->redo.tx - s->redo.ktx;
+		*drx = s->redo.rx - s->redo.krx;
+	} else if (ok && s->state == SV_CONN_FALLBACK && s->fallback == SV_FB_UNSUPPORTED &&
+		   !s->pred.pending && !s->sw.echo_sent && !s->sw.chal_len) {
+		/* Never switched, its upgrade called off by this exec (any
+		 * other fallback is for good: its fd is the kernel's, or its
+		 * peer said no): nothing of ours went on TCP, so the kernel's
+		 * counts are the offsets, past where a second life's began. */
+		*dtx = s->redo.ok ? s->redo.tx - s->redo.ktx : 0;
+		*drx = s->redo.ok ? s->redo.rx - s->redo.krx : 0;
+	} else {
+		ok = false;
+	}
 	sv_unlock(&s->lock);
 	return ok;
 }

@@ -132,6 +132,10 @@ struct sv_stream *sv_stream_adopt(int fd, const struct sv_hand *hand, uint64_t t
  * starts no helper nor rdma_cm. Read without the lock. */
 bool sv_stream_adopt_pending(const struct sv_stream *s);
 void sv_stream_start_adopted(struct sv_stream *s);
+/* The same for a client connection an exec'd image continues
+ * (sv_stream_adopted): its first use starts its upgrade, not the
+ * constructor. */
+void sv_stream_start_at_use(struct sv_stream *s);
 /* A copy of adopted stream s goes on fd 0, 1 or 2 (inetd's child before
  * its exec), where glibc's stdio reads and writes past the interposer.
  * True when s may take it: handed to us and untouched, it then never
@@ -143,6 +147,12 @@ bool sv_stream_expose_std(struct sv_stream *s);
  * *hand its entry in the holders' table. The kernel's counts say what TCP
  * carried (sv_tcp_app_counts); the new image adopts it. */
 bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand);
+/* A client connection back on plain TCP (sv_stream_detach) that an exec'd
+ * image may continue: no other process holds it, nothing of ours in it,
+ * its offsets known (*dtx, *drx: what they exceed the kernel's counts by,
+ * each way). The caller sees that one fd of the application's survives
+ * the exec. */
+bool sv_stream_exec_client(struct sv_stream *s, uint64_t *dtx, uint64_t *drx);
 /* What the application of accepted socket fd has sent and received over
  * TCP in its life, from the kernel's counters; -ENOTCONN past
  * ESTABLISHED, where the kernel counts a FIN too. */
