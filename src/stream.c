@@ -376,8 +376,10 @@ bool sv_stream_exec_client(struct sv_stream *s, uint64_t *dtx, uint64_t *drx)
 		/* Never switched, its upgrade called off by this exec (any
 		 * other fallback is for good: its fd is the kernel's, or its
 		 * peer said no): nothing of ours went on TCP, so the kernel's
-		 * counts are the offsets, past where a second life's began. */
-		*dtx = s->redo.ok ? s->redo.tx - s->redo.ktx : 0;
+		 * counts are the offsets, past where a second life's began,
+		 * less our SYN, which a client's counts as acknowledged (a
+		 * successor's difference has it already). */
+		*dtx = s->redo.ok ? s->redo.tx - s->redo.ktx : (uint64_t)-1;
 		*drx = s->redo.ok ? s->redo.rx - s->redo.krx : 0;
 	} else {
 		ok = false;

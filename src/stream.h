@@ -155,7 +155,8 @@ bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand);
 bool sv_stream_exec_client(struct sv_stream *s, uint64_t *dtx, uint64_t *drx);
 /* What the application of accepted socket fd has sent and received over
  * TCP in its life, from the kernel's counters; -ENOTCONN past
- * ESTABLISHED, where the kernel counts a FIN too. */
+ * ESTABLISHED, where the kernel counts a FIN too. A connecting socket's
+ * tx counts its SYN as well (one more); differences are exact for both. */
 int sv_tcp_app_counts(int fd, uint64_t *tx, uint64_t *rx);
 /* The application reads, writes, waits on or shuts down the connection
  * (each such call's first step). A server's upgrade request waits for it:

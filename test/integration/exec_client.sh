@@ -5,11 +5,10 @@
 # /dev/tcp, puts the socket on cat's stdin and execs cat; both images are
 # preloaded. The server, unmodified nc, sends 40 MiB, which waits in TCP's
 # buffers until cat reads.
-# Asserted: cat wrote the file byte for byte; bash's image took the
-# connection back to plain TCP and cat's continued it; cat's stream ended
-# on RDMA with at least half of the file over RDMA by libsovia's
-# statistics at both ends (the kernel's buffers hold what went before the
-# switch), and rxe sent the packets that needs.
+# Asserted: cat wrote the file byte for byte; cat's image continued the
+# connection and reached RDMA; nc's stream ended on RDMA with at least
+# half of the file over RDMA by its statistics (the kernel's buffers hold
+# what went before the switch), and rxe sent the packets that needs.
 . "$(dirname "$0")/lib.sh"
 export SOVIA_LOG=info
 LEN=$((40 << 20))
@@ -17,7 +16,7 @@ PORT=5305
 head -c $LEN /dev/urandom >"$WORK/in"
 
 hang_watch 200 cat
-LD_PRELOAD=$LIB timeout 240 nc -l "$IP" "$PORT" <"$WORK/in" 2>"$WORK/server.err" &
+LD_PRELOAD=$LIB timeout 240 nc -N -l "$IP" "$PORT" <"$WORK/in" 2>"$WORK/server.err" &
 srv=$!
 wait_port "$PORT"
 p0=$(rxe_pkts)
@@ -29,15 +28,14 @@ cmp -s "$WORK/in" "$WORK/out" || fail "cat wrote other bytes ($(stat -c %s "$WOR
 
 grep -q "fd 0: continued after the exec" "$WORK/client.err" ||
 	fail "cat's image did not continue the connection"
-cl=$(stats_lines "$WORK/client.err" client | tail -1)
+# cat's statistics never show: coreutils close stderr at exit, before
+# libsovia's line. Its log says it reached RDMA; nc's statistics count.
+grep -q "fd 0: on RDMA" "$WORK/client.err" || fail "cat's stream did not reach RDMA"
 sl=$(stats_lines "$WORK/server.err" server | tail -1)
-[ -n "$cl" ] && [ -n "$sl" ] || fail "no statistics from cat or nc"
-[ "$(stats_field "$cl" state)" = rdma ] || fail "cat's stream ended $(stats_field "$cl" state)"
-[ "$(stats_field "$sl" state)" = rdma ] || fail "nc's last stream ended $(stats_field "$sl" state)"
-crx=$(stats_field "$cl" rdma_rx_bytes) stx=$(stats_field "$sl" rdma_tx_bytes)
-echo "exec_client: cat's stream got $crx and nc's sent $stx bytes over RDMA of $LEN;" \
-	"rxe sent $pkts packets"
-[ "$crx" -ge $((LEN / 2)) ] || fail "cat: ${crx} of $LEN bytes over RDMA"
+[ -n "$sl" ] || fail "no statistics from nc"
+[ "$(stats_field "$sl" state)" = rdma ] || fail "nc's stream ended $(stats_field "$sl" state)"
+stx=$(stats_field "$sl" rdma_tx_bytes)
+echo "exec_client: nc sent $stx of $LEN bytes over RDMA to cat; rxe sent $pkts packets"
 [ "$stx" -ge $((LEN / 2)) ] || fail "nc: ${stx} of $LEN bytes over RDMA"
 [ "$pkts" -ge $((LEN / 2 / 4096)) ] || fail "rxe sent $pkts packets for $LEN bytes"
 echo "exec_client: OK"
