@@ -243,11 +243,18 @@ many_process_case() {
 }
 
 # One connection, the server held between accept and fork until it is on
-# RDMA and the client's bytes came over the QP ($1: program, $2: port).
+# RDMA and the client's bytes came over the QP ($1: program, $2: port). The
+# server serves two connections, so its listening socket (whose RDMA
+# listener the client asks again) stays open while the first is served; a
+# short second client ends it.
 held_case() {
 	local prog=$1 port=$2 name=${1#sovia-}
+	if [ -n "${SOVIA_IT_TSAN:-}" ] && [ "$prog" = sovia-echo-fork ]; then
+		echo "$name held: skipped under TSan (the child that serves it starts its helper thread after a threaded fork)"
+		return 0
+	fi
 	rm -f "$WORK/"*.err
-	LD_PRELOAD=$LIB "$APPS/$prog" -s -S $port 1 >"$WORK/server.out" 2>"$WORK/server.err" &
+	LD_PRELOAD=$LIB "$APPS/$prog" -s -S $port 2 >"$WORK/server.out" 2>"$WORK/server.err" &
 	local srv=$!
 	wait_port $port
 	local p0
@@ -261,9 +268,19 @@ held_case() {
 	wait_rxe 100 "$p0" || fail "$name held: no RDMA traffic after the upgrade"
 	kill -USR1 "$srv"
 	wait "$cli" || fail "$name held: the client failed"
-	wait "$srv" || fail "$name held: the server failed"
 	grep -q "^OK" "$WORK/client.out" || fail "$name held: the client did not finish"
+	# The child's statistics come at its exit, after the client's end.
+	for _ in $(seq 100); do
+		[ "$(stats_lines "$WORK/server.err" server | wc -l)" -ge 2 ] && break
+		sleep 0.1
+	done
 	cat "$WORK/server.err" "$WORK/client.err" >"$WORK/stats"
+	LD_PRELOAD=$LIB timeout 600 "$APPS/$prog" -c "$IP" $port 100000 98 \
+		>"$WORK/client2.out" 2>"$WORK/client2.log" &
+	local cli2=$!
+	kill -USR1 "$srv" # taken once the second client is accepted
+	wait "$cli2" || fail "$name held: the second client failed"
+	wait "$srv" || fail "$name held: the server failed"
 	# On RDMA first, then back to TCP at the fork, in that order.
 	local on det
 	on=$(grep -n ": on RDMA" "$WORK/server.err" | head -1 | cut -d: -f1)
@@ -278,16 +295,21 @@ held_case() {
 	[ "$back" -gt 0 ] && [ "$back" = "$gotback" ] || fail "$name held: gave back $back, got back $gotback"
 	echo "$name held: $BYTES bytes echoed exactly; on RDMA before the fork" \
 		"(client rdma_tx_bytes=$rdma), $back bytes given back at the fork"
-	# The fork handed it to the child (src/stream_back.c): once the
-	# parent closed its copy, the client, sent on to the child (or the
-	# program it exec'd, which continues it), and the child move it to
-	# RDMA again.
+	# Once the parent closed its copy the child holds it alone (the
+	# fork handed it over, src/stream_back.c, or a fork that kept it on
+	# the QP handed it as the parent let go, src/stream_keep.c): the
+	# client, sent on to the child, and the child move it to RDMA again.
+	# execcat's child execs cat, which continues a connection handed at
+	# the fork but not one handed as the parent let go: told, not
+	# asserted.
+	local cl
+	cl=$(stats_lines "$WORK/stats" server | { grep " state=rdma " || true; } | tail -1)
+	echo "$name held: the child's stream echoed $(stats_field "${cl:-none}" rdma_tx_bytes)" \
+		"bytes over RDMA after the fork"
+	[ "$prog" = sovia-echo-fork ] || return 0
 	grep -q "another process of the server holds it: at its port" "$WORK/client.err" ||
 		fail "$name held: the client was not sent on to the child"
-	local cl
-	cl=$(stats_lines "$WORK/server.err" server | grep " state=rdma " | tail -1)
 	[ -n "$cl" ] || fail "$name held: the child did not move the connection to RDMA again"
-	echo "$name held: the child's stream echoed $(stats_field "$cl" rdma_tx_bytes) bytes over RDMA"
 	[ "$(stats_field "$cl" rdma_tx_bytes)" -ge $((BYTES / 2)) ] ||
 		fail "$name held: the child echoed less than half over RDMA"
 }
