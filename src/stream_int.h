@@ -377,6 +377,10 @@ struct sv_stream {
 	/* Back on TCP with known counts, a successor not made yet: a server's
 	 * request may revive it (sv_stream_find_parked). Read without the lock. */
 	atomic_bool parked;
+	/* A successor was made (parked no more): a call of ours that wakes
+	 * on plain TCP goes on through the kernel's branch, counted or passed
+	 * to it. Under the lock. */
+	bool succeeded;
 	/* On its way back (our BACK went, not detached yet): a request for it
 	 * is told "later" (it will be parked). Read without the lock. */
 	atomic_bool going_back;

@@ -93,10 +93,14 @@ void sv_stream_unpark(struct sv_stream *s)
 /* May s have a successor? With the lock. */
 static bool revivable(const struct sv_stream *s)
 {
-	/* Not while a fork's child may use it too (stream_keep.c). */
+	/* Not while a fork's child may use it too (stream_keep.c), nor while
+	 * a fork that gives one a copy is under way (the child's claim can
+	 * be answered before the parent's fork() returns and shares it). */
 	return atomic_load(&s->parked) && (!s->keep.shared || s->keep.alone) &&
-	       !s->keep.letting_go && !s->keep.handed.t && s->state == SV_CONN_DETACHED && s->redo.ok && !s->error && !s->cl.app_closed &&
-	       !s->cl.tx_shut && s->opens == 1 && !s->fd_private && s->fd >= 0;
+	       !s->keep.forking && !s->keep.letting_go &&
+	       !s->keep.handed.t && s->state == SV_CONN_DETACHED && s->redo.ok && !s->error &&
+	       !s->cl.app_closed && !s->cl.tx_shut && s->opens == 1 && !s->fd_private &&
+	       s->fd >= 0;
 }
 
 struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
@@ -112,6 +116,7 @@ struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*i
 	bool ok = revivable(s);
 	if (ok) {
 		atomic_store(&s->parked, false); /* one successor */
+		s->succeeded = true;
 		n->redo = s->redo;
 		sv_stream_get(s);
 		n->pred = (struct sv_pred){.s = s, .entry = entry, .idle = idle, .put = put,
@@ -286,9 +291,11 @@ int sv_stream_revive(struct sv_stream *s, struct sv_listener *l)
 	sv_lock(&s->lock);
 	int fd = s->fd;
 	bool ok = revivable(s);
-	/* A fork's child still holds it (its owner looks again soon), or it
-	 * is on its way back (the client's request beat our detached). */
-	bool later = !ok && ((s->keep.shared && !s->keep.alone && atomic_load(&s->parked)) ||
+	/* A fork's child still holds it (its owner looks again soon, or
+	 * shares it once the fork is over), or it is on its way back (the
+	 * client's request beat our detached). */
+	bool later = !ok && ((((s->keep.shared && !s->keep.alone) || s->keep.forking) &&
+			      atomic_load(&s->parked)) ||
 			     (s->state == SV_CONN_DETACHING && !s->error && !s->cl.app_closed &&
 			      !s->keep.escaped) ||
 			     (s->keep.handed.t && sv_shares_handed(&s->keep.handed)));

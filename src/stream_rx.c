@@ -256,11 +256,12 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 			break;
 		}
 		progress = w > 0 ? SV_PROGRESS_DRAINED : 0;
-		if (atomic_load(&s->parked) && sv_stream_rx_medium(s) == SV_MEDIUM_KERNEL) {
+		if ((atomic_load(&s->parked) || s->succeeded) &&
+		    sv_stream_rx_medium(s) == SV_MEDIUM_KERNEL) {
 			/* Back on TCP while we waited, and it may get a
-			 * successor: the kernel's socket is read as its calls
-			 * are, counted (a successor takes its counts only once
-			 * none is under way) or passed on. */
+			 * successor or has one: the kernel's socket is read as
+			 * its calls are, counted (a successor takes its counts
+			 * only once none is under way) or passed on. */
 			sv_unlock(&s->lock);
 			return recv_some(s, msg, flags);
 		}

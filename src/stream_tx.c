@@ -262,11 +262,11 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			continue; /* moved some, or look again */
 		if (!send_wait(s, &c, m))
 			break;
-		if (!c.done && atomic_load(&s->parked) && sv_stream_tx_medium(s) == SV_MEDIUM_KERNEL &&
-		    !s->cl.tx_shut) {
+		if (!c.done && (atomic_load(&s->parked) || s->succeeded) &&
+		    sv_stream_tx_medium(s) == SV_MEDIUM_KERNEL && !s->cl.tx_shut) {
 			/* Back on TCP while we waited, and it may get a
-			 * successor: written as the kernel's calls are, counted
-			 * or passed on (stream_redo.c). */
+			 * successor or has one: written as the kernel's calls
+			 * are, counted or passed on (stream_redo.c). */
 			sv_unlock(&s->lock);
 			return sv_stream_sendmsg(s, msg, flags);
 		}
