@@ -97,7 +97,9 @@ int sv_stream_detach(struct sv_stream *s);
 /* The same before a fork, except for a server connection whose upgrade has
  * not begun (no request matched yet): it is handed to the fork's child
  * (holders.h), which may take it to RDMA once it holds it alone. *hand
- * says so (hand->h NULL otherwise), with the bytes TCP carried each way. */
+ * says so (hand->h NULL otherwise), with the bytes TCP carried each way.
+ * 1: the fd stays the stream's, kept on RDMA (sv_stream_keep_for_fork) or
+ * a client's shared with the child (sv_stream_share_for_fork). */
 int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_t *tx,
 			      uint64_t *rx);
 /* A fork keeps the parent's QP (shares.h): a connection settled on RDMA
@@ -106,6 +108,13 @@ int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_
  * 1). Needs SOVIA_FORK_KEEP and a kernel that copies pinned pages at a
  * fork. Takes the lock. */
 bool sv_stream_keep_for_fork(struct sv_stream *s);
+/* A client's connection the fork took back to TCP instead (no kernel
+ * support, bytes unread), DETACHED and parked: entered as shared, with a
+ * copy about to be given, as after a child's claim. The parent moves it
+ * to RDMA again once it holds it alone, or hands it to the child left
+ * holding it when it lets go. True: the fd stays the stream's (then
+ * sv_stream_keep_forked as above). With the lock. */
+bool sv_stream_share_for_fork(struct sv_stream *s);
 /* After that fork, in the parent: its outcome (the child's pid, or -1). */
 void sv_stream_keep_forked(struct sv_stream *s, pid_t pid);
 /* In the fork's child, for each of s's fds: true when the fork kept s,

@@ -322,8 +322,19 @@ int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_
 		*tx = *rx = 0;
 		return 1;
 	}
-	int r = detach(s, true, true);
+	/* A client's end stays the application's (parked) if it can be
+	 * shared with the child; otherwise the caller makes the fd the
+	 * kernel's. */
+	int r = detach(s, true, !s->is_client);
 	sv_lock(&s->lock);
+	if (r == 0 && sv_stream_share_for_fork(s)) {
+		sv_unlock(&s->lock);
+		*hand = (struct sv_hand){.h = NULL, .slot = -1};
+		*tx = *rx = 0;
+		sv_info("fd %d: plain TCP for the fork; back to RDMA once one process holds it",
+			s->fd);
+		return 1;
+	}
 	*tx = s->tcp_tx;
 	*rx = s->tcp_rx;
 	bool handed = r == 0 && ((s->fallback == SV_FB_HANDED && s->hand.h) ||

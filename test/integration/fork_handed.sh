@@ -10,7 +10,10 @@
 #    before the fork; the parent closes its copy and keeps listening. Its
 #    client, unmodified nc, taken back by the server, asks again; the
 #    parent answers "later", then, once the child adopted the connection
-#    at its own RDMA listener, redirects the client there.
+#    at its own RDMA listener, redirects the client there;
+#  - client with SOVIA_FORK_KEEP=0: the fork takes the connection back to
+#    TCP first, and shares it with the child at once (as a claim would);
+#    the parent's exit then hands it on as in the first run.
 #
 # sovia-forkwrite [-l] ... leave: the parent sends 1 MiB, its child 64 KiB,
 # the parent lets go, and the child sends 40 MiB more.
@@ -25,9 +28,10 @@ export SOVIA_LOG=info
 HEAD=$((1 << 20)) CHILD=65536 REST=$((40 << 20))
 head -c $((HEAD + CHILD + REST)) /dev/urandom >"$WORK/in"
 
-# run ROLE PORT: ROLE is the forking process's (client or server).
+# run ROLE PORT KEEP: ROLE is the forking process's (client or server),
+# KEEP its SOVIA_FORK_KEEP.
 run() {
-	local role=$1 port=$2 peer fw fwl srv cli
+	local role=$1 port=$2 keep=$3 peer fw fwl srv cli
 	rm -f "$WORK"/go1 "$WORK"/go2 "$WORK"/out "$WORK"/*.err
 	if [ "$role" = client ]; then
 		peer=server fw=client.err fwl=
@@ -37,7 +41,7 @@ run() {
 	else
 		peer=client fw=server.err fwl=-l
 	fi
-	LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-forkwrite" $fwl "$IP" "$port" "$HEAD" \
+	SOVIA_FORK_KEEP=$keep LD_PRELOAD=$LIB timeout 300 "$BUILD/apps/sovia-forkwrite" $fwl "$IP" "$port" "$HEAD" \
 		"$CHILD" "$WORK/go1" "$WORK/go2" leave <"$WORK/in" 2>"$WORK/$fw" &
 	local fwp=$!
 	if [ "$role" = server ]; then
@@ -78,6 +82,8 @@ run() {
 	cmp -s "$WORK/in" "$WORK/out" ||
 		fail "$role: nc received other bytes ($(stat -c %s "$WORK/out") of $(stat -c %s "$WORK/in"))"
 
+	[ "$keep" = 1 ] || grep -q "plain TCP for the fork; back to RDMA once one process holds it" \
+		"$WORK/$fw" || fail "$role: the fork did not share the connection it took back"
 	grep -q "no one else holds it: it moves to RDMA again" "$WORK/$fw" ||
 		fail "$role: the child did not take the connection over"
 	[ "$role" = client ] || grep -q "another process of the server holds it: at its port" \
@@ -93,13 +99,14 @@ run() {
 	[ "$(stats_field "$pl" state)" = rdma ] || fail "$peer: its second stream ended $(stats_field "$pl" state)"
 	local tx rx
 	tx=$(stats_field "$ml" rdma_tx_bytes) rx=$(stats_field "$pl" rdma_rx_bytes)
-	echo "fork_handed ($role): the child's stream sent $tx and the $peer's second got $rx bytes" \
+	echo "fork_handed ($role, SOVIA_FORK_KEEP=$keep): the child's stream sent $tx and the $peer's second got $rx bytes" \
 		"over RDMA of the last $REST; rxe sent $pkts packets meanwhile"
 	[ "$tx" -ge $((REST * 8 / 10)) ] || fail "$role: ${tx} of $REST bytes over RDMA"
 	[ "$rx" -ge $((REST * 8 / 10)) ] || fail "$peer: ${rx} of $REST bytes over RDMA"
 	[ "$pkts" -ge $((REST * 8 / 10 / 4096)) ] || fail "rxe sent $pkts packets for $REST bytes"
 }
 
-run client 5302
-run server 5304
+run client 5302 1
+run server 5304 1
+run client 5306 0
 echo "fork_handed: OK"

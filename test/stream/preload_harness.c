@@ -2,6 +2,8 @@
 #include "preload_harness.h"
 
 #include "fdtable.h"
+#include "preload.h"
+#include "real.h"
 
 #include <criterion/criterion.h>
 #include <poll.h>
@@ -21,6 +23,18 @@ const char *ph_ops_name(int fd)
 	const char *n = f ? f->ops->name : NULL;
 	sv_fd_put(f);
 	return n;
+}
+
+pid_t ph_fork_one(int fd)
+{
+	struct sv_fd *f = sv_fd_get(fd);
+	cr_assert(f && f->ops->detach_for_fork, "fd %d is not a stream's", fd);
+	(void)f->ops->detach_for_fork(f);
+	sv_fd_put(f);
+	/* glibc's fork runs our fork handlers in the child (interpose.c). */
+	pid_t pid = SV_REAL(fork)();
+	sv_ops_after_fork(pid);
+	return pid;
 }
 
 /* The pairs' streams, held for the test's life: a successor (a second

@@ -8,6 +8,8 @@
 
 #include "harness.h"
 
+#include <sys/types.h>
+
 /* The stream libsovia keeps for the application's fd (borrowed: it lives
  * while the fd is open), or NULL when the fd is not one. */
 struct sv_stream *ph_stream(int fd);
@@ -20,6 +22,12 @@ const char *ph_ops_name(int fd);
 void ph_pair_rdma(struct pair *p);
 /* Close what the test left open of it (through close()). */
 void ph_pair_close(struct pair *p);
+
+/* A fork as the interposed fork() makes it, except that only fd's
+ * connection is taken back to TCP (or kept) for it: here the test holds
+ * the other end too, which is another process's in real use (whose own
+ * fork would take it back as well). */
+pid_t ph_fork_one(int fd);
 
 /* Write all of buf with write(); read n bytes with read() (until EOF or an
  * error: the bytes read). */

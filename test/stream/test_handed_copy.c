@@ -48,16 +48,19 @@ static void child_left_alone(int mine, int other, int go, bool used_first)
 }
 
 /* The parent hands the client's end (or the server's) to its child: it
- * closes its own copy and talks to the child through the other end. */
-static void parent_lets_go(bool used_first, bool server, uint64_t seed)
+ * closes its own copy and talks to the child through the other end.
+ * Without `keeps`, the kernel does not keep pinned pages at a fork, which
+ * takes the connection back to TCP first. */
+static void parent_lets_go(bool used_first, bool server, bool keeps, uint64_t seed)
 {
+	fake_net_fork_keeps(keeps);
 	struct pair p;
 	ph_pair_rdma(&p);
 	exchange_on_rdma(&p, seed);
 	int *handed = server ? &p.sfd : &p.cfd, kept = server ? p.cfd : p.sfd;
 	int go[2];
 	cr_assert_eq(pipe(go), 0);
-	pid_t pid = fork();
+	pid_t pid = keeps ? fork() : ph_fork_one(*handed);
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		alarm(30); /* never outlives a failed test */
@@ -82,24 +85,36 @@ static void parent_lets_go(bool used_first, bool server, uint64_t seed)
 
 Test(handed_copy, a_child_that_used_its_copy_takes_it_over_when_the_parent_closes)
 {
-	parent_lets_go(true, false, 40);
+	parent_lets_go(true, false, true, 40);
 }
 
 Test(handed_copy, a_child_that_uses_its_copy_after_the_parents_close_takes_it_over)
 {
-	parent_lets_go(false, false, 41);
+	parent_lets_go(false, false, true, 41);
+}
+
+/* A client's end that the fork took back to TCP is shared with the child
+ * all the same (src/stream_keep.c, sv_stream_share_for_fork). */
+Test(handed_copy, a_client_the_fork_took_back_is_taken_over_by_the_child_that_used_it)
+{
+	parent_lets_go(true, false, false, 45);
+}
+
+Test(handed_copy, a_client_the_fork_took_back_is_taken_over_by_the_child_after_the_close)
+{
+	parent_lets_go(false, false, false, 46);
 }
 
 /* An accept-then-fork server whose connection went to RDMA before the
  * fork: the parent closes its copy, and its child serves the client. */
 Test(handed_copy, a_servers_child_that_used_its_copy_takes_it_over_when_the_parent_closes)
 {
-	parent_lets_go(true, true, 43);
+	parent_lets_go(true, true, true, 43);
 }
 
 Test(handed_copy, a_servers_child_that_uses_its_copy_after_the_parents_close_takes_it_over)
 {
-	parent_lets_go(false, true, 44);
+	parent_lets_go(false, true, true, 44);
 }
 
 /* Two children hold copies of the client's end when the parent closes
@@ -222,11 +237,11 @@ static bool first_child_took_it_over(struct pair *p, int go)
 }
 
 /* The owner forks a second child once the connection went back to TCP
- * (shared): that fork makes the owner's fd the kernel's, and the second
- * child's copy is a plain socket the entry does not list. The owner then
- * lets go (a failed exec here). The first child must not take the
- * connection over while the second holds it. */
-Test(handed_copy, an_unlisted_copy_keeps_the_children_on_tcp)
+ * (shared): that fork lists the second child's copy in the entry, and the
+ * owner's fd stays its stream. The owner then lets go (a failed exec
+ * here). The first child must not take the connection over while the
+ * second holds it. */
+Test(handed_copy, a_second_forks_copy_keeps_the_first_child_on_tcp)
 {
 	struct pair p;
 	ph_pair_rdma(&p);
@@ -252,7 +267,8 @@ Test(handed_copy, an_unlisted_copy_keeps_the_children_on_tcp)
 		_exit(0);
 	}
 	const char *ops = ph_ops_name(p.cfd);
-	cr_assert(!ops || strcmp(ops, "stream") != 0, "the second fork left the owner's fd a stream");
+	cr_assert(ops && strcmp(ops, "stream") == 0, "the second fork made the owner's fd %s",
+		  ops ? ops : "the kernel's");
 	cr_assert_eq(close(p.cfd), 0);
 	p.cfd = -1;
 	char *argv[] = {"none", NULL};
@@ -313,7 +329,7 @@ Test(handed_copy, a_servers_second_fork_does_not_hand_a_shared_connection)
 
 /* The same with the owner's exit: the owner is a child of the test, and
  * its first child tells on a pipe whether it took the connection over. */
-Test(handed_copy, an_unlisted_copy_keeps_the_children_on_tcp_at_the_owners_exit)
+Test(handed_copy, a_second_forks_copy_keeps_the_first_child_on_tcp_at_the_owners_exit)
 {
 	int go[2], go2[2], rep[2];
 	cr_assert_eq(pipe(go), 0);
@@ -335,7 +351,7 @@ Test(handed_copy, an_unlisted_copy_keeps_the_children_on_tcp_at_the_owners_exit)
 		char b[2];
 		CHILD_CHECK(57, ph_read_all(p.sfd, b, 2) == 2);
 		CHILD_CHECK(58, h_wait_state(p.c, SV_CONN_DETACHED, 10000) == SV_CONN_DETACHED);
-		pid_t c2 = fork(); /* holds both sockets, plain */
+		pid_t c2 = fork(); /* holds both sockets: the client's listed */
 		CHILD_CHECK(59, c2 >= 0);
 		if (c2 == 0) {
 			alarm(30);

@@ -361,6 +361,39 @@ Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
 	ph_pair_close(&p);
 }
 
+/* Without a kernel that keeps pinned pages at a fork, the fork takes a
+ * client's end back to TCP first; the child uses its copy; once it is
+ * gone, the parent moves the connection to RDMA again, as after a claim
+ * (sv_stream_share_for_fork). Only the client's end is forked: the
+ * server's is another process's in real use. */
+Test(kept, a_client_the_fork_took_back_is_on_rdma_again_once_the_child_is_gone)
+{
+	fake_net_fork_keeps(false);
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 15);
+	struct sv_stream *oc = p.c, *os = p.s;
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = ph_fork_one(p.cfd);
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		child_writes_then_leaves(p.cfd, go[0]);
+	cr_assert_eq(h_state(oc), SV_CONN_DETACHED);
+	char b[5];
+	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	/* Several of the parent's looks at its holders. */
+	usleep(600000);
+	cr_assert_eq(ph_stream(p.cfd), oc, "moved while the child holds a copy");
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	both_again_on_rdma(&p, oc, os, 16);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
+
 /* Both ends forked (here one process holds both): the child uses its copy
  * of each, so both parents share their connection with it. The client's
  * request, once it is alone again, must wait until the server end is
