@@ -45,6 +45,7 @@ static struct {
 	pthread_once_t once;
 	int err;            /* the thread could not start */
 	atomic_int rdma;    /* 0 starting, 1 ready, -errno: no rdma_cm here */
+	_Atomic uint64_t ready_us; /* when rdma became 1 */
 	/* Credential changes since the thread started (preload/creds.c). */
 	atomic_uint cred_gen;
 	/* Our rdma_cm files cannot follow the credentials (a new channel, or
@@ -124,6 +125,7 @@ static void init_rdma(void)
 		atomic_store(&h.rdma, err);
 		return;
 	}
+	atomic_store(&h.ready_us, sv_now_us());
 	atomic_store(&h.rdma, 1);
 }
 
@@ -178,6 +180,11 @@ static void follow_credentials(void)
 			sv_cm->destroy_event_channel(h.old_ch[--h.nold]);
 		sv_dbg("rdma_cm: a new channel after credential change %u", gen);
 	}
+}
+
+uint64_t sv_helper_rdma_ready_us(void)
+{
+	return atomic_load(&h.rdma) > 0 ? atomic_load(&h.ready_us) : 0;
 }
 
 int sv_helper_rdma_state(void)
@@ -414,6 +421,7 @@ void sv_helper_atfork_child(void)
 	h.once = (pthread_once_t)PTHREAD_ONCE_INIT;
 	h.err = 0;
 	atomic_store(&h.rdma, 0);
+	atomic_store(&h.ready_us, 0);
 	atomic_store(&h.creds_stale, false); /* nothing of RDMA is open here yet */
 	atomic_store(&h.cred_gen, 0);
 	for (int i = 0; i < h.nold; i++)

@@ -6,6 +6,7 @@
 #define SV_HELPER_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 struct rdma_event_channel;
 struct sv_stream;
@@ -15,6 +16,8 @@ int sv_helper_start(void);
 
 /* rdma_cm on the helper: 0 still starting, 1 ready, -errno unavailable. */
 int sv_helper_rdma_state(void);
+/* When rdma_cm became ready (sv_now_us), 0 while it is not. */
+uint64_t sv_helper_rdma_ready_us(void);
 /* The process changed its credentials (`call`, e.g. "seteuid"). The
  * kernel then refuses every rdma_cm call on a channel opened before
  * (preload/creds.c): the helper opens a new one and moves the ids to it,

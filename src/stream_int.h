@@ -170,6 +170,11 @@ struct sv_switch {
 	 * writes wait for the QP until this time rather than go on TCP
 	 * (0: no hold). Only while nothing of ours went on TCP. */
 	uint64_t hold_until;
+	/* What a hold lasts (hold_until's distance from its start), and the
+	 * latest it may end (SOVIA_PEER_HOLD_MS from its start): a hold whose
+	 * peer could not ask yet is moved on by that span (sv_stream_end_hold,
+	 * sv_stream_hold_past). */
+	uint64_t hold_span_us, hold_cap_at;
 	/* Server: that hold is a first contact's (an unknown client on an
 	 * RDMA link): if no request came in it, the client is plain. */
 	bool hold_first_contact;
@@ -510,6 +515,10 @@ bool sv_stream_hold_first(struct sv_stream *s);
 /* Is sending held for the QP that way now (not past the switch, nothing
  * written on TCP, not fallen back)? */
 bool sv_stream_holding_first(const struct sv_stream *s);
+/* The upgrade asks again at `at` (its server had no RDMA listener yet, or
+ * another of its processes holds the connection): a hold lasts until its
+ * span after that, within SOVIA_PEER_HOLD_MS. With the lock. */
+void sv_stream_hold_past(struct sv_stream *s, uint64_t at);
 /* End a hold that is over (the switch came or failed) or whose time is up
  * at `now`, waking the writers it held. */
 void sv_stream_end_hold(struct sv_stream *s, uint64_t now);

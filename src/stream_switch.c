@@ -5,6 +5,7 @@
 
 #include "cm.h"
 #include "config.h"
+#include "helper.h"
 #include "log.h"
 #include "peers.h"
 #include "real.h"
@@ -59,7 +60,10 @@ bool sv_stream_hold_first(struct sv_stream *s)
 		setup = sv_peers_startup();
 	}
 	uint64_t cap = (uint64_t)sv_cfg.peer_hold_ms * 1000u, want = 50000u + 4u * (uint64_t)setup;
-	s->sw.hold_until = sv_now_us() + (want < cap ? want : cap);
+	uint64_t now = sv_now_us();
+	s->sw.hold_span_us = want < cap ? want : cap;
+	s->sw.hold_until = now + s->sw.hold_span_us;
+	s->sw.hold_cap_at = now + cap;
 	s->sw.hold_first_contact = first;
 	sv_dbg("fd %d: %s: its first writes wait up to %llu ms for RDMA", s->fd,
 	       first ? "a first contact on an RDMA link" : "the peer speaks libsovia",
@@ -79,12 +83,46 @@ void sv_stream_hold_due(struct sv_stream *s, struct sv_clock *clk)
 		sv_stream_end_hold(s, sv_stream_holding_first(s) ? sv_clock_now(clk) : 0);
 }
 
+/* A hold runs out while the peer could not have asked yet: our rdma_cm
+ * was still starting (a fresh process: no RDMA listener of ours, no route
+ * resolved), so the hold counts from when it was ready instead, within
+ * SOVIA_PEER_HOLD_MS. A session process that listens for its first data
+ * connection (ftpd's PASV) has its RDMA listener only then. */
+static bool hold_moved_on(struct sv_stream *s, uint64_t now)
+{
+	if (now >= s->sw.hold_cap_at || sv_helper_rdma_state() < 0)
+		return false;
+	uint64_t ready = sv_helper_rdma_ready_us();
+	uint64_t until = (ready ? ready : now) + s->sw.hold_span_us;
+	if (until > s->sw.hold_cap_at)
+		until = s->sw.hold_cap_at;
+	if (now >= until)
+		return false;
+	if (!ready)
+		sv_dbg("fd %d: rdma_cm is still starting: the hold goes on", s->fd);
+	s->sw.hold_until = until;
+	return true;
+}
+
+void sv_stream_hold_past(struct sv_stream *s, uint64_t at)
+{
+	if (!sv_stream_holding_first(s))
+		return;
+	uint64_t until = at + s->sw.hold_span_us;
+	if (until > s->sw.hold_cap_at)
+		until = s->sw.hold_cap_at;
+	if (until > s->sw.hold_until)
+		s->sw.hold_until = until;
+}
+
 void sv_stream_end_hold(struct sv_stream *s, uint64_t now)
 {
 	if (!s->sw.hold_until)
 		return;
 	bool holding = sv_stream_holding_first(s);
 	if (holding && now < s->sw.hold_until)
+		return;
+	if (holding && now != UINT64_MAX && hold_moved_on(s, now))
 		return;
 	s->sw.hold_until = 0;
 	if (holding && s->sw.hold_first_contact && s->state == SV_CONN_TCP)

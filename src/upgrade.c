@@ -377,14 +377,18 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		 * after its client's first request. The port is remembered as
 		 * plain (its next clients leave their connections to the
 		 * kernel) until a retry gets through (sv_peers_learn), and a
-		 * held connection keeps holding meanwhile. A server whose
-		 * accept() waits for data gets our first bytes on TCP. */
-		if (write_first)
+		 * held connection keeps holding until its span after the
+		 * retry. A server whose accept() waits for data gets our
+		 * first bytes on TCP. */
+		if (write_first) {
 			sv_stream_end_hold(s, UINT64_MAX);
-		else if (!busy && !later && !to && !was_redirected && !s->redo.ok)
-			sv_peers_plain_port(&s->tuple.peer); /* not for a second life's ask:
-							       * a server that closed its
-							       * listening socket */
+		} else {
+			sv_stream_hold_past(s, s->sw.upgrade_at);
+			/* Not for a second life's ask: a server that closed its
+			 * listening socket. */
+			if (!busy && !later && !to && !was_redirected && !s->redo.ok)
+				sv_peers_plain_port(&s->tuple.peer);
+		}
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,
 			write_first ? "the server accepts once we wrote: our first bytes go on TCP"
 			: later	    ? "another process of the server holds it too, for now"

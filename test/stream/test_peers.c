@@ -232,6 +232,35 @@ Test(peers, a_hold_ends_on_time)
 	h_pair_free(&p);
 }
 
+/* This process's rdma_cm starts for longer than the hold would last (a
+ * fresh process: no RDMA listener, no route of ours yet): the hold counts
+ * from when it is ready, so the first bytes still go over the QP. */
+Test(peers, a_hold_counts_from_when_rdma_cm_is_ready)
+{
+	know_loopback_took(250000); /* a hold of 1,050 ms */
+	sv_cfg.peer_hold_ms = 30000;
+	fake_net_slow_start();
+	struct pair p;
+	h_listen(&p, true);
+	h_connect(&p);
+	struct h_writer w = {.s = p.c, .len = N, .seed = 3};
+	h_writer_start(&w);
+	usleep(1500000);
+	cr_assert_eq(h_counts(p.c).tcp_tx, 0, "the hold ended while rdma_cm was starting");
+	fake_net_start_now();
+	uint8_t *got = malloc(N);
+	long end;
+	cr_assert_eq(h_read_all(p.s, got, N, &end), N);
+	cr_assert(h_pattern_ok(got, N, 3, 0));
+	h_writer_join(&w);
+	cr_assert_eq(w.written, N);
+	cr_assert_eq(h_counts(p.c).tcp_tx, 0, "client: %llu bytes on TCP",
+		     (unsigned long long)h_counts(p.c).tcp_tx);
+	cr_assert_eq(h_counts(p.c).rdma_tx, N);
+	free(got);
+	h_pair_free(&p);
+}
+
 /* A plain server on a host that speaks libsovia: the client learns that
  * port, and its next connection there holds nothing. */
 Test(peers, a_plain_port_on_a_known_host_is_remembered)
