@@ -217,6 +217,27 @@ static void send_finish(struct sv_stream *s, struct send_call *c)
 		sv_stream_drain(s);
 }
 
+/* A write that moved c->done bytes, then woke on plain TCP with a
+ * successor to come or made: what it moved is finished as any write's,
+ * and the rest goes as a call of its own. A failure of the rest is the
+ * next call's (as the kernel's partial write): no SIGPIPE now. With the
+ * lock, which it lets go. */
+static long send_rest_past(struct sv_stream *s, struct send_call *c, const struct msghdr *msg,
+			   int flags)
+{
+	send_finish(s, c);
+	atomic_store_explicit(&s->wt.writes,
+			      atomic_load_explicit(&s->wt.writes, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
+	sv_unlock(&s->lock);
+	struct iovec rest[SV_IOV_MAX];
+	struct msghdr m = *msg;
+	m.msg_iov = rest;
+	m.msg_iovlen = (size_t)sv_iov_advance(msg->msg_iov, (int)msg->msg_iovlen, c->done, rest);
+	long r = sv_stream_sendmsg(s, &m, flags | MSG_NOSIGNAL);
+	return (long)c->done + (r > 0 ? r : 0);
+}
+
 long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 {
 	sv_stream_app_uses(s);
@@ -262,13 +283,17 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			continue; /* moved some, or look again */
 		if (!send_wait(s, &c, m))
 			break;
-		if (!c.done && (atomic_load(&s->parked) || s->succeeded) &&
+		if ((atomic_load(&s->parked) || s->succeeded) &&
 		    sv_stream_tx_medium(s) == SV_MEDIUM_KERNEL && !s->cl.tx_shut) {
 			/* Back on TCP while we waited, and it may get a
-			 * successor or has one: written as the kernel's calls
-			 * are, counted or passed on (stream_redo.c). */
-			sv_unlock(&s->lock);
-			return sv_stream_sendmsg(s, msg, flags);
+			 * successor or has one: the rest is written as the
+			 * kernel's calls are, counted or passed on
+			 * (stream_redo.c). */
+			if (!c.done) {
+				sv_unlock(&s->lock);
+				return sv_stream_sendmsg(s, msg, flags);
+			}
+			return send_rest_past(s, &c, msg, flags);
 		}
 	}
 	send_finish(s, &c);

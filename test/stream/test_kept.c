@@ -637,3 +637,65 @@ Test(kept, a_poll_asleep_on_the_server_sees_the_switch)
 	close(go[1]);
 	ph_pair_close(&p);
 }
+
+/* A client's large blocking write, part of it over the QP, sleeps for
+ * room when the server's child takes the connection back: the client's
+ * end then gets a successor (its server went back first: it asks again),
+ * and the rest of the write must be counted by it (a write on the old
+ * entry past its counts would misplace the switch). */
+enum { BIG = 4 << 20 };
+
+struct big_write {
+	int fd;
+	long n;
+};
+
+static void *write_big(void *arg)
+{
+	struct big_write *w = arg;
+	uint8_t *out = malloc(BIG);
+	h_pattern(out, BIG, 37, 0);
+	w->n = ph_write_all(w->fd, out, BIG);
+	free(out);
+	return NULL;
+}
+
+Test(kept, a_write_asleep_when_the_server_goes_back_is_counted_by_the_successor)
+{
+	struct pair p;
+	ph_pair_rdma(&p);
+	exchange_on_rdma(&p, 36);
+	struct sv_stream *oc = p.c, *os = p.s;
+	int go[2];
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		char c;
+		CHILD_CHECK(130, close(p.cfd) == 0);
+		CHILD_CHECK(131, read(go[0], &c, 1) == 1);
+		CHILD_CHECK(132, write(p.sfd, "child", 5) == 5);
+		CHILD_CHECK(133, read(go[0], &c, 1) == 1);
+		_exit(0);
+	}
+	struct big_write w = {.fd = p.cfd};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, write_big, &w), 0);
+	usleep(300000); /* the writer sleeps for credits: nobody reads */
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	uint8_t *in = malloc(BIG);
+	cr_assert_eq(ph_read_all(p.sfd, in, BIG), BIG);
+	cr_assert(h_pattern_ok(in, BIG, 37, 0), "the server read other bytes");
+	free(in);
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	cr_assert_eq(w.n, BIG);
+	char b[5];
+	cr_assert_eq(ph_read_all(p.cfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	both_again_on_rdma(&p, oc, os, 38);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(&p);
+}
