@@ -188,6 +188,12 @@ void sv_shares_fork_end(const struct sv_share_ref *r, pid_t child)
 	atomic_fetch_sub(&sl->pending, 1);
 }
 
+uint32_t sv_shares_forks(const struct sv_share_ref *r)
+{
+	struct slot *sl = slot_of(r);
+	return sl ? atomic_load(&sl->forks) : 0;
+}
+
 bool sv_shares_claimed(const struct sv_share_ref *r)
 {
 	struct slot *sl = slot_of(r);

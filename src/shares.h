@@ -64,6 +64,9 @@ int sv_shares_keep(struct sv_shares *t, uint64_t ino, struct sv_share_ref *out);
  * held. False: the entry is settled already (nothing to follow). */
 bool sv_shares_fork_begin(const struct sv_share_ref *r);
 void sv_shares_fork_end(const struct sv_share_ref *r, pid_t child);
+/* Forks begun on the entry, ever: a look at its holders (the next call)
+ * saw them all if this did not move meanwhile. */
+uint32_t sv_shares_forks(const struct sv_share_ref *r);
 /* Has a copy's holder claimed it (the owner must release it)? */
 bool sv_shares_claimed(const struct sv_share_ref *r);
 /* Does any process but the owner still hold a copy of the socket (a fork

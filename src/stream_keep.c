@@ -78,6 +78,7 @@ bool sv_stream_share_for_fork(struct sv_stream *s)
 	share(s);
 	if (!s->keep.shared)
 		return false; /* another fork under way holds it as kept */
+	s->keep.alone = false; /* the child will hold it */
 	if (!sv_shares_fork_begin(&s->keep.ref)) {
 		settle(s, false);
 		return false;
@@ -308,13 +309,16 @@ static void alone_again(struct sv_stream *s)
 	bool shared = s->keep.shared, client = s->is_client;
 	sv_unlock(&s->lock);
 	/* It looks into /proc: not under the lock the application's calls
-	 * take. */
+	 * take. A fork of ours that begins meanwhile (a client's end stays
+	 * ours across it: sv_stream_share_for_fork) counts in the entry's
+	 * forks. */
+	uint32_t forks = shared ? sv_shares_forks(&ref) : 0;
 	if (!shared || sv_shares_others_hold(&ref))
 		return;
 	sv_lock(&s->lock);
-	bool current = s->keep.shared && s->keep.ref.gen == ref.gen;
-	if (current) /* for good: a new holder could only be our own fork's
-		      * child, and a fork makes the fd the kernel's */
+	bool current = s->keep.shared && s->keep.ref.gen == ref.gen && !s->keep.forking &&
+		       sv_shares_forks(&ref) == forks;
+	if (current) /* until a fork of ours gives a copy again */
 		s->keep.alone = true;
 	sv_unlock(&s->lock);
 	if (!current)

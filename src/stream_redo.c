@@ -96,8 +96,9 @@ static bool revivable(const struct sv_stream *s)
 	/* Not while a fork's child may use it too (stream_keep.c), nor while
 	 * a fork that gives one a copy is under way (the child's claim can
 	 * be answered before the parent's fork() returns and shares it). A
-	 * client a fork took back is shared with the child at once (an ask
-	 * between its DETACHED and the fork waits for that). */
+	 * client a fork took back is shared with the child at once (before
+	 * that, an ask of ours is dropped: alone_again asks once it is
+	 * alone, stream_keep.c). */
 	return atomic_load(&s->parked) && (!s->keep.shared || s->keep.alone) &&
 	       !s->keep.forking && (!s->fork_back || s->keep.shared) && !s->keep.letting_go &&
 	       !s->keep.handed.t && s->state == SV_CONN_DETACHED && s->redo.ok && !s->error &&
