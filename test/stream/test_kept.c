@@ -273,6 +273,19 @@ static void both_again_on_rdma(struct pair *p, struct sv_stream *oc, struct sv_s
 	exchange_on_rdma(p, seed);
 }
 
+/* The child waiting on go[0] may leave; once it is gone, both ends move
+ * to RDMA again (both_again_on_rdma). Then the test's end. */
+static void let_go_then_both_on_rdma(struct pair *p, pid_t pid, int go[2], struct sv_stream *oc,
+				     struct sv_stream *os, uint64_t seed)
+{
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	both_again_on_rdma(p, oc, os, seed);
+	close(go[0]);
+	close(go[1]);
+	ph_pair_close(p);
+}
+
 /* The child writes on its copy of the client's end (the claim takes the
  * connection back to TCP for it), then waits for `go` (if >= 0) and
  * leaves. */
@@ -353,12 +366,7 @@ Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
 	cr_assert_eq(ph_write_all(p.cfd, out, N), N);
 	cr_assert_eq(ph_read_all(p.sfd, in, N), N);
 	cr_assert(h_pattern_ok(in, N, 11, 0));
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	child_ok(pid);
-	both_again_on_rdma(&p, oc, os, 12);
-	close(go[0]);
-	close(go[1]);
-	ph_pair_close(&p);
+	let_go_then_both_on_rdma(&p, pid, go, oc, os, 12);
 }
 
 /* Without a kernel that keeps pinned pages at a fork, the fork takes a
@@ -386,12 +394,7 @@ Test(kept, a_client_the_fork_took_back_is_on_rdma_again_once_the_child_is_gone)
 	/* Several of the parent's looks at its holders. */
 	usleep(600000);
 	cr_assert_eq(ph_stream(p.cfd), oc, "moved while the child holds a copy");
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	child_ok(pid);
-	both_again_on_rdma(&p, oc, os, 16);
-	close(go[0]);
-	close(go[1]);
-	ph_pair_close(&p);
+	let_go_then_both_on_rdma(&p, pid, go, oc, os, 16);
 }
 
 /* Both ends forked (here one process holds both): the child uses its copy
@@ -547,12 +550,22 @@ Test(kept, a_server_whose_own_child_holds_a_copy_stays_on_tcp_until_it_is_gone)
 	struct sv_stream *ns = wait_successor_on_rdma(p.sfd, os, 1500);
 	cr_assert_null(ns, "the server moved to RDMA again while its own child holds a copy");
 	cr_assert_null(nc, "the client moved to RDMA again while the server's child holds a copy");
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	child_ok(holder);
-	both_again_on_rdma(&p, oc, os, 32);
-	close(go[0]);
-	close(go[1]);
-	ph_pair_close(&p);
+	let_go_then_both_on_rdma(&p, holder, go, oc, os, 32);
+}
+
+/* A pair on RDMA, bytes both ways, then a fork whose child (0 returned
+ * there) drops its copy of the client's end and keeps the server's; go
+ * is a pipe for the parent's word to it. */
+static pid_t a_server_child(struct pair *p, uint64_t seed, int go[2])
+{
+	ph_pair_rdma(p);
+	exchange_on_rdma(p, seed);
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0)
+		CHILD_CHECK(120, close(p->cfd) == 0);
+	return pid;
 }
 
 /* The server's child uses its copy (its claim takes the connection back
@@ -562,15 +575,10 @@ Test(kept, a_server_whose_own_child_holds_a_copy_stays_on_tcp_until_it_is_gone)
 Test(kept, a_server_left_alone_by_the_child_that_used_its_copy_is_back_on_rdma)
 {
 	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 33);
-	struct sv_stream *oc = p.c, *os = p.s;
 	int go[2];
-	cr_assert_eq(pipe(go), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
+	pid_t pid = a_server_child(&p, 33, go);
+	struct sv_stream *oc = p.c, *os = p.s;
 	if (pid == 0) {
-		CHILD_CHECK(120, close(p.cfd) == 0);
 		CHILD_CHECK(121, write(p.sfd, "child", 5) == 5);
 		char c;
 		CHILD_CHECK(122, read(go[0], &c, 1) == 1);
@@ -581,12 +589,7 @@ Test(kept, a_server_left_alone_by_the_child_that_used_its_copy_is_back_on_rdma)
 	cr_assert_eq(memcmp(b, "child", 5), 0);
 	cr_assert_null(wait_successor_on_rdma(p.sfd, os, 1000),
 		       "the server moved to RDMA again while its child holds a copy");
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	child_ok(pid);
-	both_again_on_rdma(&p, oc, os, 34);
-	close(go[0]);
-	close(go[1]);
-	ph_pair_close(&p);
+	let_go_then_both_on_rdma(&p, pid, go, oc, os, 34);
 }
 
 /* The server's application sleeps in poll() on its fd when the entry is
@@ -663,16 +666,11 @@ static void *write_big(void *arg)
 Test(kept, a_write_asleep_when_the_server_goes_back_is_counted_by_the_successor)
 {
 	struct pair p;
-	ph_pair_rdma(&p);
-	exchange_on_rdma(&p, 36);
-	struct sv_stream *oc = p.c, *os = p.s;
 	int go[2];
-	cr_assert_eq(pipe(go), 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
+	pid_t pid = a_server_child(&p, 36, go);
+	struct sv_stream *oc = p.c, *os = p.s;
 	if (pid == 0) {
 		char c;
-		CHILD_CHECK(130, close(p.cfd) == 0);
 		CHILD_CHECK(131, read(go[0], &c, 1) == 1);
 		CHILD_CHECK(132, write(p.sfd, "child", 5) == 5);
 		CHILD_CHECK(133, read(go[0], &c, 1) == 1);
@@ -692,10 +690,5 @@ Test(kept, a_write_asleep_when_the_server_goes_back_is_counted_by_the_successor)
 	char b[5];
 	cr_assert_eq(ph_read_all(p.cfd, b, 5), 5);
 	cr_assert_eq(memcmp(b, "child", 5), 0);
-	cr_assert_eq(write(go[1], "g", 1), 1);
-	child_ok(pid);
-	both_again_on_rdma(&p, oc, os, 38);
-	close(go[0]);
-	close(go[1]);
-	ph_pair_close(&p);
+	let_go_then_both_on_rdma(&p, pid, go, oc, os, 38);
 }
