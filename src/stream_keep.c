@@ -64,29 +64,6 @@ bool sv_stream_keep_for_fork(struct sv_stream *s)
 
 static void settle_if_due(struct sv_stream *s);
 
-static void share(struct sv_stream *s);
-static void settle(struct sv_stream *s, bool lost);
-
-bool sv_stream_share_for_fork(struct sv_stream *s)
-{
-	/* Parked: its one fd is the application's, which a successor may
-	 * take over (stream_redo.c). */
-	if (!s->is_client || s->state != SV_CONN_DETACHED || !atomic_load(&s->parked) ||
-	    !s->redo.ok || s->error || s->keep.letting_go || s->keep.escaped ||
-	    (!s->keep.ref.t && !enter_kept(s)))
-		return false;
-	share(s);
-	if (!s->keep.shared)
-		return false; /* another fork under way holds it as kept */
-	s->keep.alone = false; /* the child will hold it */
-	if (!sv_shares_fork_begin(&s->keep.ref)) {
-		settle(s, false);
-		return false;
-	}
-	s->keep.forking++;
-	return true;
-}
-
 void sv_stream_keep_forked(struct sv_stream *s, pid_t pid)
 {
 	sv_lock(&s->lock);
@@ -200,6 +177,26 @@ static void share(struct sv_stream *s)
 		sv_info("fd %d: plain TCP again, given to the fork's child that claimed it; "
 			"back to RDMA once we hold it alone", s->fd);
 	sv_helper_watch(s); /* its next round sees nshared */
+}
+
+bool sv_stream_share_for_fork(struct sv_stream *s)
+{
+	/* Parked: its one fd is the application's, which a successor may
+	 * take over (stream_redo.c). */
+	if (!s->is_client || s->state != SV_CONN_DETACHED || !atomic_load(&s->parked) ||
+	    !s->redo.ok || s->error || s->keep.letting_go || s->keep.escaped ||
+	    (!s->keep.ref.t && !enter_kept(s)))
+		return false;
+	share(s);
+	if (!s->keep.shared)
+		return false; /* another fork under way holds it as kept */
+	s->keep.alone = false; /* the child will hold it */
+	if (!sv_shares_fork_begin(&s->keep.ref)) {
+		settle(s, false);
+		return false;
+	}
+	s->keep.forking++;
+	return true;
 }
 
 /* A reference to the kept stream of entry i, or NULL. */

@@ -217,25 +217,20 @@ static void send_finish(struct sv_stream *s, struct send_call *c)
 		sv_stream_drain(s);
 }
 
-/* A write that moved c->done bytes, then woke on plain TCP with a
- * successor to come or made: what it moved is finished as any write's,
- * and the rest goes as a call of its own. A failure of the rest is the
- * next call's (as the kernel's partial write): no SIGPIPE now. With the
- * lock, which it lets go. */
-static long send_rest_past(struct sv_stream *s, struct send_call *c, const struct msghdr *msg,
-			   int flags)
+/* A write that moved `done` bytes (finished as any write's), then woke on
+ * plain TCP with a successor to come or made: the rest goes as a call of
+ * its own. After a partial write a failure of the rest is the next
+ * call's, as with the kernel: no SIGPIPE now. */
+static long send_rest(struct sv_stream *s, const struct msghdr *msg, int flags, size_t done)
 {
-	send_finish(s, c);
-	atomic_store_explicit(&s->wt.writes,
-			      atomic_load_explicit(&s->wt.writes, memory_order_relaxed) + 1,
-			      memory_order_relaxed);
-	sv_unlock(&s->lock);
+	if (!done)
+		return sv_stream_sendmsg(s, msg, flags);
 	struct iovec rest[SV_IOV_MAX];
 	struct msghdr m = *msg;
 	m.msg_iov = rest;
-	m.msg_iovlen = (size_t)sv_iov_advance(msg->msg_iov, (int)msg->msg_iovlen, c->done, rest);
+	m.msg_iovlen = (size_t)sv_iov_advance(msg->msg_iov, (int)msg->msg_iovlen, done, rest);
 	long r = sv_stream_sendmsg(s, &m, flags | MSG_NOSIGNAL);
-	return (long)c->done + (r > 0 ? r : 0);
+	return (long)done + (r > 0 ? r : 0);
 }
 
 long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
@@ -276,6 +271,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		return n < 0 ? -errno : n;
 	}
 	enum sv_medium m = SV_MEDIUM_TCP;
+	bool rest = false;
 	while (c.done < c.total || c.total == 0) {
 		if (!send_pass(s, &c, &m))
 			break;
@@ -289,11 +285,8 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			 * successor or has one: the rest is written as the
 			 * kernel's calls are, counted or passed on
 			 * (stream_redo.c). */
-			if (!c.done) {
-				sv_unlock(&s->lock);
-				return sv_stream_sendmsg(s, msg, flags);
-			}
-			return send_rest_past(s, &c, msg, flags);
+			rest = true;
+			break;
 		}
 	}
 	send_finish(s, &c);
@@ -302,6 +295,8 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 				      atomic_load_explicit(&s->wt.writes, memory_order_relaxed) + 1,
 				      memory_order_relaxed);
 	sv_unlock(&s->lock);
+	if (rest)
+		return send_rest(s, msg, flags, c.done);
 	if (c.done)
 		return (long)c.done;
 	if (c.r == -EAGAIN)
