@@ -11,84 +11,76 @@
 
 struct sv_config sv_cfg;
 
-enum setting_kind {
-	SETTING_BOOL,
-	SETTING_U32,   /* plain count */
-	SETTING_BYTES, /* count with an optional k/m suffix (powers of 1024) */
-	SETTING_LEVEL, /* log level name or number */
-};
-
 struct setting {
-	const char *name;
-	enum setting_kind kind;
+	struct sv_setting_desc d;
 	size_t offset;
-	uint32_t def, min, max;
-	const char *what;
 };
 
-#define U32(field) offsetof(struct sv_config, field)
+/* One row: name, kind, field, default, minimum, maximum, what it is. */
+#define ROW(name, kind, field, def, min, max, what)                                       \
+	{{name, what, SV_SETTING_##kind, def, min, max}, offsetof(struct sv_config, field)}
 
 static const struct setting settings[] = {
-	{"SOVIA_DISABLE", SETTING_BOOL, U32(disable), 0, 0, 1, "turn acceleration off"},
-	{"SOVIA_LOG", SETTING_LEVEL, U32(log_level), SV_LOG_WARN, SV_LOG_ERROR, SV_LOG_DEBUG,
-	 "log level (error, warn, info, debug)"},
-	{"SOVIA_STATS", SETTING_BOOL, U32(stats), 0, 0, 1, "print statistics at exit"},
-	{"SOVIA_WINDOW", SETTING_U32, U32(window), 8, 4, SV_WINDOW_MAX, "receive descriptors (credits)"},
-	{"SOVIA_BUF_SIZE", SETTING_BYTES, U32(buf_size), 131072, 1024, 1u << 20,
-	 "payload bytes per message (a descriptor holds these and the 24-byte header)"},
-	{"SOVIA_BUF_START", SETTING_BYTES, U32(buf_start), 1024, 1024, 1u << 20,
+	ROW("SOVIA_DISABLE", BOOL, disable, 0, 0, 1, "turn acceleration off"),
+	ROW("SOVIA_LOG", LEVEL, log_level, SV_LOG_WARN, SV_LOG_ERROR, SV_LOG_DEBUG,
+	 "log level (error, warn, info, debug)"),
+	ROW("SOVIA_STATS", BOOL, stats, 0, 0, 1, "print statistics at exit"),
+	ROW("SOVIA_WINDOW", COUNT, window, 8, 4, SV_WINDOW_MAX, "receive descriptors (credits)"),
+	ROW("SOVIA_BUF_SIZE", BYTES, buf_size, 131072, 1024, 1u << 20,
+	 "payload bytes per message (a descriptor holds these and the 24-byte header)"),
+	ROW("SOVIA_BUF_START", BYTES, buf_start, 1024, 1024, 1u << 20,
 	 "payload bytes per message while a connection is new: its buffers grow to "
 	 "SOVIA_BUF_SIZE when the traffic fills them (if that is a power of two; "
-	 "SOVIA_BUF_SIZE or more: they never grow)"},
-	{"SOVIA_BUF_IDLE_MS", SETTING_U32, U32(buf_idle_ms), 1000, 0, 3600000,
+	 "SOVIA_BUF_SIZE or more: they never grow)"),
+	ROW("SOVIA_BUF_IDLE_MS", COUNT, buf_idle_ms, 1000, 0, 3600000,
 	 "milliseconds a connection's sending is idle before the peer's grown buffers go back "
-	 "to SOVIA_BUF_START, and its own send buffers with them (0: never)"},
-	{"SOVIA_ACK_DELAY", SETTING_U32, U32(ack_delay), 2, 1, 512,
-	 "consumed descriptors before an ACK"},
-	{"SOVIA_ACK_TIMEOUT_US", SETTING_U32, U32(ack_timeout_us), 1000, 10, 1000000,
-	 "delayed-ACK timer in microseconds"},
-	{"SOVIA_COALESCE", SETTING_BOOL, U32(coalesce), 1, 0, 1, "coalesce small writes"},
-	{"SOVIA_COALESCE_SIZE", SETTING_BYTES, U32(coalesce_size), 131072, 64, 1u << 20,
-	 "write size from which a write is not coalesced, in bytes"},
-	{"SOVIA_COALESCE_TIMEOUT_US", SETTING_U32, U32(coalesce_timeout_us), 2000, 1, 1000000,
-	 "coalescing timer in microseconds"},
-	{"SOVIA_REG_THRESHOLD", SETTING_BYTES, U32(reg_threshold), 524288, 1024, 1u << 30,
-	 "write size from which data is sent zero-copy"},
-	{"SOVIA_UPGRADE_TIMEOUT_MS", SETTING_U32, U32(upgrade_timeout_ms), 10000, 10, 600000,
-	 "bound on the RDMA upgrade of one connection in milliseconds"},
-	{"SOVIA_UPGRADE_DELAY_MS", SETTING_U32, U32(upgrade_delay_ms), 10, 0, 600000,
-	 "milliseconds a new client connection runs on TCP before its RDMA upgrade starts"},
-	{"SOVIA_PEER_HOLD_MS", SETTING_U32, U32(peer_hold_ms), 2000, 0, 60000,
+	 "to SOVIA_BUF_START, and its own send buffers with them (0: never)"),
+	ROW("SOVIA_ACK_DELAY", COUNT, ack_delay, 2, 1, 512,
+	 "consumed descriptors before an ACK"),
+	ROW("SOVIA_ACK_TIMEOUT_US", COUNT, ack_timeout_us, 1000, 10, 1000000,
+	 "delayed-ACK timer in microseconds"),
+	ROW("SOVIA_COALESCE", BOOL, coalesce, 1, 0, 1, "coalesce small writes"),
+	ROW("SOVIA_COALESCE_SIZE", BYTES, coalesce_size, 131072, 64, 1u << 20,
+	 "write size from which a write is not coalesced, in bytes"),
+	ROW("SOVIA_COALESCE_TIMEOUT_US", COUNT, coalesce_timeout_us, 2000, 1, 1000000,
+	 "coalescing timer in microseconds"),
+	ROW("SOVIA_REG_THRESHOLD", BYTES, reg_threshold, 524288, 1024, 1u << 30,
+	 "write size from which data is sent zero-copy"),
+	ROW("SOVIA_UPGRADE_TIMEOUT_MS", COUNT, upgrade_timeout_ms, 10000, 10, 600000,
+	 "bound on the RDMA upgrade of one connection in milliseconds"),
+	ROW("SOVIA_UPGRADE_DELAY_MS", COUNT, upgrade_delay_ms, 10, 0, 600000,
+	 "milliseconds a new client connection runs on TCP before its RDMA upgrade starts"),
+	ROW("SOVIA_PEER_HOLD_MS", COUNT, peer_hold_ms, 2000, 0, 60000,
 	 "the longest a new connection with a host known to speak libsovia holds its first "
-	 "writes for its RDMA connection, in milliseconds (0: never)"},
-	{"SOVIA_SPIN_US", SETTING_U32, U32(spin_us), 4000, 0, 1000000,
-	 "the longest a wait polls before it sleeps, in microseconds (it adapts below)"},
-	{"SOVIA_PRIVILEGED_PORTS", SETTING_BOOL, U32(privileged_ports), 0, 0, 1,
+	 "writes for its RDMA connection, in milliseconds (0: never)"),
+	ROW("SOVIA_SPIN_US", COUNT, spin_us, 4000, 0, 1000000,
+	 "the longest a wait polls before it sleeps, in microseconds (it adapts below)"),
+	ROW("SOVIA_PRIVILEGED_PORTS", BOOL, privileged_ports, 0, 0, 1,
 	 "upgrade a client's connection only when the server's port is below 1024, where "
 	 "rdma_cm lets only a privileged process listen: no other user on the server's host "
-	 "can answer for the server"},
-	{"SOVIA_FORK_KEEP", SETTING_BOOL, U32(fork_keep), 1, 0, 1,
+	 "can answer for the server"),
+	ROW("SOVIA_FORK_KEEP", BOOL, fork_keep, 1, 0, 1,
 	 "a fork leaves the parent's connections on RDMA until a child uses its copy of one "
 	 "(where the kernel copies pinned pages at a fork); 0: every fork takes them back to "
-	 "TCP first"},
-	{"SOVIA_ASK_AGAIN", SETTING_BOOL, U32(ask_again), 1, 0, 1,
+	 "TCP first"),
+	ROW("SOVIA_ASK_AGAIN", BOOL, ask_again, 1, 0, 1,
 	 "a client whose server took its connection back to TCP asks at once to move it to "
 	 "RDMA again (a server whose fork's child used the connection, once the child is "
-	 "gone); 0: it stays on TCP unless the client has its own reason to ask"},
+	 "gone); 0: it stays on TCP unless the client has its own reason to ask"),
 };
 
 static void store(struct sv_config *cfg, const struct setting *s, uint32_t v)
 {
 	char *p = (char *)cfg + s->offset;
-	switch (s->kind) {
-	case SETTING_BOOL:
+	switch (s->d.kind) {
+	case SV_SETTING_BOOL:
 		*(bool *)p = v != 0;
 		return;
-	case SETTING_LEVEL:
+	case SV_SETTING_LEVEL:
 		*(int *)p = (int)v;
 		return;
-	case SETTING_U32:
-	case SETTING_BYTES:
+	case SV_SETTING_COUNT:
+	case SV_SETTING_BYTES:
 		*(uint32_t *)p = v;
 		return;
 	}
@@ -149,26 +141,43 @@ static int parse_number(const char *s, bool allow_suffix, uint32_t *out)
 	return 0;
 }
 
-static int parse_setting(const struct setting *s, const char *text, uint32_t *out)
+static int parse_form(const struct sv_setting_desc *s, const char *text, uint32_t *out)
 {
 	switch (s->kind) {
-	case SETTING_BOOL:
+	case SV_SETTING_BOOL:
 		return parse_bool(text, out);
-	case SETTING_LEVEL:
+	case SV_SETTING_LEVEL:
 		return parse_level(text, out);
-	case SETTING_U32:
+	case SV_SETTING_COUNT:
 		return parse_number(text, false, out);
-	case SETTING_BYTES:
+	case SV_SETTING_BYTES:
 		return parse_number(text, true, out);
 	}
 	return -EINVAL;
+}
+
+int sv_config_parse(const struct sv_setting_desc *s, const char *text, uint32_t *out)
+{
+	uint32_t v;
+	int rc = parse_form(s, text, &v);
+	if (rc < 0)
+		return rc;
+	if (v < s->min || v > s->max)
+		return -ERANGE;
+	*out = v;
+	return 0;
+}
+
+const struct sv_setting_desc *sv_config_setting(size_t i)
+{
+	return i < sizeof(settings) / sizeof(settings[0]) ? &settings[i].d : NULL;
 }
 
 void sv_config_defaults(struct sv_config *cfg)
 {
 	memset(cfg, 0, sizeof(*cfg));
 	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
-		store(cfg, &settings[i], settings[i].def);
+		store(cfg, &settings[i], settings[i].d.def);
 }
 
 int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
@@ -176,20 +185,21 @@ int sv_config_load(struct sv_config *cfg, sv_getenv_fn getenv_fn)
 	int bad = 0;
 	sv_config_defaults(cfg);
 	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
-		const struct setting *s = &settings[i];
+		const struct setting *row = &settings[i];
+		const struct sv_setting_desc *s = &row->d;
 		const char *text = getenv_fn(s->name);
 		uint32_t v;
 		if (!text)
 			continue;
-		if (parse_setting(s, text, &v) < 0 || v < s->min || v > s->max) {
+		if (sv_config_parse(s, text, &v) < 0) {
 			sv_err("%s='%s' is not a valid %s (%s%u..%u); using the default %u", s->name,
 			       text, s->what,
-			       s->kind == SETTING_BYTES ? "bytes, k/m suffix allowed, " : "", s->min,
+			       s->kind == SV_SETTING_BYTES ? "bytes, k/m suffix allowed, " : "", s->min,
 			       s->max, s->def);
 			bad++;
 			continue;
 		}
-		store(cfg, s, v);
+		store(cfg, row, v);
 	}
 	/* Relations between settings. The default ACK delay follows a
 	 * smaller SOVIA_WINDOW quietly; an explicit one that does not fit is

@@ -6,6 +6,7 @@
 #define SV_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct sv_config {
@@ -36,6 +37,29 @@ struct sv_config {
 };
 
 typedef char *(*sv_getenv_fn)(const char *name);
+
+/* One setting as its table gives it: for sovia-run, which turns flags into
+ * settings and checks them before it starts a program. */
+enum sv_setting_kind {
+	SV_SETTING_BOOL,  /* 1/yes/true/on or 0/no/false/off */
+	SV_SETTING_COUNT, /* a plain decimal count */
+	SV_SETTING_BYTES, /* a count with an optional k/m suffix (powers of 1024) */
+	SV_SETTING_LEVEL, /* a log level name or number */
+};
+
+struct sv_setting_desc {
+	const char *name; /* SOVIA_... */
+	const char *what;
+	enum sv_setting_kind kind;
+	uint32_t def, min, max;
+};
+
+/* The i-th setting, or NULL past the last. */
+const struct sv_setting_desc *sv_config_setting(size_t i);
+
+/* text as setting s's value: 0, -EINVAL when it is not of the setting's
+ * form, -ERANGE when it is outside the setting's range. */
+int sv_config_parse(const struct sv_setting_desc *s, const char *text, uint32_t *out);
 
 /* Fill cfg from the environment as seen through getenv_fn (secure_getenv in
  * the library, a fake in the tests). Returns the number of bad settings that

@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <criterion/redirect.h>
+#include <errno.h>
 #include <string.h>
 
 /* A fake environment for sv_config_load. */
@@ -175,4 +176,69 @@ Test(config, buf_size_counts_payload)
 	cr_assert_eq(prm.coalesce_size, 4096);
 	fflush(stderr);
 	cr_assert_stderr_eq_str("");
+}
+
+/* The table sovia-run reads: every setting once, each default inside its
+ * range, and sv_config_parse telling a value of the wrong form from one
+ * outside the range. */
+Test(config, table_lists_each_setting_with_its_range)
+{
+	size_t n = 0;
+	for (; sv_config_setting(n); n++) {
+		const struct sv_setting_desc *s = sv_config_setting(n);
+		cr_assert(strncmp(s->name, "SOVIA_", 6) == 0, "%s", s->name);
+		cr_assert(s->min <= s->def && s->def <= s->max, "%s", s->name);
+		for (size_t k = 0; k < n; k++)
+			cr_assert_str_neq(sv_config_setting(k)->name, s->name);
+	}
+	cr_assert_eq(n, 20);
+	cr_assert_null(sv_config_setting(n));
+}
+
+static const struct sv_setting_desc *setting(const char *name)
+{
+	for (size_t i = 0; sv_config_setting(i); i++)
+		if (strcmp(sv_config_setting(i)->name, name) == 0)
+			return sv_config_setting(i);
+	cr_assert_fail("no setting %s", name);
+	return NULL;
+}
+
+/* Arrays, not pointers: each case runs in a fresh process of its own. */
+struct parse_case {
+	char name[32], text[32];
+	int rc;
+	uint32_t value;
+};
+
+ParameterizedTestParameters(config, parse_checks_form_and_range)
+{
+	static struct parse_case cases[] = {
+		{"SOVIA_WINDOW", "16", 0, 16},
+		{"SOVIA_WINDOW", "3", -ERANGE, 0},
+		{"SOVIA_WINDOW", "1025", -ERANGE, 0},
+		{"SOVIA_WINDOW", "4k", -EINVAL, 0}, /* counts take no suffix */
+		{"SOVIA_WINDOW", "-4", -EINVAL, 0},
+		{"SOVIA_BUF_SIZE", "64k", 0, 65536},
+		{"SOVIA_BUF_SIZE", "1m", 0, 1048576},
+		{"SOVIA_BUF_SIZE", "2m", -ERANGE, 0},
+		{"SOVIA_BUF_SIZE", "99999999999999999999", -ERANGE, 0},
+		{"SOVIA_STATS", "on", 0, 1},
+		{"SOVIA_STATS", "No", 0, 0},
+		{"SOVIA_STATS", "2", -EINVAL, 0},
+		{"SOVIA_LOG", "debug", 0, SV_LOG_DEBUG},
+		{"SOVIA_LOG", "0", 0, SV_LOG_ERROR},
+		{"SOVIA_LOG", "loud", -EINVAL, 0},
+		{"SOVIA_SPIN_US", "0", 0, 0},
+		{"SOVIA_SPIN_US", "", -EINVAL, 0},
+	};
+	return cr_make_param_array(struct parse_case, cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+ParameterizedTest(struct parse_case *pc, config, parse_checks_form_and_range, .init = setup)
+{
+	uint32_t v = 12345;
+	cr_assert_eq(sv_config_parse(setting(pc->name), pc->text, &v), pc->rc, "%s='%s'", pc->name,
+		     pc->text);
+	cr_assert_eq(v, pc->rc == 0 ? pc->value : 12345, "%s='%s'", pc->name, pc->text);
 }
