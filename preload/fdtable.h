@@ -23,6 +23,7 @@ struct sv_marks;
 struct sv_hub_watch;
 struct sv_hub_node;
 struct sv_hand;
+struct sv_conn_view;
 
 /* Readiness of an fd whose data libsovia may hold: poll, select and epoll
  * ask it instead of (or besides) the kernel. Each op is the stream's of the
@@ -104,6 +105,8 @@ struct sv_fd_ops {
 	 * the new image may continue it (exec_hand.c), its offsets then the
 	 * kernel's counts plus *dtx and *drx. */
 	bool (*exec_client)(struct sv_fd *f, uint64_t *dtx, uint64_t *drx);
+	/* What include/sovia.h and sovia-stat report of it (a stream's). */
+	void (*view)(struct sv_fd *f, struct sv_conn_view *v);
 	/* Readiness of its own. */
 	const struct sv_fd_wait_ops *wait;
 	/* stdio (fdopen) must call back through libsovia for this fd. */

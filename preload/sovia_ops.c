@@ -411,6 +411,14 @@ static bool w_kernel_only(struct sv_fd *f)
 	return r;
 }
 
+/* The view reads counters only: an adopted connection's upgrade still
+ * waits for the application's first use (stream_of). */
+static void st_view(struct sv_fd *f, struct sv_conn_view *v)
+{
+	sv_stream_view(raw_stream(f), v);
+	v->fd = f->fd; /* the fd asked about, which may be a dup */
+}
+
 static const struct sv_fd_wait_ops stream_wait_ops = {
 	.split = w_split,
 	.recheck = w_recheck,
@@ -445,6 +453,7 @@ static const struct sv_fd_ops sv_stream_ops = {
 	.mode_changed = st_mode_changed,
 	.atfork_child = st_atfork_child,
 	.after_fork = st_after_fork,
+	.view = st_view,
 	.wait = &stream_wait_ops,
 	.stdio_cookie = true,
 };

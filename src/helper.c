@@ -62,7 +62,9 @@ static struct {
 	int nold;
 	int wakefd;
 	bool started; /* wakefd exists */
-} h = {.once = PTHREAD_ONCE_INIT, .lock = SV_LOCK_INIT(SV_RANK_HELPER), .jobs_tail = &h.jobs};
+	int statfd;   /* sovia-stat's socket (helper_stat.c), -1: none */
+} h = {.once = PTHREAD_ONCE_INIT, .lock = SV_LOCK_INIT(SV_RANK_HELPER), .jobs_tail = &h.jobs,
+     .statfd = -1};
 
 static __thread bool on_helper __attribute__((tls_model("initial-exec")));
 
@@ -282,7 +284,7 @@ int sv_helper_when_ready(void (*fn)(void *arg, int rdma_err), void *arg)
  * watches' wake-ups come on the same wake fd). */
 static void sleep_once(int timeout, bool on_hub)
 {
-	struct pollfd pfd[2 + SV_HUB_MAX_CHANS + SV_HELPER_TCP_WATCH];
+	struct pollfd pfd[3 + SV_HUB_MAX_CHANS + SV_HELPER_TCP_WATCH];
 	struct sv_hub_sleeper sl;
 	int n = 0, nhub = 0;
 	if (on_hub) {
@@ -301,6 +303,11 @@ static void sleep_once(int timeout, bool on_hub)
 	if (h.ch && !atomic_load(&h.creds_stale) && h.ch_gen == atomic_load(&h.cred_gen)) {
 		cm = n;
 		pfd[n++] = (struct pollfd){.fd = h.ch->fd, .events = POLLIN};
+	}
+	int stat = -1;
+	if (h.statfd >= 0) {
+		stat = n;
+		pfd[n++] = (struct pollfd){.fd = h.statfd, .events = POLLIN};
 	}
 	int tcp_at = n;
 	n += sv_watch_tcp_fds(&pfd[n], SV_HELPER_TCP_WATCH);
@@ -323,6 +330,8 @@ static void sleep_once(int timeout, bool on_hub)
 	}
 	if (cm >= 0 && (pfd[cm].revents & POLLIN))
 		sv_upgrade_events(h.ch);
+	if (stat >= 0 && (pfd[stat].revents & POLLIN))
+		sv_stat_serve(h.statfd);
 }
 
 static void *helper_main(void *arg)
@@ -331,6 +340,11 @@ static void *helper_main(void *arg)
 	sv_enter(); /* the libraries this thread calls go straight to libc */
 	on_helper = true;
 	sv_lock_go_first(); /* lock.h: the application's calls give way to it */
+	/* Before rdma_cm: a process without RDMA has connections to show too
+	 * (each with its fallback reason). */
+	h.statfd = sv_stat_open();
+	if (h.statfd < 0)
+		sv_dbg("helper: no view for sovia-stat (%s)", strerror(-h.statfd));
 	/* rdma_cm's start and the note of how long it took are one step for
 	 * a fork (cm.h): a child forked in between (a prefork server forks
 	 * while we start) would judge a first contact by its own start-up,
@@ -416,6 +430,9 @@ void sv_helper_atfork_child(void)
 	sv_watch_atfork_child();
 	if (h.started)
 		sv_ownfd_close(h.wakefd);
+	if (h.statfd >= 0)
+		sv_ownfd_close(h.statfd); /* answered for the parent's pid */
+	h.statfd = -1;
 	h.started = false;
 	sv_lock_reinit(&h.lock);
 	h.once = (pthread_once_t)PTHREAD_ONCE_INIT;

@@ -23,4 +23,9 @@ struct pollfd;
 int sv_watch_tcp_fds(struct pollfd *out, int max);
 void sv_watch_kick_fd(int fd);
 
+/* helper_stat.c: the listening socket sovia-stat asks (an fd, or -errno),
+ * and the answers to whoever connected. */
+int sv_stat_open(void);
+void sv_stat_serve(int lfd);
+
 #endif

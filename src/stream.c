@@ -410,6 +410,31 @@ struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
 	return found ? found : other;
 }
 
+/* ---- The views (sovia-stat, include/sovia.h) ----------------------------------- */
+
+void sv_stream_view_all(void (*fn)(const struct sv_conn_view *v, void *arg), void *arg)
+{
+	/* References taken under the list's lock, the views made without it:
+	 * a stream's lock ranks below the list's. */
+	size_t n = 0, cap = 0;
+	struct sv_stream **all = NULL;
+	sv_lock(&all_lock);
+	for (struct sv_stream *s = all_streams; s; s = s->next_all)
+		cap++;
+	all = cap ? malloc(cap * sizeof(*all)) : NULL;
+	for (struct sv_stream *s = all_streams; all && s; s = s->next_all)
+		if (sv_stream_try_get(s))
+			all[n++] = s;
+	sv_unlock(&all_lock);
+	for (size_t i = 0; i < n; i++) {
+		struct sv_conn_view v;
+		sv_stream_view(all[i], &v);
+		fn(&v, arg);
+		sv_stream_put(all[i]);
+	}
+	free(all);
+}
+
 /* ---- Process events ---------------------------------------------------------- */
 
 void sv_stream_atfork_child(void)

@@ -46,6 +46,27 @@ void sv_stream_start_client(struct sv_stream *s);
 void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, socklen_t len);
 void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l);
 
+/* ---- What a program or sovia-stat sees of it ---------------------------- */
+
+/* One connection, as include/sovia.h and sovia-stat(8) report it: read
+ * under the stream's lock from the counters it keeps anyway. */
+enum sv_view_medium { SV_VIEW_NONE, SV_VIEW_TCP, SV_VIEW_RDMA };
+struct sv_conn_view {
+	int fd;
+	bool is_client;
+	enum sv_view_medium tx, rx;
+	const char *state, *fallback; /* static names */
+	struct sockaddr_storage local, peer;
+	uint64_t rdma_tx_bytes, rdma_rx_bytes, tcp_tx_bytes, tcp_rx_bytes;
+	uint64_t credit_stalls, time_to_rdma_us;
+};
+void sv_stream_view(struct sv_stream *s, struct sv_conn_view *v);
+/* "address:port" (IPv6 addresses as inet_ntop writes them). */
+void sv_addr_str(const struct sockaddr_storage *ss, char *out, size_t len);
+/* Each live stream's view to fn (on the calling thread, no lock held
+ * during fn). */
+void sv_stream_view_all(void (*fn)(const struct sv_conn_view *v, void *arg), void *arg);
+
 /* ---- The application's calls ---------------------------------------------- */
 
 long sv_stream_recvmsg(struct sv_stream *s, struct msghdr *msg, int flags);

@@ -27,7 +27,7 @@ void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool
 	s->st.woken_kick += kick;
 }
 
-static void addr_str(const struct sockaddr_storage *ss, char *out, size_t len)
+void sv_addr_str(const struct sockaddr_storage *ss, char *out, size_t len)
 {
 	char host[INET6_ADDRSTRLEN] = "?";
 	unsigned port = 0;
@@ -51,8 +51,8 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		return;
 	s->stats_printed = true;
 	char local[64], peer[64], line[1536];
-	addr_str(&s->tuple.local, local, sizeof(local));
-	addr_str(&s->tuple.peer, peer, sizeof(peer));
+	sv_addr_str(&s->tuple.local, local, sizeof(local));
+	sv_addr_str(&s->tuple.peer, peer, sizeof(peer));
 	static const struct sv_proto_stats none;
 	const struct sv_proto_stats *p = s->proto ? sv_proto_stats(s->proto) : &none;
 	/* The device's registration cache, shared by its connections. */
@@ -93,4 +93,33 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		sv_failover_name(s->fo.cause), U(p->resent));
 	if (n > 0)
 		sv_log_raw(line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+}
+
+/* What carries each direction now: the QP, or TCP (through libsovia or
+ * the kernel's alone, or held until the peer proved itself). */
+void sv_stream_view(struct sv_stream *s, struct sv_conn_view *v)
+{
+	sv_lock(&s->lock);
+	const struct sv_proto *p = s->proto;
+	*v = (struct sv_conn_view){
+		.fd = s->fd,
+		.is_client = s->is_client,
+		.tx = sv_stream_tx_medium(s) == SV_MEDIUM_QP ? SV_VIEW_RDMA : SV_VIEW_TCP,
+		.rx = sv_stream_rx_medium(s) == SV_MEDIUM_QP ? SV_VIEW_RDMA : SV_VIEW_TCP,
+		.state = sv_conn_state_name(s->state),
+		.fallback = sv_fallback_name(s->fallback),
+		.local = s->tuple.local,
+		.peer = s->tuple.peer,
+		/* The kernel's branch adds to these without the lock. */
+		.tcp_tx_bytes = __atomic_load_n(&s->st.tcp_tx_bytes, __ATOMIC_RELAXED),
+		.tcp_rx_bytes = __atomic_load_n(&s->st.tcp_rx_bytes, __ATOMIC_RELAXED),
+		.time_to_rdma_us = s->st.to_rdma_us,
+	};
+	if (p) {
+		const struct sv_proto_stats *st = sv_proto_stats(p);
+		v->rdma_tx_bytes = st->tx_bytes;
+		v->rdma_rx_bytes = st->rx_bytes;
+		v->credit_stalls = st->credit_stalls;
+	}
+	sv_unlock(&s->lock);
 }

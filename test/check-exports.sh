@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
-# Asserts that libsovia.so exports exactly the interposed libc symbols (the
-# version script's list) and nothing of its internals.
+# Asserts that libsovia.so exports exactly the interposed libc symbols
+# (preload/interposed.list, unversioned) and the public API (the version
+# script's list, each at its version), nothing of its internals.
 set -euo pipefail
 lib=$1
-map=$(dirname "$0")/../preload/libsovia.map
-want=$(sed -n '/global:/,/local:/p' "$map" | sed 's|/\*.*\*/||' | tr ' ;' '\n\n' |
-	grep -Ev '^(global:|local:|\*|)$' | sort)
-have=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TWiV]$/ {print $3}' | sed 's/@.*//' | sort)
+dir=$(dirname "$0")/../preload
+want=$(grep -v '^#' "$dir/interposed.list" | sort)
+api=$(sed 's|/\*.*\*/||' "$dir/libsovia.map" | tr -d '\n' | grep -o '[A-Z_0-9.]* *{ *global:[^}]*}' |
+	while read -r node rest; do
+		tr ' ;' '\n\n' <<<"${rest#*global:}" | grep -Ev '^(\}|)$' | sed "s/\$/@@$node/"
+	done | sort)
+dyn=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TWiV]$/ {print $3}')
+have=$(grep -v '@@SOVIA_' <<<"$dyn" | sed 's/@.*//' | sort)
+have_api=$(grep '@@SOVIA_' <<<"$dyn" | sort)
 if [ "$want" != "$have" ]; then
-	echo "exported symbols differ from preload/libsovia.map:" >&2
+	echo "unversioned exports differ from preload/interposed.list:" >&2
 	diff <(echo "$want") <(echo "$have") >&2 || true
+	exit 1
+fi
+if [ -z "$api" ] || [ "$api" != "$have_api" ]; then
+	echo "versioned exports differ from preload/libsovia.map:" >&2
+	diff <(echo "$api") <(echo "$have_api") >&2 || true
+	exit 1
+fi
+# An interposed symbol with a version would not stand in for glibc's.
+if nm -D --defined-only "$lib" | awk '{print $3}' | grep -Fxf <(sed 's/$/@@SOVIA_1.0/' <<<"$want") >/dev/null; then
+	echo "an interposed symbol carries a version" >&2
 	exit 1
 fi
 # A fortified build (_FORTIFY_SOURCE) calls __X_chk instead of X: every
@@ -29,4 +45,4 @@ if [ -n "$missing" ]; then
 	exit 1
 fi
 n=$(echo "$have" | wc -l)
-echo "exports OK: $n interposed symbols, nothing else, every fortified variant"
+echo "exports OK: $n interposed symbols, the API ($(echo $have_api)), nothing else, every fortified variant"

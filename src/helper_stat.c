@@ -1,0 +1,122 @@
+/* The view sovia-stat(8) asks for: the helper thread answers on an
+ * abstract unix socket, "@libsovia-stat.PID", with its process's
+ * connections, read from the counters each stream keeps anyway. Nothing
+ * is added to the data path; the cost is one listening socket per process
+ * and the helper's work when someone asks.
+ *
+ * The answer is a memfd passed with SCM_RIGHTS, so that a slow or stopped
+ * reader never makes the helper wait: it writes the whole view, sends one
+ * small message and goes on. Only the process's own user and root get an
+ * answer (SO_PEERCRED); anyone else's connection is closed unanswered.
+ *
+ * The view's text, one line per connection after a header line:
+ *   libsovia-stat 1 pid=PID version=VERSION
+ *   fd=N role=client|server local=A:P peer=A:P tx=rdma|tcp rx=rdma|tcp
+ *     state=NAME fallback=NAME rdma_tx_bytes=N rdma_rx_bytes=N
+ *     tcp_tx_bytes=N tcp_rx_bytes=N credit_stalls=N time_to_rdma_us=N
+ * (one line in the answer, wrapped here). Words are added only at a line's
+ * end, so a reader of version 1 keeps working. */
+#include "helper_int.h"
+
+#include "ownfd.h"
+#include "real.h"
+#include "stream.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#ifndef SOVIA_VERSION_STRING
+#define SOVIA_VERSION_STRING "?"
+#endif
+
+static const char *medium_name(enum sv_view_medium m)
+{
+	return m == SV_VIEW_RDMA ? "rdma" : m == SV_VIEW_TCP ? "tcp" : "none";
+}
+
+int sv_stat_open(void)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	/* Abstract: nothing in the file system to clean up after a crash. */
+	int n = snprintf(a.sun_path + 1, sizeof(a.sun_path) - 1, "libsovia-stat.%d", (int)getpid());
+	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	int fd = SV_REAL(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (SV_REAL(bind)(fd, (struct sockaddr *)&a, len) < 0 || SV_REAL(listen)(fd, 8) < 0) {
+		int err = -errno;
+		SV_REAL(close)(fd);
+		return err;
+	}
+	return sv_ownfd_move(fd);
+}
+
+static void write_line(const struct sv_conn_view *v, void *arg)
+{
+	int out = *(int *)arg;
+	char local[64], peer[64];
+	sv_addr_str(&v->local, local, sizeof(local));
+	sv_addr_str(&v->peer, peer, sizeof(peer));
+	dprintf(out,
+		"fd=%d role=%s local=%s peer=%s tx=%s rx=%s state=%s fallback=%s "
+		"rdma_tx_bytes=%llu rdma_rx_bytes=%llu tcp_tx_bytes=%llu tcp_rx_bytes=%llu "
+		"credit_stalls=%llu time_to_rdma_us=%llu\n",
+		v->fd, v->is_client ? "client" : "server", local, peer, medium_name(v->tx),
+		medium_name(v->rx), v->state, v->fallback, (unsigned long long)v->rdma_tx_bytes,
+		(unsigned long long)v->rdma_rx_bytes, (unsigned long long)v->tcp_tx_bytes,
+		(unsigned long long)v->tcp_rx_bytes, (unsigned long long)v->credit_stalls,
+		(unsigned long long)v->time_to_rdma_us);
+}
+
+static bool may_see(int conn)
+{
+	struct ucred c;
+	socklen_t l = sizeof(c);
+	if (SV_REAL(getsockopt)(conn, SOL_SOCKET, SO_PEERCRED, &c, &l) < 0)
+		return false;
+	return c.uid == 0 || c.uid == getuid() || c.uid == geteuid();
+}
+
+static void answer(int conn)
+{
+	int view = memfd_create("libsovia-stat", MFD_CLOEXEC);
+	if (view < 0)
+		return;
+	dprintf(view, "libsovia-stat 1 pid=%d version=%s\n", (int)getpid(), SOVIA_VERSION_STRING);
+	sv_stream_view_all(write_line, &view);
+	char one = 'v';
+	struct iovec iov = {.iov_base = &one, .iov_len = 1};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	memset(&u, 0, sizeof(u));
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			   .msg_controllen = sizeof(u.buf)};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &view, sizeof(int));
+	ssize_t r = SV_REAL(sendmsg)(conn, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+	(void)r; /* an asker that went away has nothing to be told */
+	SV_REAL(close)(view);
+}
+
+void sv_stat_serve(int lfd)
+{
+	for (int i = 0; i < 16; i++) { /* a bound on one wake-up's work */
+		int conn = SV_REAL(accept4)(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (conn < 0)
+			return;
+		if (may_see(conn))
+			answer(conn);
+		SV_REAL(close)(conn);
+	}
+}
