@@ -1,0 +1,270 @@
+/* sovia-run: run a program with libsovia preloaded, its flags turned into
+ * libsovia's settings (as smc_run does for SMC).
+ *
+ * The flags come from the settings table itself (src/config.c): SOVIA_WINDOW
+ * is --window N, a yes/no setting SOVIA_X is --x and --no-x. Every value is
+ * checked by the same parser and ranges the module uses, so a value the
+ * module would refuse (and replace by its default) stops sovia-run before
+ * the program starts.
+ *
+ * Exit status: the program's; 125 when sovia-run fails (a bad flag or
+ * setting, no module), 126 when the program cannot be run, 127 when it is
+ * not found (as env(1) and nohup(1) do). */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef SOVIA_VERSION_STRING
+#define SOVIA_VERSION_STRING "?"
+#endif
+#ifndef SOVIA_MODULE_PATH
+#define SOVIA_MODULE_PATH "libsovia.so"
+#endif
+
+enum { EXIT_OWN = 125, EXIT_CANNOT_RUN = 126, EXIT_NOT_FOUND = 127 };
+
+static const char *const prefix = "SOVIA_";
+
+static _Noreturn void usage_error(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "sovia-run: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\nTry 'sovia-run --help' for more information.\n");
+	exit(EXIT_OWN);
+}
+
+/* A setting's flag: SOVIA_BUF_IDLE_MS is "buf-idle-ms". */
+static void flag_name(const struct sv_setting_desc *s, char *out, size_t len)
+{
+	const char *p = s->name + strlen(prefix);
+	size_t i = 0;
+	for (; p[i] && i + 1 < len; i++)
+		out[i] = p[i] == '_' ? '-' : (char)tolower((unsigned char)p[i]);
+	out[i] = '\0';
+}
+
+/* Print text from column `col`, wrapped at 79 columns, each further line
+ * starting at column `indent`. */
+static void wrapped(const char *text, int col, int indent)
+{
+	const char *p = text;
+	while (*p) {
+		size_t word = strcspn(p, " ");
+		if (col > indent && col + 1 + (int)word > 79) {
+			printf("\n%*s", indent, "");
+			col = indent;
+		} else if (col > indent) {
+			putchar(' ');
+			col++;
+		}
+		printf("%.*s", (int)word, p);
+		col += (int)word;
+		p += word;
+		p += strspn(p, " ");
+	}
+	putchar('\n');
+}
+
+static void help(void)
+{
+	printf("Usage: sovia-run [OPTION]... [--] PROGRAM [ARGUMENT]...\n"
+	       "Run PROGRAM with libsovia preloaded: its TCP connections to peers that run\n"
+	       "libsovia too move to RDMA; the others stay on TCP. Each option sets the\n"
+	       "libsovia setting named beside it (libsovia(7)); a value libsovia would not\n"
+	       "take stops sovia-run before PROGRAM starts.\n\n");
+	for (size_t i = 0; sv_config_setting(i); i++) {
+		const struct sv_setting_desc *s = sv_config_setting(i);
+		char name[64], left[96], what[512];
+		flag_name(s, name, sizeof(name));
+		switch (s->kind) {
+		case SV_SETTING_BOOL:
+			snprintf(left, sizeof(left), "  --[no-]%s", name);
+			snprintf(what, sizeof(what), "%s=1 or 0, default %d: %s", s->name, (int)s->def,
+				 s->what);
+			break;
+		case SV_SETTING_LEVEL:
+			snprintf(left, sizeof(left), "  --%s=LEVEL", name);
+			snprintf(what, sizeof(what), "%s: %s; default warn", s->name, s->what);
+			break;
+		case SV_SETTING_COUNT:
+		case SV_SETTING_BYTES:
+			snprintf(left, sizeof(left), "  --%s=%s", name,
+				 s->kind == SV_SETTING_BYTES ? "BYTES" : "N");
+			snprintf(what, sizeof(what), "%s: %s; %u..%u%s, default %u", s->name, s->what,
+				 s->min, s->max, s->kind == SV_SETTING_BYTES ? " (k, m suffixes)" : "",
+				 s->def);
+			break;
+		}
+		printf("%s\n        ", left);
+		wrapped(what, 8, 8);
+	}
+	printf("\n  --lib=PATH\n"
+	       "        the module to preload (default: $SOVIA_MODULE, else\n"
+	       "        %s)\n"
+	       "  -h, --help     this help\n"
+	       "  --version      the version\n\n"
+	       "Exit status: PROGRAM's; 125 when sovia-run fails, 126 when PROGRAM cannot\n"
+	       "be run, 127 when it is not found.\n"
+	       "The connections of running programs: sovia-stat(8).\n",
+	       SOVIA_MODULE_PATH);
+}
+
+/* The option in argv[*i] names setting s (with "--no-" for a yes/no
+ * setting's 0): its value goes to the environment. Returns false when the
+ * option is not s's. */
+static bool take_setting(const struct sv_setting_desc *s, char **argv, int argc, int *i)
+{
+	char name[64];
+	flag_name(s, name, sizeof(name));
+	const char *opt = argv[*i] + 2;
+	size_t n = strlen(name);
+	const char *value;
+	char given[16];
+
+	if (s->kind == SV_SETTING_BOOL) {
+		bool no = strncmp(opt, "no-", 3) == 0 && strncmp(opt + 3, name, n) == 0;
+		if (!no && strncmp(opt, name, n) != 0)
+			return false;
+		const char *rest = opt + n + (no ? 3 : 0);
+		if (*rest == '=') {
+			char flag[72];
+			snprintf(flag, sizeof(flag), "%s%s", no ? "no-" : "", name);
+			usage_error("option '--%s' takes no value", flag);
+		}
+		if (*rest)
+			return false;
+		snprintf(given, sizeof(given), "%d", !no);
+		value = given;
+	} else {
+		if (strncmp(opt, name, n) != 0 || (opt[n] != '\0' && opt[n] != '='))
+			return false;
+		if (opt[n] == '=') {
+			value = opt + n + 1;
+		} else {
+			if (*i + 1 >= argc)
+				usage_error("option '--%s' needs a value", name);
+			value = argv[++*i];
+		}
+		uint32_t v;
+		int rc = sv_config_parse(s, value, &v);
+		if (rc < 0) {
+			char why[640];
+			if (rc == -ERANGE)
+				snprintf(why, sizeof(why), "--%s=%s: outside %u..%u (%s)", name, value,
+					 s->min, s->max, s->what);
+			else if (s->kind == SV_SETTING_LEVEL)
+				snprintf(why, sizeof(why),
+					 "--%s=%s: not a log level (error, warn, info, debug or 0..3)",
+					 name, value);
+			else
+				snprintf(why, sizeof(why), "--%s=%s: not %s (%s)", name, value,
+					 s->kind == SV_SETTING_BYTES ? "a byte count" : "a number",
+					 s->what);
+			usage_error("%s", why);
+		}
+	}
+	if (setenv(s->name, value, 1) < 0) {
+		perror("sovia-run: setenv");
+		exit(EXIT_OWN);
+	}
+	return true;
+}
+
+/* The module's path goes first in LD_PRELOAD, once. */
+static void preload(const char *module)
+{
+	char path[PATH_MAX];
+	if (!realpath(module, path)) {
+		fprintf(stderr,
+			"sovia-run: cannot use the module %s: %s\n"
+			"Give its path with --lib or SOVIA_MODULE.\n",
+			module, strerror(errno));
+		exit(EXIT_OWN);
+	}
+	const char *old = getenv("LD_PRELOAD");
+	if (old) {
+		/* LD_PRELOAD's entries are separated by blanks or colons. */
+		size_t n = strlen(path);
+		for (const char *p = old; (p = strstr(p, path)); p += n) {
+			bool starts = p == old || p[-1] == ' ' || p[-1] == ':';
+			bool ends = p[n] == '\0' || p[n] == ' ' || p[n] == ':';
+			if (starts && ends)
+				return;
+		}
+	}
+	size_t len = strlen(path) + (old ? strlen(old) + 1 : 0) + 1;
+	char *v = malloc(len);
+	if (!v) {
+		perror("sovia-run");
+		exit(EXIT_OWN);
+	}
+	snprintf(v, len, "%s%s%s", path, old && *old ? ":" : "", old ? old : "");
+	if (setenv("LD_PRELOAD", v, 1) < 0) {
+		perror("sovia-run: setenv");
+		exit(EXIT_OWN);
+	}
+	free(v);
+}
+
+int main(int argc, char **argv)
+{
+	const char *module = getenv("SOVIA_MODULE");
+	if (!module || !*module)
+		module = SOVIA_MODULE_PATH;
+	int i = 1;
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "--") == 0) {
+			i++;
+			break;
+		}
+		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+			help();
+			return 0;
+		}
+		if (strcmp(a, "--version") == 0) {
+			printf("sovia-run (libsovia) %s\n", SOVIA_VERSION_STRING);
+			return 0;
+		}
+		if (strncmp(a, "--lib", 5) == 0 && (a[5] == '\0' || a[5] == '=')) {
+			if (a[5] == '=')
+				module = a + 6;
+			else if (i + 1 < argc)
+				module = argv[++i];
+			else
+				usage_error("option '%s' needs a value", a);
+			continue;
+		}
+		bool taken = false;
+		if (a[1] == '-')
+			for (size_t k = 0; !taken && sv_config_setting(k); k++)
+				taken = take_setting(sv_config_setting(k), argv, argc, &i);
+		if (!taken)
+			usage_error("unknown option '%s'", a);
+	}
+	if (i >= argc)
+		usage_error("%s", "no program to run");
+
+	/* The settings together, as the module will read them: the flags
+	 * and what the environment already held. The module reports each
+	 * one it would not take. */
+	struct sv_config cfg;
+	if (sv_config_load(&cfg, getenv) > 0) {
+		fprintf(stderr, "sovia-run: libsovia would not take the settings above; "
+				"%s was not run\n",
+			argv[i]);
+		return EXIT_OWN;
+	}
+	preload(module);
+	execvp(argv[i], argv + i);
+	int err = errno;
+	fprintf(stderr, "sovia-run: %s: %s\n", argv[i], strerror(err));
+	return err == ENOENT || err == ENOTDIR ? EXIT_NOT_FOUND : EXIT_CANNOT_RUN;
+}

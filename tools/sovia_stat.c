@@ -1,0 +1,404 @@
+/* sovia-stat: the libsovia connections of the user's processes (every
+ * user's for root), as ss(8) lists sockets.
+ *
+ * Each process that has libsovia connections answers on an abstract unix
+ * socket, "@libsovia-stat.PID" (src/helper_stat.c), with a memfd holding
+ * one line per connection; it answers only its own user and root. The
+ * processes are found in /proc/net/unix. */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SOVIA_VERSION_STRING
+#define SOVIA_VERSION_STRING "?"
+#endif
+
+#define NAME_PREFIX "@libsovia-stat."
+
+/* One connection, as a process's view line gives it. */
+struct conn {
+	int pid;
+	char comm[32];
+	int fd;
+	char role[8], local[64], peer[64], tx[8], rx[8], state[16], fallback[40];
+	unsigned long long rdma_tx, rdma_rx, tcp_tx, tcp_rx, stalls, ttr_us;
+};
+
+struct list {
+	struct conn *v;
+	size_t n, cap;
+};
+
+static bool list_add(struct list *l, const struct conn *c)
+{
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 64;
+		struct conn *v = realloc(l->v, cap * sizeof(*v));
+		if (!v)
+			return false;
+		l->v = v;
+		l->cap = cap;
+	}
+	l->v[l->n++] = *c;
+	return true;
+}
+
+/* ---- Asking a process ---------------------------------------------------- */
+
+static void word(const char *line, const char *key, char *out, size_t len)
+{
+	size_t kl = strlen(key);
+	out[0] = '\0';
+	for (const char *p = line; (p = strstr(p, key)); p += kl) {
+		if ((p == line || p[-1] == ' ') && p[kl] == '=') {
+			const char *v = p + kl + 1;
+			size_t n = strcspn(v, " \n");
+			if (n >= len)
+				n = len - 1;
+			memcpy(out, v, n);
+			out[n] = '\0';
+			return;
+		}
+	}
+}
+
+static unsigned long long number(const char *line, const char *key)
+{
+	char buf[32];
+	word(line, key, buf, sizeof(buf));
+	return strtoull(buf, NULL, 10);
+}
+
+static void parse_line(const char *line, struct conn *c)
+{
+	char buf[32];
+	word(line, "fd", buf, sizeof(buf));
+	c->fd = atoi(buf);
+	word(line, "role", c->role, sizeof(c->role));
+	word(line, "local", c->local, sizeof(c->local));
+	word(line, "peer", c->peer, sizeof(c->peer));
+	word(line, "tx", c->tx, sizeof(c->tx));
+	word(line, "rx", c->rx, sizeof(c->rx));
+	word(line, "state", c->state, sizeof(c->state));
+	word(line, "fallback", c->fallback, sizeof(c->fallback));
+	c->rdma_tx = number(line, "rdma_tx_bytes");
+	c->rdma_rx = number(line, "rdma_rx_bytes");
+	c->tcp_tx = number(line, "tcp_tx_bytes");
+	c->tcp_rx = number(line, "tcp_rx_bytes");
+	c->stalls = number(line, "credit_stalls");
+	c->ttr_us = number(line, "time_to_rdma_us");
+}
+
+static void read_comm(int pid, char *out, size_t len)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/comm", pid);
+	FILE *f = fopen(path, "r");
+	out[0] = '\0';
+	if (f) {
+		if (fgets(out, (int)len, f))
+			out[strcspn(out, "\n")] = '\0';
+		fclose(f);
+	}
+}
+
+/* The memfd a process answered with, or -errno: -EACCES when it closed
+ * the connection unanswered (another user's process), -ESRCH when it is
+ * not the process the name says (someone else bound it). */
+static int ask(int pid)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	int n = snprintf(a.sun_path + 1, sizeof(a.sun_path) - 1, "libsovia-stat.%d", pid);
+	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -errno;
+	int err = 0, view = -1;
+	struct timeval tv = {.tv_sec = 2};
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(s, (struct sockaddr *)&a, len) < 0) {
+		err = -errno;
+		goto close_socket;
+	}
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+	if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.pid != pid) {
+		err = -ESRCH;
+		goto close_socket;
+	}
+	char one;
+	struct iovec iov = {.iov_base = &one, .iov_len = 1};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			   .msg_controllen = sizeof(u.buf)};
+	ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+	struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL;
+	if (r < 0)
+		err = -errno;
+	else if (!c || c->cmsg_type != SCM_RIGHTS)
+		err = -EACCES;
+	else
+		memcpy(&view, CMSG_DATA(c), sizeof(int));
+close_socket:
+	close(s);
+	return err ? err : view;
+}
+
+/* pid's connections into l: 0, or -errno from ask(). */
+static int collect(int pid, struct list *l)
+{
+	int view = ask(pid);
+	if (view < 0)
+		return view;
+	FILE *f = fdopen(view, "r");
+	if (!f) {
+		close(view);
+		return -ENOMEM;
+	}
+	rewind(f);
+	char line[1024], comm[32];
+	read_comm(pid, comm, sizeof(comm));
+	while (fgets(line, sizeof(line), f)) {
+		if (strncmp(line, "fd=", 3) != 0)
+			continue; /* the header, or a line of a kind this version does not know */
+		struct conn c = {.pid = pid};
+		snprintf(c.comm, sizeof(c.comm), "%s", comm);
+		parse_line(line, &c);
+		if (!list_add(l, &c))
+			break;
+	}
+	fclose(f);
+	return 0;
+}
+
+/* The pids with a view, from /proc/net/unix (-errno if it cannot be read). */
+static int find_pids(int **out)
+{
+	FILE *f = fopen("/proc/net/unix", "r");
+	if (!f)
+		return -errno;
+	int *v = NULL, n = 0, cap = 0;
+	char line[512];
+	while (fgets(line, sizeof(line), f)) {
+		char *p = strstr(line, NAME_PREFIX);
+		if (!p)
+			continue;
+		char *end;
+		long pid = strtol(p + strlen(NAME_PREFIX), &end, 10);
+		if (pid <= 0 || (*end != '\n' && *end != '\0'))
+			continue;
+		bool seen = false;
+		for (int i = 0; i < n && !seen; i++)
+			seen = v[i] == pid; /* the listener and its accepted sockets share the name */
+		if (seen)
+			continue;
+		if (n == cap) {
+			cap = cap ? 2 * cap : 32;
+			int *nv = realloc(v, (size_t)cap * sizeof(*nv));
+			if (!nv)
+				break;
+			v = nv;
+		}
+		v[n++] = (int)pid;
+	}
+	fclose(f);
+	*out = v;
+	return n;
+}
+
+/* ---- Printing -------------------------------------------------------------- */
+
+static void json_string(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+		if (ch == '"' || ch == '\\')
+			printf("\\%c", ch);
+		else if (ch < 0x20)
+			printf("\\u%04x", ch);
+		else
+			putchar(ch);
+	}
+	putchar('"');
+}
+
+static void print_json(const struct list *l)
+{
+	printf("{\"connections\":[");
+	for (size_t i = 0; i < l->n; i++) {
+		const struct conn *c = &l->v[i];
+		printf("%s{\"pid\":%d,\"comm\":", i ? "," : "", c->pid);
+		json_string(c->comm);
+		printf(",\"fd\":%d,\"role\":", c->fd);
+		json_string(c->role);
+		printf(",\"local\":");
+		json_string(c->local);
+		printf(",\"peer\":");
+		json_string(c->peer);
+		printf(",\"tx\":");
+		json_string(c->tx);
+		printf(",\"rx\":");
+		json_string(c->rx);
+		printf(",\"state\":");
+		json_string(c->state);
+		printf(",\"fallback\":");
+		json_string(c->fallback);
+		printf(",\"rdma_tx_bytes\":%llu,\"rdma_rx_bytes\":%llu,\"tcp_tx_bytes\":%llu,"
+		       "\"tcp_rx_bytes\":%llu,\"credit_stalls\":%llu,\"time_to_rdma_us\":%llu}",
+		       c->rdma_tx, c->rdma_rx, c->tcp_tx, c->tcp_rx, c->stalls, c->ttr_us);
+	}
+	printf("]}\n");
+}
+
+static void print_table(const struct list *l)
+{
+	printf("%-7s %-15s %4s %-6s %-21s %-21s %-4s %-4s %-9s %-22s %12s %12s %12s %12s %7s %8s\n",
+	       "PID", "COMMAND", "FD", "ROLE", "LOCAL", "PEER", "TX", "RX", "STATE", "FALLBACK",
+	       "RDMA-TX", "RDMA-RX", "TCP-TX", "TCP-RX", "STALLS", "TTR(ms)");
+	for (size_t i = 0; i < l->n; i++) {
+		const struct conn *c = &l->v[i];
+		char ttr[24] = "-";
+		if (c->ttr_us)
+			snprintf(ttr, sizeof(ttr), "%.1f", (double)c->ttr_us / 1000.0);
+		printf("%-7d %-15s %4d %-6s %-21s %-21s %-4s %-4s %-9s %-22s %12llu %12llu %12llu "
+		       "%12llu %7llu %8s\n",
+		       c->pid, c->comm, c->fd, c->role, c->local, c->peer, c->tx, c->rx, c->state,
+		       c->fallback, c->rdma_tx, c->rdma_rx, c->tcp_tx, c->tcp_rx, c->stalls, ttr);
+	}
+}
+
+/* ---- Main --------------------------------------------------------------------- */
+
+static void usage(FILE *to)
+{
+	fprintf(to, "Usage: sovia-stat [-p PID] [--json] [-w|--watch [SECS]] [-h|--help] [--version]\n"
+		    "List the libsovia connections of your processes (of every user's for root).\n"
+		    "  -p, --pid PID     only that process\n"
+		    "  -j, --json        one JSON object: {\"connections\":[...]}\n"
+		    "  -w, --watch[=S]   show again every S seconds (default 1) until interrupted\n"
+		    "  -h, --help        this text\n"
+		    "      --version     libsovia's version\n");
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return false;
+	*out = v;
+	return true;
+}
+
+/* One look at every process (or just `only`): 0, or 1 after an error. */
+static int show(int only, bool json)
+{
+	struct list l = {0};
+	int status = 0;
+	if (only) {
+		int r = collect(only, &l);
+		if (r < 0) {
+			fprintf(stderr, "sovia-stat: process %d: %s\n", only,
+				r == -EACCES	 ? "its user's connections are not yours to see"
+				: r == -ESRCH	 ? "not the process its view's name says"
+				: r == -ECONNREFUSED || r == -ENOENT ? "has no libsovia view"
+								    : strerror(-r));
+			status = 1;
+		}
+	} else {
+		int *pids = NULL;
+		int n = find_pids(&pids);
+		if (n < 0) {
+			fprintf(stderr, "sovia-stat: /proc/net/unix: %s\n", strerror(-n));
+			return 1;
+		}
+		for (int i = 0; i < n; i++)
+			collect(pids[i], &l); /* others' processes, and ones gone since, are skipped */
+		free(pids);
+	}
+	if (json)
+		print_json(&l);
+	else if (!status)
+		print_table(&l);
+	free(l.v);
+	fflush(stdout);
+	return status;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"pid", required_argument, NULL, 'p'}, {"json", no_argument, NULL, 'j'},
+		{"watch", optional_argument, NULL, 'w'}, {"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},	{NULL, 0, NULL, 0},
+	};
+	long pid = 0, every = 0;
+	bool json = false;
+	int c;
+	while ((c = getopt_long(argc, argv, "p:jw::h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'p':
+			if (!parse_int(optarg, 1, INT32_MAX, &pid)) {
+				fprintf(stderr, "sovia-stat: -p: '%s' is not a process id\n", optarg);
+				return 2;
+			}
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'w':
+			every = 1;
+			/* "-w 2": getopt leaves an optional argument in the next word. */
+			if (!optarg && optind < argc && isdigit((unsigned char)argv[optind][0]))
+				optarg = argv[optind++];
+			if (optarg && !parse_int(optarg, 1, 86400, &every)) {
+				fprintf(stderr, "sovia-stat: --watch: '%s' is not a number of seconds 1..86400\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("sovia-stat (libsovia) %s\n", SOVIA_VERSION_STRING);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "sovia-stat: unexpected argument '%s'\n", argv[optind]);
+		usage(stderr);
+		return 2;
+	}
+	signal(SIGPIPE, SIG_DFL);
+	if (!every)
+		return show((int)pid, json);
+	for (;;) {
+		if (!json)
+			printf("\033[H\033[2J");
+		show((int)pid, json);
+		struct timespec ts = {.tv_sec = every};
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+	}
+}
