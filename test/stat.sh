@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# sovia-stat on this host (no RDMA: connections stay on TCP, with their
+# reason): it finds a preloaded process's connection and reports it, in
+# the table and as JSON; -p narrows it and fails clearly for a process
+# without libsovia; another user is told nothing of root's connections,
+# while root sees every user's; --watch repeats; a bad option is refused.
+#   test/stat.sh LIBSOVIA_SO SOVIA_STAT
+set -euo pipefail
+lib=${1:?usage: $0 LIBSOVIA_SO SOVIA_STAT}
+stat=${2:?usage: $0 LIBSOVIA_SO SOVIA_STAT}
+work=$(mktemp -d /tmp/sovia-stat.XXXXXX)
+chmod 755 "$work"
+pids=()
+cleanup() {
+	# The clients' nc and the servers end with their connections; the
+	# FIFOs' readers once a writer opens them.
+	kill "${pids[@]}" 2>/dev/null || true
+	for f in "$work"/hold*; do
+		[ -p "$f" ] && timeout 2 sh -c ": >'$f'" || true
+	done
+	# shellcheck disable=SC2046
+	kill $(jobs -p) 2>/dev/null || true
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+	echo "FAIL: $*" >&2
+	exit 1
+}
+as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$@"; }
+
+listen() { # PORT: a plain server that holds the connection open
+	nc -l 127.0.0.1 "$1" >/dev/null </dev/null &
+	pids+=($!)
+	local i
+	for _ in $(seq 100); do
+		ss -ltnH "sport = :$1" | grep -q . && return
+		sleep 0.1
+	done
+	fail "no listener on $1"
+}
+# A preloaded client that sends 5 bytes and holds the connection open
+# until the FIFO is written; its pid once its view lists the connection.
+client() { # PORT FIFO RUNNER...
+	local port=$1 fifo=$2
+	shift 2
+	mkfifo "$fifo"
+	chmod 666 "$fifo"
+	"$@" env LD_PRELOAD="$lib" sh -c "{ printf hello; cat '$fifo'; } | nc 127.0.0.1 $port" &
+}
+view_of() { # PID: wait until its view lists a connection (bounded), print it
+	local out
+	for _ in $(seq 300); do
+		out=$("$stat" -p "$1" --json 2>/dev/null || true)
+		if [ -n "$out" ] && jq -e '.connections | length > 0' <<<"$out" >/dev/null 2>&1; then
+			echo "$out"
+			return
+		fi
+		sleep 0.1
+	done
+	fail "process $1's view never listed its connection: $out"
+}
+nc_pid() { # PORT: the preloaded nc client connected to it
+	local p
+	for _ in $(seq 100); do
+		p=$(ss -tnpH "dport = :$1" | sed -n 's/.*"nc",pid=\([0-9]*\).*/\1/p' | head -1)
+		[ -n "$p" ] && { echo "$p"; return; }
+		sleep 0.1
+	done
+	fail "no nc connected to $1"
+}
+
+listen 5941
+client 5941 "$work/hold" env
+pid=$(nc_pid 5941)
+pids+=("$pid")
+json=$(view_of "$pid")
+echo "== root's client: $json"
+c=$(jq -c '.connections[0]' <<<"$json")
+[ "$(jq -r .pid <<<"$c")" = "$pid" ] || fail "pid: $c"
+[ "$(jq -r .comm <<<"$c")" = nc ] || fail "comm: $c"
+[ "$(jq -r .role <<<"$c")" = client ] || fail "role: $c"
+[ "$(jq -r .peer <<<"$c")" = 127.0.0.1:5941 ] || fail "peer: $c"
+[ "$(jq -r .tx <<<"$c")/$(jq -r .rx <<<"$c")" = tcp/tcp ] || fail "media: $c"
+[ "$(jq -r .state <<<"$c")" = fallback ] || fail "state: $c"
+fb=$(jq -r .fallback <<<"$c")
+[ -n "$fb" ] && [ "$fb" != none ] || fail "no fallback reason: $c"
+[ "$(jq -r .tcp_tx_bytes <<<"$c")" = 5 ] || fail "tcp_tx_bytes: $c"
+[ "$(jq -r .rdma_tx_bytes <<<"$c")" = 0 ] || fail "rdma_tx_bytes: $c"
+fd=$(jq -r .fd <<<"$c")
+[ -S "/proc/$pid/fd/$fd" ] || fail "fd $fd of $pid is not a socket"
+
+table=$("$stat")
+head -1 <<<"$table" | grep -q '^PID .*COMMAND .*FALLBACK .*TTR' || fail "table header: $(head -1 <<<"$table")"
+grep -Eq "^$pid +nc +$fd +client +127\.0\.0\.1:[0-9]+ +127\.0\.0\.1:5941 +tcp +tcp +fallback +$fb " \
+	<<<"$table" || fail "the table lacks the connection: $table"
+
+# Another user's process: root sees it; that user does not see root's.
+listen 5942
+client 5942 "$work/hold2" as_nobody
+npid=$(nc_pid 5942)
+pids+=("$npid")
+[ "$(stat -c %U "/proc/$npid")" = nobody ] || fail "nc on 5942 is not nobody's"
+view_of "$npid" >/dev/null
+"$stat" --json | jq -e --argjson p "$npid" '[.connections[] | select(.pid == $p)] | length == 1' \
+	>/dev/null || fail "root does not see nobody's connection"
+if out=$(as_nobody "$stat" -p "$pid" 2>&1); then
+	fail "nobody read root's process: $out"
+fi
+grep -q "not yours to see" <<<"$out" || fail "nobody's refusal says: $out"
+as_nobody "$stat" --json | jq -e --argjson p "$pid" '[.connections[] | select(.pid == $p)] | length == 0' \
+	>/dev/null || fail "nobody sees root's connection"
+as_nobody "$stat" --json | jq -e --argjson p "$npid" '[.connections[] | select(.pid == $p)] | length == 1' \
+	>/dev/null || fail "nobody does not see its own connection"
+echo "== nobody sees its own connection and not root's; root sees both"
+
+if out=$("$stat" -p $$ 2>&1); then
+	fail "-p of a process without libsovia succeeded: $out"
+fi
+grep -q "has no libsovia view" <<<"$out" || fail "-p without libsovia says: $out"
+set +e
+"$stat" --bogus >/dev/null 2>&1
+[ $? = 2 ] || fail "a bad option's status is not 2"
+"$stat" -p abc >/dev/null 2>&1
+[ $? = 2 ] || fail "a bad pid's status is not 2"
+timeout 2.5 "$stat" -p "$pid" --json --watch 1 >"$work/watch.out"
+st=$?
+set -e
+[ "$st" = 124 ] || fail "--watch ended by itself ($st)"
+[ "$(wc -l <"$work/watch.out")" -ge 1 ] || fail "--watch printed nothing"
+jq -e '.connections[0].pid' <"$work/watch.out" >/dev/null || fail "--watch's JSON does not parse"
+echo "sovia-stat OK: $(wc -l <"$work/watch.out") looks in --watch"
