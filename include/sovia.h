@@ -12,16 +12,20 @@
  * ABI. The functions the module exports carry the symbol version SOVIA_1.0
  * and are looked up by that version. struct sovia_conn_info begins with the
  * caller's size of it: a newer module fills only what an older program's
- * struct holds, and fields are only ever added at its end.
+ * struct holds, an older module only what it knows, and the size it writes
+ * back says which; fields are only ever added at the end. C99 and later,
+ * C++11 and later.
  */
 #ifndef SOVIA_H
 #define SOVIA_H
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,7 +41,8 @@ enum sovia_medium {
 };
 
 struct sovia_conn_info {
-	uint32_t size;    /* in: sizeof(struct sovia_conn_info) as the program knows it */
+	uint32_t size;    /* in: sizeof(struct sovia_conn_info) as the program knows it;
+			   * out: the bytes the answer filled */
 	uint32_t managed; /* out: 1 when libsovia manages the connection on this fd */
 	uint32_t is_client;        /* it made the connection (connect), else accepted it */
 	uint32_t tx_medium;        /* enum sovia_medium: what our sending goes over now */
@@ -53,6 +58,11 @@ struct sovia_conn_info {
 	uint64_t time_to_rdma_us;  /* from connect()/accept() to the first byte on RDMA (0: none) */
 };
 
+/* The size of the first version's struct: the least a caller may pass. A
+ * later version only adds fields after time_to_rdma_us. */
+#define SOVIA_CONN_INFO_SIZE_1 \
+	(offsetof(struct sovia_conn_info, time_to_rdma_us) + sizeof(uint64_t))
+
 /* The module's own entry points (SOVIA_1.0). Programs call the wrappers
  * below, which find these at run time. */
 typedef const char *(*sovia_version_fn)(void);
@@ -63,10 +73,11 @@ typedef int (*sovia_conn_info_fn)(int fd, struct sovia_conn_info *info);
 const char *sovia_version(void);
 int sovia_conn_info(int fd, struct sovia_conn_info *info);
 #else
-/* dlvsym, declared here so that a C program need not define _GNU_SOURCE
- * before its first include of <dlfcn.h> (g++ always defines it); in glibc's
- * libc since 2.34 (libdl before). NULL as the handle is RTLD_DEFAULT. */
-#ifdef __cplusplus
+/* dlvsym: <dlfcn.h> declares it under _GNU_SOURCE (which g++ always
+ * defines); otherwise it is declared here, so that a C program need not
+ * define _GNU_SOURCE for this header. In glibc's libc since 2.34 (libdl
+ * before). A NULL handle is RTLD_DEFAULT. */
+#if defined(__cplusplus) || defined(_GNU_SOURCE)
 #include <dlfcn.h>
 #else
 extern void *dlvsym(void *handle, const char *symbol, const char *version);
@@ -74,9 +85,9 @@ extern void *dlvsym(void *handle, const char *symbol, const char *version);
 
 /* The module's function `name` into *fn (a function pointer), or NULL:
  * copied, since ISO C has no cast from an object to a function pointer. */
-static inline void sovia__lookup(const char *name, void *fn, size_t size)
+static inline void sovia_lookup_(const char *name, void *fn, size_t size)
 {
-	void *sym = dlvsym((void *)0, name, SOVIA_API_VERSION);
+	void *sym = dlvsym(NULL, name, SOVIA_API_VERSION);
 	memcpy(fn, &sym, size);
 }
 
@@ -84,31 +95,53 @@ static inline void sovia__lookup(const char *name, void *fn, size_t size)
 static inline const char *sovia_version(void)
 {
 	sovia_version_fn fn;
-	sovia__lookup("sovia_version", &fn, sizeof(fn));
-	return fn ? fn() : (const char *)0;
+	sovia_lookup_("sovia_version", &fn, sizeof(fn));
+	return fn ? fn() : NULL;
 }
 
-/* What libsovia knows of the connection on fd. Set info->size first.
- * 0: info is filled (managed 0 and both media NONE when libsovia is not
- * loaded or does not manage fd, state "" and fallback "none"); -1 with
- * errno EINVAL for a NULL info or a size below the first fields', EBADF
- * for an fd that is not open. */
+/* A stream socket of fd is TCP: by its protocol where the C library shows
+ * SO_PROTOCOL (not under a strict -std=c99), else by its address family. */
+static inline int sovia_is_tcp_(int fd)
+{
+#ifdef SO_PROTOCOL
+	int proto = 0;
+	socklen_t len = sizeof(proto);
+	return getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0 && proto == IPPROTO_TCP;
+#else
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	return getsockname(fd, (struct sockaddr *)&ss, &len) == 0 &&
+	       (ss.ss_family == AF_INET || ss.ss_family == AF_INET6);
+#endif
+}
+
+/* What libsovia knows of the connection on fd. Set info->size first; on
+ * return it says how much was filled. 0: info is filled; without libsovia,
+ * or for an fd libsovia does not serve, managed is 0, both media are TCP
+ * for a TCP socket (the kernel's) and NONE for anything else, state is ""
+ * and fallback "none". -1 with errno: EINVAL for a NULL info or a size
+ * below SOVIA_CONN_INFO_SIZE_1, EBADF for an fd that is not open, EBUSY
+ * from a signal handler that interrupted libsovia on that connection. */
 static inline int sovia_conn_info(int fd, struct sovia_conn_info *info)
 {
-	if (!info || info->size < offsetof(struct sovia_conn_info, state)) {
+	sovia_conn_info_fn fn;
+	int type = 0;
+	socklen_t tl = sizeof(type);
+	if (!info || info->size < SOVIA_CONN_INFO_SIZE_1) {
 		errno = EINVAL;
 		return -1;
 	}
-	sovia_conn_info_fn fn;
-	sovia__lookup("sovia_conn_info", &fn, sizeof(fn));
+	sovia_lookup_("sovia_conn_info", &fn, sizeof(fn));
 	if (fn)
 		return fn(fd, info);
 	if (fcntl(fd, F_GETFD) < 0)
 		return -1; /* EBADF, as the module answers */
-	uint32_t size = info->size < sizeof(*info) ? info->size : (uint32_t)sizeof(*info);
-	memset((char *)info + sizeof(info->size), 0, size - sizeof(info->size));
-	if (size >= offsetof(struct sovia_conn_info, fallback) + sizeof(info->fallback))
-		strcpy(info->fallback, "none");
+	memset(&info->managed, 0, sizeof(*info) - offsetof(struct sovia_conn_info, managed));
+	info->size = sizeof(*info);
+	strcpy(info->fallback, "none");
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_STREAM &&
+	    sovia_is_tcp_(fd))
+		info->tx_medium = info->rx_medium = SOVIA_MEDIUM_TCP;
 	return 0;
 }
 

@@ -12,9 +12,11 @@
 #include <sovia.h>
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #ifndef SOVIA_VERSION_STRING
 #define SOVIA_VERSION_STRING "?"
@@ -48,30 +50,46 @@ static void fill(struct sovia_conn_info *out, const struct sv_conn_view *v)
 	out->time_to_rdma_us = v->time_to_rdma_us;
 }
 
+/* An fd libsovia does not serve: the kernel's TCP carries a TCP socket. */
+static void fill_kernel(int fd, struct sovia_conn_info *out)
+{
+	int type = 0, proto = 0;
+	socklen_t l1 = sizeof(type), l2 = sizeof(proto);
+	if (SV_REAL(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &l1) == 0 && type == SOCK_STREAM &&
+	    SV_REAL(getsockopt)(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l2) == 0 &&
+	    proto == IPPROTO_TCP)
+		out->tx_medium = out->rx_medium = SOVIA_MEDIUM_TCP;
+}
+
 SV_EXPORT int sovia_conn_info(int fd, struct sovia_conn_info *info)
 {
 	int saved = errno;
-	if (!info || info->size < offsetof(struct sovia_conn_info, state))
+	if (!info || info->size < SOVIA_CONN_INFO_SIZE_1)
 		return (int)sv_ret(-EINVAL, saved);
 	if (SV_REAL(fcntl)(fd, F_GETFD) < 0)
 		return -1; /* EBADF */
 	struct sovia_conn_info out = {0};
 	snprintf(out.fallback, sizeof(out.fallback), "none");
-	bool refused = false;
-	struct sv_fd *f = sv_passthrough() ? NULL : sv_fd_for_call(fd, &refused);
+	bool refused;
+	/* From a signal handler that interrupted libsovia, an fd it serves
+	 * is refused: its view needs the stream's lock. */
+	struct sv_fd *f = sv_fd_for_call(fd, &refused);
 	if (refused)
-		return sv_refuse(fd, "sovia_conn_info", EBUSY); /* the view needs the stream's lock */
+		return sv_refuse(fd, "sovia_conn_info", EBUSY);
 	if (f && f->ops->view) {
 		struct sv_conn_view v;
 		sv_enter();
 		f->ops->view(f, &v);
 		sv_leave();
 		fill(&out, &v);
+	} else {
+		fill_kernel(fd, &out);
 	}
 	sv_fd_put(f);
-	/* Only what the caller's struct holds: an older program's is shorter. */
+	/* Only what the caller's struct holds (an older program's is
+	 * shorter); its size field says how much that was. */
 	size_t n = info->size < sizeof(out) ? info->size : sizeof(out);
-	out.size = info->size;
+	out.size = (uint32_t)n;
 	memcpy(info, &out, n);
 	return (int)sv_ret(0, saved);
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# include/sovia.h builds in strict C (c99 -pedantic) and in C++, and its
-# calls keep their contract with and without the module: the version or
-# NULL, EBADF for a closed fd, EINVAL for a missing or short struct, and
-# managed=0 with fallback "none" for an fd that is not a connection.
+# include/sovia.h builds in strict C (c99 -pedantic; after <dlfcn.h> with
+# _GNU_SOURCE too) and in C++, and its calls keep their contract with and
+# without the module: the version or NULL, EBADF for a closed fd, EINVAL
+# for a missing or short struct, managed=0 with fallback "none" for an fd
+# libsovia does not serve (media TCP for a TCP socket), and the size the
+# answer filled. The module's own function checks its arguments too.
 #   test/header.sh LIBSOVIA_SO
 set -euo pipefail
 lib=${1:?usage: $0 LIBSOVIA_SO}
@@ -18,35 +20,82 @@ cat >"$work/probe.c" <<'C'
 #include <stdio.h>
 #include <unistd.h>
 
+/* The calls' answers, one line each; one call a statement (printf's
+ * arguments have no order). */
+static void probe(const char *what, int fd, struct sovia_conn_info *info, uint32_t size)
+{
+	int rc;
+	if (info) {
+		memset(info, 0x55, sizeof(*info));
+		info->size = size;
+	}
+	errno = 0;
+	rc = sovia_conn_info(fd, info);
+	if (rc < 0)
+		printf("%s=-1,%s\n", what, errno == EBADF ? "EBADF" : errno == EINVAL ? "EINVAL" : "?");
+	else
+		printf("%s=0 size=%u managed=%u tx=%u rx=%u state='%s' fallback=%s\n", what,
+		       info->size, info->managed, info->tx_medium, info->rx_medium, info->state,
+		       info->fallback);
+}
+
 int main(void)
 {
 	struct sovia_conn_info info;
 	const char *v = sovia_version();
+	int tcp = socket(AF_INET, SOCK_STREAM, 0);
 	printf("version=%s\n", v ? v : "(null)");
-	memset(&info, 0, sizeof(info));
-	info.size = sizeof(info);
-	/* One call a statement: printf's arguments have no order. */
-	errno = 0;
-	int rc = sovia_conn_info(999, &info);
-	printf("closed=%d,%s\n", rc, errno == EBADF ? "EBADF" : "?");
-	errno = 0;
-	rc = sovia_conn_info(0, NULL);
-	printf("null=%d,%s\n", rc, errno == EINVAL ? "EINVAL" : "?");
-	info.size = 4;
-	errno = 0;
-	rc = sovia_conn_info(0, &info);
-	printf("short=%d,%s\n", rc, errno == EINVAL ? "EINVAL" : "?");
-	info.size = sizeof(info);
-	rc = sovia_conn_info(1, &info);
-	printf("stdout=%d managed=%u tx=%u rx=%u fallback=%s\n", rc, info.managed, info.tx_medium,
-	       info.rx_medium, info.fallback);
+	probe("closed", 999, &info, sizeof(info));
+	probe("null", 0, NULL, 0);
+	probe("short", 0, &info, SOVIA_CONN_INFO_SIZE_1 - 1);
+	probe("pipe", 1, &info, sizeof(info));
+	probe("tcp", tcp, &info, sizeof(info));
+	/* A program built against a later header passes a larger struct: it
+	 * is told how much of it was filled. */
+	probe("larger", tcp, &info, sizeof(info) + 64);
 	return 0;
 }
 C
-gcc -std=c99 -pedantic -Wall -Wextra -Werror -I"$inc" -o "$work/probe-c" "$work/probe.c" ||
+cat >"$work/module.c" <<'C'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <sovia.h>
+#include <stdio.h>
+
+/* The module's own checks, past the header's: its function called as a
+ * program built against an older or broken header would. */
+int main(void)
+{
+	sovia_conn_info_fn fn;
+	struct sovia_conn_info info;
+	int rc;
+	sovia_lookup_("sovia_conn_info", &fn, sizeof(fn));
+	if (!fn)
+		return 2;
+	errno = 0;
+	rc = fn(0, NULL);
+	printf("module-null=%d,%s\n", rc, errno == EINVAL ? "EINVAL" : "?");
+	info.size = 8;
+	errno = 0;
+	rc = fn(0, &info);
+	printf("module-short=%d,%s\n", rc, errno == EINVAL ? "EINVAL" : "?");
+	info.size = sizeof(info);
+	errno = 0;
+	rc = fn(-1, &info);
+	printf("module-closed=%d,%s\n", rc, errno == EBADF ? "EBADF" : "?");
+	return 0;
+}
+C
+strict="-Wall -Wextra -Werror -Wredundant-decls -Wdeclaration-after-statement"
+# shellcheck disable=SC2086
+gcc -std=c99 -pedantic $strict -I"$inc" -o "$work/probe-c" "$work/probe.c" ||
 	fail "sovia.h does not build as c99 -pedantic"
+# shellcheck disable=SC2086
+gcc -std=gnu11 $strict -I"$inc" -o "$work/module" "$work/module.c" ||
+	fail "sovia.h does not build after <dlfcn.h> with _GNU_SOURCE"
 cp "$work/probe.c" "$work/probe.cc"
-g++ -std=c++11 -pedantic -Wall -Wextra -Werror -I"$inc" -o "$work/probe-cxx" "$work/probe.cc" ||
+g++ -std=c++11 -pedantic -Wall -Wextra -Werror -Wold-style-cast -Wzero-as-null-pointer-constant \
+	-Wredundant-decls -I"$inc" -o "$work/probe-cxx" "$work/probe.cc" ||
 	fail "sovia.h does not build as C++"
 version=$(sed -n 's/^project(libsovia VERSION \([0-9.]*\).*/\1/p' "$(dirname "$0")/../CMakeLists.txt")
 for probe in probe-c probe-cxx; do
@@ -58,10 +107,19 @@ for probe in probe-c probe-cxx; do
 			out=$(LD_PRELOAD=$lib "$work/$probe" | cat)
 			want_version=$version
 		fi
+		size=$(sed -n 's/^pipe=0 size=\([0-9]*\) .*/\1/p' <<<"$out")
+		[ -n "$size" ] && [ "$size" -ge 100 ] || fail "$probe $how: no size: $out"
 		for line in "version=$want_version" "closed=-1,EBADF" "null=-1,EINVAL" "short=-1,EINVAL" \
-			"stdout=0 managed=0 tx=0 rx=0 fallback=none"; do
+			"pipe=0 size=$size managed=0 tx=0 rx=0 state='' fallback=none" \
+			"tcp=0 size=$size managed=0 tx=1 rx=1 state='' fallback=none" \
+			"larger=0 size=$size managed=0 tx=1 rx=1 state='' fallback=none"; do
 			grep -qxF "$line" <<<"$out" || fail "$probe $how: no '$line' in: $out"
 		done
 	done
 done
-echo "PASS: sovia.h in C99 and C++, with and without libsovia"
+out=$(LD_PRELOAD=$lib "$work/module" | cat)
+for line in "module-null=-1,EINVAL" "module-short=-1,EINVAL" "module-closed=-1,EBADF"; do
+	grep -qxF "$line" <<<"$out" || fail "the module: no '$line' in: $out"
+done
+env -u LD_PRELOAD "$work/module" && fail "the module's function found without the module"
+echo "PASS: sovia.h in C99 and C++, with and without libsovia; the module's own checks"

@@ -8,6 +8,11 @@
 
 #include "fdtable.h"
 
+/* The module's own sovia_conn_info, linked in (the header's run-time
+ * lookup finds versioned symbols of a loaded module only). */
+#define SOVIA_MODULE_BUILD
+#include <sovia.h>
+
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +32,7 @@ TestSuite(signal, .init = h_setup, .fini = h_teardown, .timeout = 60);
 /* The calls the handler makes, in order (all but the pipe's on the
  * connection), and what each must give when libsovia serves it: refused
  * with EAGAIN (moves bytes) or EBUSY, the connection left open. */
-enum { H_WRITE, H_POLL, H_SELECT, H_EPOLL, H_DUP, H_SHUTDOWN, H_CLOSE, H_PIPE, H_CALLS };
+enum { H_WRITE, H_POLL, H_SELECT, H_EPOLL, H_DUP, H_INFO, H_SHUTDOWN, H_CLOSE, H_PIPE, H_CALLS };
 static const struct {
 	const char *name;
 	long r;
@@ -35,7 +40,8 @@ static const struct {
 } refused[H_CALLS] = {
 	[H_WRITE] = {"write", -1, EAGAIN},    [H_POLL] = {"poll", -1, EBUSY},
 	[H_SELECT] = {"select", -1, EBUSY},   [H_EPOLL] = {"epoll_wait", -1, EBUSY},
-	[H_DUP] = {"dup", -1, EBUSY},         [H_SHUTDOWN] = {"shutdown", -1, EBUSY},
+	[H_DUP] = {"dup", -1, EBUSY},         [H_INFO] = {"sovia_conn_info", -1, EBUSY},
+	[H_SHUTDOWN] = {"shutdown", -1, EBUSY},
 	[H_CLOSE] = {"close", -1, EBUSY},     [H_PIPE] = {"write to a pipe", 1, 0},
 };
 
@@ -69,6 +75,8 @@ static void handler(int sig)
 		struct epoll_event ev;
 		handler_call(H_EPOLL, epoll_wait(hs.ep, &ev, 1, 0));
 		handler_call(H_DUP, dup(hs.fd));
+		struct sovia_conn_info info = {.size = sizeof(info)};
+		handler_call(H_INFO, sovia_conn_info(hs.fd, &info));
 		handler_call(H_SHUTDOWN, shutdown(hs.fd, SHUT_WR));
 		handler_call(H_CLOSE, close(hs.fd));
 		handler_call(H_PIPE, write(hs.pipe_w, "p", 1));
