@@ -340,17 +340,19 @@ static void *helper_main(void *arg)
 	sv_enter(); /* the libraries this thread calls go straight to libc */
 	on_helper = true;
 	sv_lock_go_first(); /* lock.h: the application's calls give way to it */
-	/* Before rdma_cm: a process without RDMA has connections to show too
-	 * (each with its fallback reason). */
-	h.statfd = sv_stat_open();
-	if (h.statfd < 0)
-		sv_dbg("helper: no view for sovia-stat (%s)", strerror(-h.statfd));
 	/* rdma_cm's start and the note of how long it took are one step for
 	 * a fork (cm.h): a child forked in between (a prefork server forks
 	 * while we start) would judge a first contact by its own start-up,
 	 * a few ms with its parent's libraries loaded (stream_switch.c), and
 	 * open a peer table of its own instead of sharing its parent's. */
 	sv_cm_calls_enter();
+	/* Before rdma_cm: a process without RDMA has connections to show too
+	 * (each with its fallback reason). Inside the step a fork waits for,
+	 * so that a child never gets the socket before h.statfd names it
+	 * (its atfork handler closes it). */
+	h.statfd = sv_stat_open();
+	if (h.statfd < 0)
+		sv_dbg("helper: no view for sovia-stat (%s)", strerror(-h.statfd));
 	uint64_t t0 = sv_now_us();
 	init_rdma();
 	uint64_t took = sv_now_us() - t0;

@@ -5,9 +5,12 @@
  * and the helper's work when someone asks.
  *
  * The answer is a memfd passed with SCM_RIGHTS, so that a slow or stopped
- * reader never makes the helper wait: it writes the whole view, sends one
- * small message and goes on. Only the process's own user and root get an
- * answer (SO_PEERCRED); anyone else's connection is closed unanswered.
+ * reader never makes the helper wait: it writes the whole view, seals it
+ * (no write, no growth: the reader trusts its size) and sends one small
+ * message, then goes on. Only the process's own user and root get the
+ * view (SO_PEERCRED); anyone else gets one byte, 'n', and no fd. A
+ * connection closed with nothing (no memory for the view) is a view this
+ * process could not give.
  *
  * The view's text, one line per connection after a header line:
  *   libsovia-stat 1 pid=PID version=VERSION
@@ -23,6 +26,7 @@
 #include "stream.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,13 +87,16 @@ static bool may_see(int conn)
 	return c.uid == 0 || c.uid == getuid() || c.uid == geteuid();
 }
 
-static void answer(int conn)
+static void refuse(int conn)
 {
-	int view = memfd_create("libsovia-stat", MFD_CLOEXEC);
-	if (view < 0)
-		return;
-	dprintf(view, "libsovia-stat 1 pid=%d version=%s\n", (int)getpid(), SOVIA_VERSION_STRING);
-	sv_stream_view_all(write_line, &view);
+	char no = 'n';
+	ssize_t r = SV_REAL(send)(conn, &no, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+	(void)r; /* an asker that went away has nothing to be told */
+}
+
+/* The sealed view, to the asker. */
+static void send_view(int conn, int view)
+{
 	char one = 'v';
 	struct iovec iov = {.iov_base = &one, .iov_len = 1};
 	union {
@@ -106,6 +113,18 @@ static void answer(int conn)
 	memcpy(CMSG_DATA(c), &view, sizeof(int));
 	ssize_t r = SV_REAL(sendmsg)(conn, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
 	(void)r; /* an asker that went away has nothing to be told */
+}
+
+static void answer(int conn)
+{
+	int view = memfd_create("libsovia-stat", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (view < 0)
+		return;
+	dprintf(view, "libsovia-stat 1 pid=%d version=%s\n", (int)getpid(), SOVIA_VERSION_STRING);
+	sv_stream_view_all(write_line, &view);
+	if (SV_REAL(fcntl)(view, F_ADD_SEALS,
+			   F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) == 0)
+		send_view(conn, view);
 	SV_REAL(close)(view);
 }
 
@@ -117,6 +136,8 @@ void sv_stat_serve(int lfd)
 			return;
 		if (may_see(conn))
 			answer(conn);
+		else
+			refuse(conn);
 		SV_REAL(close)(conn);
 	}
 }

@@ -429,7 +429,8 @@ void sv_stream_view_all(void (*fn)(const struct sv_conn_view *v, void *arg), voi
 	for (size_t i = 0; i < n; i++) {
 		struct sv_conn_view v;
 		sv_stream_view(all[i], &v);
-		fn(&v, arg);
+		if (!v.closing)
+			fn(&v, arg);
 		sv_stream_put(all[i]);
 	}
 	free(all);

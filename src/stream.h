@@ -52,7 +52,8 @@ void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l);
  * under the stream's lock from the counters it keeps anyway. */
 enum sv_view_medium { SV_VIEW_NONE, SV_VIEW_TCP, SV_VIEW_RDMA };
 struct sv_conn_view {
-	int fd;
+	int fd;       /* the application's fd, -1 when it has several (dup) */
+	bool closing; /* the application closed it; libsovia lingers */
 	bool is_client;
 	enum sv_view_medium tx, rx;
 	const char *state, *fallback; /* static names */
@@ -61,10 +62,10 @@ struct sv_conn_view {
 	uint64_t credit_stalls, time_to_rdma_us;
 };
 void sv_stream_view(struct sv_stream *s, struct sv_conn_view *v);
-/* "address:port" (IPv6 addresses as inet_ntop writes them). */
+/* "address:port", "[v6 address]:port". */
 void sv_addr_str(const struct sockaddr_storage *ss, char *out, size_t len);
 /* Each live stream's view to fn (on the calling thread, no lock held
- * during fn). */
+ * during fn), but those the application closed. */
 void sv_stream_view_all(void (*fn)(const struct sv_conn_view *v, void *arg), void *arg);
 
 /* ---- The application's calls ---------------------------------------------- */

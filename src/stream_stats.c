@@ -40,7 +40,8 @@ void sv_addr_str(const struct sockaddr_storage *ss, char *out, size_t len)
 		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
 		port = ntohs(in6->sin6_port);
 	}
-	snprintf(out, len, "%s:%u", host, port);
+	/* [v6]:port, as ss(8) writes it: the port stays apart from the address. */
+	snprintf(out, len, ss->ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u", host, port);
 }
 
 #define U(x) ((unsigned long long)(x))
@@ -102,7 +103,10 @@ void sv_stream_view(struct sv_stream *s, struct sv_conn_view *v)
 	sv_lock(&s->lock);
 	const struct sv_proto *p = s->proto;
 	*v = (struct sv_conn_view){
-		.fd = s->fd,
+		/* libsovia's own copy (a dup'ed or lingering connection) is
+		 * no fd of the application's. */
+		.fd = s->fd_private ? -1 : s->fd,
+		.closing = s->cl.app_closed,
 		.is_client = s->is_client,
 		.tx = sv_stream_tx_medium(s) == SV_MEDIUM_QP ? SV_VIEW_RDMA : SV_VIEW_TCP,
 		.rx = sv_stream_rx_medium(s) == SV_MEDIUM_QP ? SV_VIEW_RDMA : SV_VIEW_TCP,

@@ -3,10 +3,12 @@
 # reason): it finds a preloaded process's connection and reports it, in
 # the table and as JSON; -p narrows it and fails clearly for a process
 # without libsovia; another user is told nothing of root's connections,
-# while root sees every user's; --watch repeats; a bad option is refused.
+# while root sees every user's; --watch repeats; a bad option is refused;
+# a stopped process, or one that answers with something else than a view,
+# neither holds sovia-stat nor shows in its listing.
 #   test/stat.sh LIBSOVIA_SO SOVIA_STAT
 set -euo pipefail
-lib=${1:?usage: $0 LIBSOVIA_SO SOVIA_STAT}
+lib=$(realpath "${1:?usage: $0 LIBSOVIA_SO SOVIA_STAT}")
 stat=${2:?usage: $0 LIBSOVIA_SO SOVIA_STAT}
 work=$(mktemp -d /tmp/sovia-stat.XXXXXX)
 chmod 755 "$work"
@@ -49,17 +51,20 @@ client() { # PORT FIFO RUNNER...
 	chmod 666 "$fifo"
 	"$@" env LD_PRELOAD="$lib" sh -c "{ printf hello; cat '$fifo'; } | nc 127.0.0.1 $port" &
 }
-view_of() { # PID: wait until its view lists a connection (bounded), print it
-	local out
+# PID [FILTER]: wait (bounded) until PID's view lists a connection for
+# which the jq FILTER holds (default: any), print the view.
+view_of() {
+	local out filter=${2:-true}
 	for _ in $(seq 300); do
 		out=$("$stat" -p "$1" --json 2>/dev/null || true)
-		if [ -n "$out" ] && jq -e '.connections | length > 0' <<<"$out" >/dev/null 2>&1; then
+		if [ -n "$out" ] && jq -e "[.connections[] | select($filter)] | length > 0" <<<"$out" \
+			>/dev/null 2>&1; then
 			echo "$out"
 			return
 		fi
 		sleep 0.1
 	done
-	fail "process $1's view never listed its connection: $out"
+	fail "process $1's view never listed a connection with $filter: $out"
 }
 nc_pid() { # PORT: the preloaded nc client connected to it
 	local p
@@ -75,7 +80,8 @@ listen 5941
 client 5941 "$work/hold" env
 pid=$(nc_pid 5941)
 pids+=("$pid")
-json=$(view_of "$pid")
+# Its 5 bytes sent and its fallback known (loopback has no RDMA path).
+json=$(view_of "$pid" '.state == "fallback" and .tcp_tx_bytes == 5')
 echo "== root's client: $json"
 c=$(jq -c '.connections[0]' <<<"$json")
 [ "$(jq -r .pid <<<"$c")" = "$pid" ] || fail "pid: $c"
@@ -130,4 +136,77 @@ set -e
 [ "$st" = 124 ] || fail "--watch ended by itself ($st)"
 [ "$(wc -l <"$work/watch.out")" -ge 1 ] || fail "--watch printed nothing"
 jq -e '.connections[0].pid' <"$work/watch.out" >/dev/null || fail "--watch's JSON does not parse"
+
+# A connection the program dup()ed is on two of its fds: libsovia holds it
+# on a copy of its own, which is no fd of the program's ("-", JSON null).
+listen 5943
+LD_PRELOAD="$lib" python3 -c '
+import os, signal, socket
+s = socket.create_connection(("127.0.0.1", 5943))
+s.sendall(b"hello")
+d = os.dup(s.fileno())
+print(os.getpid(), flush=True)
+signal.pause()' >"$work/dup.out" &
+pids+=($!)
+for _ in $(seq 100); do
+	dpid=$(head -1 "$work/dup.out")
+	[ -n "$dpid" ] && break
+	sleep 0.1
+done
+[ -n "$dpid" ] || fail "the dup()ing client did not start"
+json=$(view_of "$dpid" '.tcp_tx_bytes == 5')
+[ "$(jq -c '[.connections[].fd]' <<<"$json")" = "[null]" ] || fail "a dup()ed connection's fd: $json"
+"$stat" -p "$dpid" | grep -Eq "^$dpid +python3 +- +client " || fail "the table's dup()ed fd: $("$stat" -p "$dpid")"
+echo "== a dup()ed connection shows no fd of the program's"
+
+# A process that does not answer (stopped) fills its backlog: each ask
+# still ends (2 s for an answer, at once once the backlog is full), and
+# the listing of every process goes on past it.
+kill -STOP "$pid"
+for i in $(seq 11); do
+	set +e
+	out=$(timeout 60 "$stat" -p "$pid" 2>&1)
+	st=$?
+	set -e
+	[ "$st" = 1 ] || fail "ask $i of a stopped process: status $st: $out"
+	grep -q "not answering" <<<"$out" || fail "ask $i of a stopped process says: $out"
+done
+out=$(timeout 60 "$stat" --json) || fail "the listing with a stopped process: $?"
+jq -e --argjson p "$npid" '[.connections[] | select(.pid == $p)] | length == 1' <<<"$out" \
+	>/dev/null || fail "the listing past a stopped process lacks nobody's: $out"
+kill -CONT "$pid"
+echo "== a stopped process is 'not answering', 11 times, and the listing goes past it"
+
+# Anyone may bind a process's view name: a process that answers with
+# something that is not a sealed view (here a pipe, which would hold a
+# reader for ever) is refused, and the listing goes past it.
+python3 - >"$work/fake.out" 2>&1 <<'PY' &
+import array, os, socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind("\0libsovia-stat.%d" % os.getpid())
+s.listen(8)
+r, w = os.pipe()
+print(os.getpid(), flush=True)
+while True:
+    c, _ = s.accept()
+    c.sendmsg([b"v"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
+    c.close()
+PY
+pids+=($!)
+for _ in $(seq 100); do
+	fake=$(head -1 "$work/fake.out")
+	[ -n "$fake" ] && break
+	sleep 0.1
+done
+[ -n "$fake" ] || fail "the fake view did not start: $(cat "$work/fake.out")"
+set +e
+out=$(timeout 60 "$stat" -p "$fake" 2>&1)
+st=$?
+set -e
+[ "$st" = 1 ] || fail "a fake view's answer: status $st: $out"
+grep -q "answered with something that is not a view" <<<"$out" || fail "a fake view's answer says: $out"
+out=$(timeout 60 "$stat" --json) || fail "the listing with a fake view: $?"
+jq -e --argjson p "$fake" '[.connections[] | select(.pid == $p)] | length == 0' <<<"$out" \
+	>/dev/null || fail "the listing shows the fake view's: $out"
+echo "== a pipe for a view is refused, and the listing goes past it"
 echo "sovia-stat OK: $(wc -l <"$work/watch.out") looks in --watch"

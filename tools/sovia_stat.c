@@ -7,6 +7,7 @@
  * processes are found in /proc/net/unix. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -85,7 +86,7 @@ static void parse_line(const char *line, struct conn *c)
 {
 	char buf[32];
 	word(line, "fd", buf, sizeof(buf));
-	c->fd = atoi(buf);
+	c->fd = buf[0] ? atoi(buf) : -1;
 	word(line, "role", c->role, sizeof(c->role));
 	word(line, "local", c->local, sizeof(c->local));
 	word(line, "peer", c->peer, sizeof(c->peer));
@@ -114,27 +115,73 @@ static void read_comm(int pid, char *out, size_t len)
 	}
 }
 
-/* The memfd a process answered with, or -errno: -EACCES when it closed
- * the connection unanswered (another user's process), -ESRCH when it is
- * not the process the name says (someone else bound it). */
-static int ask(int pid)
+/* The user ids of process pid (real, effective, saved), from /proc: 0, or
+ * -errno. */
+static int proc_uids(int pid, uid_t uids[3])
+{
+	char path[64], line[256];
+	snprintf(path, sizeof(path), "/proc/%d/status", pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -errno;
+	int found = 0;
+	while (!found && fgets(line, sizeof(line), f)) {
+		unsigned r, e, s;
+		if (sscanf(line, "Uid: %u %u %u", &r, &e, &s) == 3) {
+			uids[0] = r, uids[1] = e, uids[2] = s;
+			found = 1;
+		}
+	}
+	fclose(f);
+	return found ? 0 : -ESRCH;
+}
+
+static bool has_uid(const uid_t uids[3], uid_t u)
+{
+	return uids[0] == u || uids[1] == u || uids[2] == u;
+}
+
+/* Connect to pid's view without ever blocking: a process that does not
+ * accept (stopped, in a debugger) fills its backlog, and a blocking
+ * connect would then wait for good. Returns the socket, or -errno. */
+static int connect_view(int pid)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
 	int n = snprintf(a.sun_path + 1, sizeof(a.sun_path) - 1, "libsovia-stat.%d", pid);
 	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0)
 		return -errno;
-	int err = 0, view = -1;
-	struct timeval tv = {.tv_sec = 2};
-	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (connect(s, (struct sockaddr *)&a, len) < 0) {
-		err = -errno;
-		goto close_socket;
+		int err = errno == EAGAIN ? -ETIMEDOUT : -errno;
+		close(s);
+		return err;
 	}
+	/* The answer comes within 2 s, or the process is not answering. */
+	struct timeval tv = {.tv_sec = 2};
+	if (fcntl(s, F_SETFL, 0) < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
+		int err = -errno;
+		close(s);
+		return err;
+	}
+	return s;
+}
+
+/* The memfd a process answered with, or -errno: -EACCES when it refused
+ * (another user's process), -ESRCH when the socket is not that process's
+ * (anyone may bind an abstract name: the answerer must be pid, as one of
+ * pid's users), -ETIMEDOUT when it does not answer, -ECONNRESET when it
+ * answered nothing. */
+static int ask(int pid, const uid_t uids[3])
+{
+	int s = connect_view(pid);
+	if (s < 0)
+		return s;
+	int err = 0, view = -1;
 	struct ucred cr;
 	socklen_t cl = sizeof(cr);
-	if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.pid != pid) {
+	if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.pid != pid ||
+	    !has_uid(uids, cr.uid)) {
 		err = -ESRCH;
 		goto close_socket;
 	}
@@ -149,9 +196,11 @@ static int ask(int pid)
 	ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
 	struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL;
 	if (r < 0)
-		err = -errno;
-	else if (!c || c->cmsg_type != SCM_RIGHTS)
-		err = -EACCES;
+		err = errno == EAGAIN ? -ETIMEDOUT : -errno;
+	else if (r == 0)
+		err = -ECONNRESET;
+	else if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+		err = one == 'n' ? -EACCES : -ECONNRESET;
 	else
 		memcpy(&view, CMSG_DATA(c), sizeof(int));
 close_socket:
@@ -159,21 +208,57 @@ close_socket:
 	return err ? err : view;
 }
 
-/* pid's connections into l: 0, or -errno from ask(). */
+enum { VIEW_MAX = 16 << 20 }; /* bytes: far above any process's connections */
+
+/* The view's text, NUL-terminated, or NULL. Only a sealed memfd of a sane
+ * size is read (what helper_stat.c sends): a pipe, a device or a file
+ * someone keeps writing could hold the reader for ever. */
+static char *read_view(int view)
+{
+	struct stat st;
+	int seals = fcntl(view, F_GET_SEALS);
+	int want = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
+	if (fstat(view, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > VIEW_MAX || seals < 0 ||
+	    (seals & want) != want)
+		return NULL;
+	size_t size = (size_t)st.st_size;
+	char *text = malloc(size + 1);
+	if (!text)
+		return NULL;
+	size_t got = 0;
+	while (got < size) {
+		ssize_t r = pread(view, text + got, size - got, (off_t)got);
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	text[got] = '\0';
+	return text;
+}
+
+/* pid's connections into l: 0, or -errno from ask() (-EACCES without
+ * asking when the caller is neither root nor one of pid's users). */
 static int collect(int pid, struct list *l)
 {
-	int view = ask(pid);
+	uid_t uids[3] = {0, 0, 0};
+	int r = proc_uids(pid, uids);
+	if (r < 0)
+		return r;
+	if (geteuid() != 0 && !has_uid(uids, getuid()) && !has_uid(uids, geteuid()))
+		return -EACCES; /* it would refuse: do not wake its helper */
+	int view = ask(pid, uids);
 	if (view < 0)
 		return view;
-	FILE *f = fdopen(view, "r");
-	if (!f) {
-		close(view);
-		return -ENOMEM;
-	}
-	rewind(f);
-	char line[1024], comm[32];
+	char *text = read_view(view);
+	close(view);
+	if (!text)
+		return -EPROTO;
+	char comm[32];
 	read_comm(pid, comm, sizeof(comm));
-	while (fgets(line, sizeof(line), f)) {
+	for (char *line = text, *next; *line; line = next) {
+		next = line + strcspn(line, "\n");
+		if (*next)
+			*next++ = '\0';
 		if (strncmp(line, "fd=", 3) != 0)
 			continue; /* the header, or a line of a kind this version does not know */
 		struct conn c = {.pid = pid};
@@ -182,7 +267,7 @@ static int collect(int pid, struct list *l)
 		if (!list_add(l, &c))
 			break;
 	}
-	fclose(f);
+	free(text);
 	return 0;
 }
 
@@ -223,6 +308,10 @@ static int find_pids(int **out)
 
 /* ---- Printing -------------------------------------------------------------- */
 
+/* Every byte of a process's answer and name is printed as printable
+ * ASCII: another user's process must not reach root's terminal with
+ * escape sequences, and a name cut inside a UTF-8 character must not make
+ * the JSON invalid. */
 static void json_string(const char *s)
 {
 	putchar('"');
@@ -230,12 +319,20 @@ static void json_string(const char *s)
 		unsigned char ch = (unsigned char)*s;
 		if (ch == '"' || ch == '\\')
 			printf("\\%c", ch);
-		else if (ch < 0x20)
+		else if (ch < 0x20 || ch >= 0x7f)
 			printf("\\u%04x", ch);
 		else
 			putchar(ch);
 	}
 	putchar('"');
+}
+
+/* s with each byte that is not printable ASCII as '?', in place. */
+static void printable(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
+			*s = '?';
 }
 
 static void print_json(const struct list *l)
@@ -245,7 +342,10 @@ static void print_json(const struct list *l)
 		const struct conn *c = &l->v[i];
 		printf("%s{\"pid\":%d,\"comm\":", i ? "," : "", c->pid);
 		json_string(c->comm);
-		printf(",\"fd\":%d,\"role\":", c->fd);
+		if (c->fd >= 0)
+			printf(",\"fd\":%d,\"role\":", c->fd);
+		else
+			printf(",\"fd\":null,\"role\":");
 		json_string(c->role);
 		printf(",\"local\":");
 		json_string(c->local);
@@ -266,19 +366,24 @@ static void print_json(const struct list *l)
 	printf("]}\n");
 }
 
-static void print_table(const struct list *l)
+static void print_table(struct list *l)
 {
 	printf("%-7s %-15s %4s %-6s %-21s %-21s %-4s %-4s %-9s %-22s %12s %12s %12s %12s %7s %8s\n",
 	       "PID", "COMMAND", "FD", "ROLE", "LOCAL", "PEER", "TX", "RX", "STATE", "FALLBACK",
 	       "RDMA-TX", "RDMA-RX", "TCP-TX", "TCP-RX", "STALLS", "TTR(ms)");
 	for (size_t i = 0; i < l->n; i++) {
-		const struct conn *c = &l->v[i];
-		char ttr[24] = "-";
+		struct conn *c = &l->v[i];
+		char ttr[24] = "-", fd[16] = "-";
 		if (c->ttr_us)
 			snprintf(ttr, sizeof(ttr), "%.1f", (double)c->ttr_us / 1000.0);
-		printf("%-7d %-15s %4d %-6s %-21s %-21s %-4s %-4s %-9s %-22s %12llu %12llu %12llu "
+		if (c->fd >= 0)
+			snprintf(fd, sizeof(fd), "%d", c->fd);
+		char *text[] = {c->comm, c->role, c->local, c->peer, c->tx, c->rx, c->state, c->fallback};
+		for (size_t k = 0; k < sizeof(text) / sizeof(text[0]); k++)
+			printable(text[k]);
+		printf("%-7d %-15s %4s %-6s %-21s %-21s %-4s %-4s %-9s %-22s %12llu %12llu %12llu "
 		       "%12llu %7llu %8s\n",
-		       c->pid, c->comm, c->fd, c->role, c->local, c->peer, c->tx, c->rx, c->state,
+		       c->pid, c->comm, fd, c->role, c->local, c->peer, c->tx, c->rx, c->state,
 		       c->fallback, c->rdma_tx, c->rdma_rx, c->tcp_tx, c->tcp_rx, c->stalls, ttr);
 	}
 }
@@ -316,10 +421,14 @@ static int show(int only, bool json)
 		int r = collect(only, &l);
 		if (r < 0) {
 			fprintf(stderr, "sovia-stat: process %d: %s\n", only,
-				r == -EACCES	 ? "its user's connections are not yours to see"
-				: r == -ESRCH	 ? "not the process its view's name says"
-				: r == -ECONNREFUSED || r == -ENOENT ? "has no libsovia view"
-								    : strerror(-r));
+				r == -EACCES	   ? "its user's connections are not yours to see"
+				: r == -ESRCH	   ? "no such process, or not the one its view's name says"
+				: r == -ETIMEDOUT  ? "not answering (stopped?)"
+				: r == -ECONNRESET ? "gave no view (out of memory?)"
+				: r == -EPROTO	   ? "answered with something that is not a view"
+				: r == -ECONNREFUSED ? "has no libsovia view"
+				: r == -ENOENT	     ? "no such process"
+						     : strerror(-r));
 			status = 1;
 		}
 	} else {
@@ -394,8 +503,8 @@ int main(int argc, char **argv)
 	if (!every)
 		return show((int)pid, json);
 	for (;;) {
-		if (!json)
-			printf("\033[H\033[2J");
+		if (!json && isatty(STDOUT_FILENO))
+			printf("\033[H\033[2J"); /* a screen, as watch(1) shows it */
 		show((int)pid, json);
 		struct timespec ts = {.tv_sec = every};
 		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
