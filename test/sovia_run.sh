@@ -119,6 +119,13 @@ SOVIA_SPIN_US=-1 status 125 touch "$work/ran"
 said "SOVIA_SPIN_US='-1'"
 status 125 --lib "$work/none.so" touch "$work/ran"
 said "cannot use the module $work/none.so"
+# A module the loader would skip (the program would run without libsovia).
+status 125 --lib /etc/passwd touch "$work/ran"
+said "cannot use the module /etc/passwd: not a shared object"
+mkdir "$work/a b"
+cp "$lib" "$work/a b/libsovia.so"
+status 125 --lib "$work/a b/libsovia.so" touch "$work/ran"
+said "LD_PRELOAD cannot hold a path with a blank or a colon"
 [ ! -e "$work/ran" ] || fail "a refused run started the program"
 
 # A real program under sovia-run: nc on loopback (no RDMA here, so TCP),

@@ -24,9 +24,29 @@
 #ifndef SOVIA_VERSION_STRING
 #define SOVIA_VERSION_STRING "?"
 #endif
-#ifndef SOVIA_MODULE_PATH
+/* The module: at a fixed path (the build tree's), or, installed, at a path
+ * relative to sovia-run's own directory, so that an install moved to
+ * another prefix (cmake --install --prefix) still finds its own. */
+#if !defined(SOVIA_MODULE_PATH) && !defined(SOVIA_MODULE_FROM_BIN)
 #define SOVIA_MODULE_PATH "libsovia.so"
 #endif
+
+static const char *default_module(void)
+{
+#ifdef SOVIA_MODULE_FROM_BIN
+	static char path[PATH_MAX + sizeof(SOVIA_MODULE_FROM_BIN)];
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n <= 0)
+		return SOVIA_MODULE_FROM_BIN;
+	self[n] = '\0';
+	*strrchr(self, '/') = '\0';
+	snprintf(path, sizeof(path), "%s/%s", self, SOVIA_MODULE_FROM_BIN);
+	return path;
+#else
+	return SOVIA_MODULE_PATH;
+#endif
+}
 
 enum { EXIT_OWN = 125, EXIT_CANNOT_RUN = 126, EXIT_NOT_FOUND = 127 };
 
@@ -113,7 +133,7 @@ static void help(void)
 	       "Exit status: PROGRAM's; 125 when sovia-run fails, 126 when PROGRAM cannot\n"
 	       "be run, 127 when it is not found.\n"
 	       "The connections of running programs: sovia-stat(8).\n",
-	       SOVIA_MODULE_PATH);
+	       default_module());
 }
 
 /* The option in argv[*i] names setting s (with "--no-" for a yes/no
@@ -177,17 +197,33 @@ static bool take_setting(const struct sv_setting_desc *s, char **argv, int argc,
 	return true;
 }
 
-/* The module's path goes first in LD_PRELOAD, once. */
+static _Noreturn void bad_module(const char *module, const char *why)
+{
+	fprintf(stderr,
+		"sovia-run: cannot use the module %s: %s\n"
+		"Give its path with --lib or SOVIA_MODULE.\n",
+		module, why);
+	exit(EXIT_OWN);
+}
+
+/* The module's path goes first in LD_PRELOAD, unless it is there already.
+ * The loader would skip, and the program run without libsovia, a path
+ * that is not a shared object or that LD_PRELOAD's separators split. */
 static void preload(const char *module)
 {
 	char path[PATH_MAX];
-	if (!realpath(module, path)) {
-		fprintf(stderr,
-			"sovia-run: cannot use the module %s: %s\n"
-			"Give its path with --lib or SOVIA_MODULE.\n",
-			module, strerror(errno));
-		exit(EXIT_OWN);
-	}
+	if (!realpath(module, path))
+		bad_module(module, strerror(errno));
+	if (strpbrk(path, " \t\n:"))
+		bad_module(path, "LD_PRELOAD cannot hold a path with a blank or a colon");
+	unsigned char magic[4] = {0};
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		bad_module(path, strerror(errno));
+	size_t got = fread(magic, 1, sizeof(magic), f);
+	fclose(f);
+	if (got != sizeof(magic) || memcmp(magic, "\177ELF", 4) != 0)
+		bad_module(path, "not a shared object");
 	const char *old = getenv("LD_PRELOAD");
 	if (old) {
 		/* LD_PRELOAD's entries are separated by blanks or colons. */
@@ -217,7 +253,7 @@ int main(int argc, char **argv)
 {
 	const char *module = getenv("SOVIA_MODULE");
 	if (!module || !*module)
-		module = SOVIA_MODULE_PATH;
+		module = default_module();
 	int i = 1;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		const char *a = argv[i];
