@@ -42,6 +42,21 @@ deps=$(dpkg-deb -f "$deb" Depends)
 for d in libibverbs1 librdmacm1 libc6; do
 	grep -q "$d" <<<"$deps" || fail "Depends lacks $d: $deps"
 done
+# On a clean system apt installs only what Depends names: every library
+# the package's programs and module need must come from a package named
+# there (this machine has them all, so a missing one would not show here
+# otherwise).
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+dpkg-deb -x "$deb" "$work/root"
+while read -r elf; do
+	for lib in $(readelf -d "$elf" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+		owner=$(dpkg -S "*/$lib" 2>/dev/null | grep "/$multiarch/$lib\$" | head -1 | cut -d: -f1)
+		[ -n "$owner" ] || fail "${elf#"$work/root"} needs $lib, which no package provides"
+		grep -Eq "(^|, )$owner( |,|$)" <<<"$deps" ||
+			fail "${elf#"$work/root"} needs $lib from $owner, not in Depends: $deps"
+	done
+done < <(find "$work/root" -type f -exec sh -c 'head -c4 "$1" | grep -q ELF' sh {} \; -print)
+echo "== Depends covers every library it needs: $deps"
 
 mkdir -p "$build/deb"
 rm -f "$build/deb/installed-by-test"
@@ -51,7 +66,6 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y --reinstall "$deb" >"$work/apt
 	{ cat "$work/apt.log" >&2; fail "apt-get install"; }
 dpkg-query -W -f '${Status}\n' libsovia | grep -qx "install ok installed" || fail "not installed"
 
-multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 for f in "/usr/lib/$multiarch/libsovia.so" /usr/include/sovia.h \
 	"/usr/lib/$multiarch/pkgconfig/libsovia.pc" /usr/bin/sovia-run /usr/bin/sovia-stat \
 	/usr/share/man/man7/libsovia.7.gz /usr/share/man/man1/sovia-run.1.gz \
