@@ -66,6 +66,23 @@ view_of() {
 	done
 	fail "process $1's view never listed a connection with $filter: $out"
 }
+# PID WORDS WHAT: sovia-stat -p PID ends (bounded: a hang is 124) with
+# status 1 and WORDS.
+refused() {
+	local out st=0
+	out=$(timeout 60 "$stat" -p "$1" 2>&1) || st=$?
+	[ "$st" = 1 ] || fail "$3: status $st: $out"
+	grep -q "$2" <<<"$out" || fail "$3 says: $out"
+}
+pid_from() { # FILE: the pid a started program prints first there
+	local p
+	for _ in $(seq 100); do
+		p=$(head -1 "$1")
+		[ -n "$p" ] && { echo "$p"; return; }
+		sleep 0.1
+	done
+	fail "no pid in $1: $(cat "$1")"
+}
 nc_pid() { # PORT: the preloaded nc client connected to it
 	local p
 	for _ in $(seq 100); do
@@ -148,12 +165,7 @@ d = os.dup(s.fileno())
 print(os.getpid(), flush=True)
 signal.pause()' >"$work/dup.out" &
 pids+=($!)
-for _ in $(seq 100); do
-	dpid=$(head -1 "$work/dup.out")
-	[ -n "$dpid" ] && break
-	sleep 0.1
-done
-[ -n "$dpid" ] || fail "the dup()ing client did not start"
+dpid=$(pid_from "$work/dup.out")
 json=$(view_of "$dpid" '.tcp_tx_bytes == 5')
 [ "$(jq -c '[.connections[].fd]' <<<"$json")" = "[null]" ] || fail "a dup()ed connection's fd: $json"
 "$stat" -p "$dpid" | grep -Eq "^$dpid +python3 +- +client " || fail "the table's dup()ed fd: $("$stat" -p "$dpid")"
@@ -164,12 +176,7 @@ echo "== a dup()ed connection shows no fd of the program's"
 # the listing of every process goes on past it.
 kill -STOP "$pid"
 for i in $(seq 11); do
-	set +e
-	out=$(timeout 60 "$stat" -p "$pid" 2>&1)
-	st=$?
-	set -e
-	[ "$st" = 1 ] || fail "ask $i of a stopped process: status $st: $out"
-	grep -q "not answering" <<<"$out" || fail "ask $i of a stopped process says: $out"
+	refused "$pid" "not answering" "ask $i of a stopped process"
 done
 out=$(timeout 60 "$stat" --json) || fail "the listing with a stopped process: $?"
 jq -e --argjson p "$npid" '[.connections[] | select(.pid == $p)] | length == 1' <<<"$out" \
@@ -193,18 +200,8 @@ while True:
     c.close()
 PY
 pids+=($!)
-for _ in $(seq 100); do
-	fake=$(head -1 "$work/fake.out")
-	[ -n "$fake" ] && break
-	sleep 0.1
-done
-[ -n "$fake" ] || fail "the fake view did not start: $(cat "$work/fake.out")"
-set +e
-out=$(timeout 60 "$stat" -p "$fake" 2>&1)
-st=$?
-set -e
-[ "$st" = 1 ] || fail "a fake view's answer: status $st: $out"
-grep -q "answered with something that is not a view" <<<"$out" || fail "a fake view's answer says: $out"
+fake=$(pid_from "$work/fake.out")
+refused "$fake" "answered with something that is not a view" "a fake view's answer"
 out=$(timeout 60 "$stat" --json) || fail "the listing with a fake view: $?"
 jq -e --argjson p "$fake" '[.connections[] | select(.pid == $p)] | length == 0' <<<"$out" \
 	>/dev/null || fail "the listing shows the fake view's: $out"
