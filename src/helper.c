@@ -63,6 +63,7 @@ static struct {
 	int wakefd;
 	bool started; /* wakefd exists */
 	int statfd;   /* sovia-stat's socket (helper_stat.c), -1: none */
+	unsigned stat_gen; /* the credentials (cred_gen) it listens with */
 } h = {.once = PTHREAD_ONCE_INIT, .lock = SV_LOCK_INIT(SV_RANK_HELPER), .jobs_tail = &h.jobs,
      .statfd = -1};
 
@@ -182,6 +183,23 @@ static void follow_credentials(void)
 			sv_cm->destroy_event_channel(h.old_ch[--h.nold]);
 		sv_dbg("rdma_cm: a new channel after credential change %u", gen);
 	}
+}
+
+/* sovia-stat believes a view only from one of the process's users, and
+ * the user SO_PEERCRED gives is the listener's euid at listen(): after the
+ * process changed its credentials (a daemon that drops root, an FTP
+ * server's seteuid), listen again as what the process is now. */
+static void follow_stat_credentials(void)
+{
+	unsigned gen = atomic_load(&h.cred_gen);
+	if (gen == h.stat_gen)
+		return;
+	h.stat_gen = gen;
+	sv_cm_calls_enter(); /* a fork never gets the socket unnamed */
+	if (h.statfd >= 0)
+		sv_ownfd_close(h.statfd);
+	h.statfd = sv_stat_open();
+	sv_cm_calls_leave();
 }
 
 uint64_t sv_helper_rdma_ready_us(void)
@@ -351,6 +369,7 @@ static void *helper_main(void *arg)
 	 * so that a child never gets the socket before h.statfd names it
 	 * (its atfork handler closes it). */
 	h.statfd = sv_stat_open();
+	h.stat_gen = atomic_load(&h.cred_gen);
 	if (h.statfd < 0)
 		sv_dbg("helper: no view for sovia-stat (%s)", strerror(-h.statfd));
 	uint64_t t0 = sv_now_us();
@@ -365,6 +384,7 @@ static void *helper_main(void *arg)
 	run_jobs();
 	for (;;) {
 		follow_credentials(); /* before any rdma_cm call of this round */
+		follow_stat_credentials();
 		uint64_t now = sv_now_us();
 		bool on_hub = false;
 		sv_stream_redo_reap();

@@ -35,6 +35,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U /* Linux 6.3's; older headers lack it */
+#endif
+
 #ifndef SOVIA_VERSION_STRING
 #define SOVIA_VERSION_STRING "?"
 #endif
@@ -117,7 +121,11 @@ static void send_view(int conn, int view)
 
 static void answer(int conn)
 {
-	int view = memfd_create("libsovia-stat", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	/* Not executable where the kernel can say so (6.3 on: without it
+	 * the kernel warns, and vm.memfd_noexec=2 refuses the memfd). */
+	int view = memfd_create("libsovia-stat", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+	if (view < 0 && errno == EINVAL)
+		view = memfd_create("libsovia-stat", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (view < 0)
 		return;
 	dprintf(view, "libsovia-stat 1 pid=%d version=%s\n", (int)getpid(), SOVIA_VERSION_STRING);

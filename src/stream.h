@@ -52,7 +52,7 @@ void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l);
  * under the stream's lock from the counters it keeps anyway. */
 enum sv_view_medium { SV_VIEW_NONE, SV_VIEW_TCP, SV_VIEW_RDMA };
 struct sv_conn_view {
-	int fd;       /* the application's fd, -1 when it has several (dup) */
+	int fd;       /* the application's fd, -1: libsovia's own copy (after a dup) */
 	bool closing; /* the application closed it; libsovia lingers */
 	bool is_client;
 	enum sv_view_medium tx, rx;

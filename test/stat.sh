@@ -30,6 +30,8 @@ fail() {
 	echo "FAIL: $*" >&2
 	exit 1
 }
+# The system's python3 (another user may not reach a user's own).
+py=$([ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3)
 as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$@"; }
 
 listen() { # PORT: a plain server that holds the connection open
@@ -136,6 +138,16 @@ as_nobody "$stat" --json | jq -e --argjson p "$pid" '[.connections[] | select(.p
 	>/dev/null || fail "nobody sees root's connection"
 as_nobody "$stat" --json | jq -e --argjson p "$npid" '[.connections[] | select(.pid == $p)] | length == 1' \
 	>/dev/null || fail "nobody does not see its own connection"
+# sovia-stat as nobody does not even ask root's process; asked anyway,
+# the process answers another user with a refusal ('n') and no view.
+as_nobody "$py" -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.settimeout(10)
+s.connect("\0libsovia-stat.%s" % sys.argv[1])
+data, anc, flags, _ = s.recvmsg(16, socket.CMSG_SPACE(64))
+print(repr(data), len(anc))' "$pid" >"$work/refusal" 2>&1 || fail "nobody's raw ask: $(cat "$work/refusal")"
+[ "$(cat "$work/refusal")" = "b'n' 0" ] || fail "root's process answered nobody: $(cat "$work/refusal")"
 echo "== nobody sees its own connection and not root's; root sees both"
 
 if out=$("$stat" -p $$ 2>&1); then
@@ -154,21 +166,25 @@ set -e
 [ "$(wc -l <"$work/watch.out")" -ge 1 ] || fail "--watch printed nothing"
 jq -e '.connections[0].pid' <"$work/watch.out" >/dev/null || fail "--watch's JSON does not parse"
 
-# A connection the program dup()ed is on two of its fds: libsovia holds it
-# on a copy of its own, which is no fd of the program's ("-", JSON null).
+# A connection the program dup()ed is on two of its fds. Where libsovia
+# holds it on a copy of its own (which depends on the moment of the dup),
+# that copy is no fd of the program's: it shows as "-" (JSON null), else as
+# one of the program's two.
 listen 5943
-LD_PRELOAD="$lib" python3 -c '
+LD_PRELOAD="$lib" "$py" -c '
 import os, signal, socket
 s = socket.create_connection(("127.0.0.1", 5943))
 s.sendall(b"hello")
 d = os.dup(s.fileno())
-print(os.getpid(), flush=True)
+print(os.getpid(), s.fileno(), d, flush=True)
 signal.pause()' >"$work/dup.out" &
 pids+=($!)
-dpid=$(pid_from "$work/dup.out")
+read -r dpid fd1 fd2 <<<"$(pid_from "$work/dup.out")"
 json=$(view_of "$dpid" '.tcp_tx_bytes == 5')
-[ "$(jq -c '[.connections[].fd]' <<<"$json")" = "[null]" ] || fail "a dup()ed connection's fd: $json"
-"$stat" -p "$dpid" | grep -Eq "^$dpid +python3 +- +client " || fail "the table's dup()ed fd: $("$stat" -p "$dpid")"
+dfd=$(jq -r '.connections[0].fd' <<<"$json")
+case "$dfd" in null | "$fd1" | "$fd2") ;; *) fail "a dup()ed connection's fd is none of $fd1, $fd2: $json" ;; esac
+[ "$dfd" != null ] || dfd=-
+"$stat" -p "$dpid" | grep -Eq "^$dpid +python3 +$dfd +client " || fail "the table's dup()ed fd: $("$stat" -p "$dpid")"
 echo "== a dup()ed connection shows no fd of the program's"
 
 # A process that does not answer (stopped) fills its backlog: each ask
@@ -179,16 +195,20 @@ for i in $(seq 11); do
 	refused "$pid" "not answering" "ask $i of a stopped process"
 done
 out=$(timeout 60 "$stat" --json) || fail "the listing with a stopped process: $?"
-jq -e --argjson p "$npid" '[.connections[] | select(.pid == $p)] | length == 1' <<<"$out" \
-	>/dev/null || fail "the listing past a stopped process lacks nobody's: $out"
+jq -e --argjson p "$npid" --argjson s "$pid" '([.connections[] | select(.pid == $p)] | length == 1)
+	and ([.connections[] | select(.pid == $s)] | length == 0)' <<<"$out" \
+	>/dev/null || fail "the listing past a stopped process: $out"
 kill -CONT "$pid"
 echo "== a stopped process is 'not answering', 11 times, and the listing goes past it"
 
 # Anyone may bind a process's view name: a process that answers with
 # something that is not a sealed view (here a pipe, which would hold a
 # reader for ever) is refused, and the listing goes past it.
-python3 - >"$work/fake.out" 2>&1 <<'PY' &
-import array, os, socket
+"$py" - >"$work/fake.out" 2>&1 <<'PY' &
+import array, fcntl, os, socket
+v = os.memfd_create("view", os.MFD_ALLOW_SEALING)
+os.write(v, b"libsovia-stat 1 pid=0 version=0\nfd=3 role=client state=rdma\n")
+fcntl.fcntl(v, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 s.bind("\0libsovia-stat.%d" % os.getpid())
 s.listen(8)
@@ -196,14 +216,38 @@ r, w = os.pipe()
 print(os.getpid(), flush=True)
 while True:
     c, _ = s.accept()
-    c.sendmsg([b"v"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r]))])
+    # A pipe, which would hold a reader for ever; every other time a
+    # sealed view with a second fd, which a reader must not keep.
+    n = n + 1 if "n" in dir() else 0
+    fds = [r] if n % 2 == 0 else [v, w]
+    c.sendmsg([b"v"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
     c.close()
 PY
 pids+=($!)
 fake=$(pid_from "$work/fake.out")
 refused "$fake" "answered with something that is not a view" "a fake view's answer"
+refused "$fake" "answered with something that is not a view" "a fake view's two fds"
 out=$(timeout 60 "$stat" --json) || fail "the listing with a fake view: $?"
 jq -e --argjson p "$fake" '[.connections[] | select(.pid == $p)] | length == 0' <<<"$out" \
 	>/dev/null || fail "the listing shows the fake view's: $out"
 echo "== a pipe for a view is refused, and the listing goes past it"
+
+# A daemon that drops root after its first connection: its helper listened
+# as root, and listens again as the user the process became (sovia-stat
+# believes a view only from one of the process's users, or root).
+listen 5944
+LD_PRELOAD="$lib" "$py" -c '
+import os, signal, socket
+s = socket.create_connection(("127.0.0.1", 5944))
+s.sendall(b"hello")
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)
+print(os.getpid(), flush=True)
+signal.pause()' >"$work/drop.out" &
+pids+=($!)
+dropped=$(pid_from "$work/drop.out")
+view_of "$dropped" '.tcp_tx_bytes == 5' >/dev/null
+[ "$(stat -c %U "/proc/$dropped")" = nobody ] || fail "the daemon did not drop root"
+echo "== a daemon that dropped root is still seen"
 echo "sovia-stat OK: $(wc -l <"$work/watch.out") looks in --watch"

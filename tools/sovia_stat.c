@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -157,58 +158,26 @@ static int connect_view(int pid)
 		close(s);
 		return err;
 	}
-	/* The answer comes within 2 s, or the process is not answering. */
-	struct timeval tv = {.tv_sec = 2};
-	if (fcntl(s, F_SETFL, 0) < 0 || setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0) {
-		int err = -errno;
-		close(s);
-		return err;
-	}
 	return s;
 }
 
-/* The memfd a process answered with, or -errno: -EACCES when it refused
- * (another user's process), -ESRCH when the socket is not that process's
- * (anyone may bind an abstract name: the answerer must be pid, as one of
- * pid's users), -ETIMEDOUT when it does not answer, -ECONNRESET when it
- * answered nothing. */
-static int ask(int pid, const uid_t uids[3])
-{
-	int s = connect_view(pid);
-	if (s < 0)
-		return s;
-	int err = 0, view = -1;
-	struct ucred cr;
-	socklen_t cl = sizeof(cr);
-	if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.pid != pid ||
-	    !has_uid(uids, cr.uid)) {
-		err = -ESRCH;
-		goto close_socket;
-	}
-	char one;
-	struct iovec iov = {.iov_base = &one, .iov_len = 1};
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			   .msg_controllen = sizeof(u.buf)};
-	ssize_t r = recvmsg(s, &m, MSG_CMSG_CLOEXEC);
-	struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL;
-	if (r < 0)
-		err = errno == EAGAIN ? -ETIMEDOUT : -errno;
-	else if (r == 0)
-		err = -ECONNRESET;
-	else if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-		err = one == 'n' ? -EACCES : -ECONNRESET;
-	else
-		memcpy(&view, CMSG_DATA(c), sizeof(int));
-close_socket:
-	close(s);
-	return err ? err : view;
-}
+/* One process asked: its socket while the answer is awaited, then the
+ * view's text or why there is none (-errno: -EACCES refused, -ESRCH not
+ * the process the name gives, -ETIMEDOUT no answer within the bound,
+ * -ECONNRESET answered nothing, -EPROTO answered something else than a
+ * view). */
+struct ask {
+	int pid;
+	int sock;
+	int err;
+	char *text;
+};
 
-enum { VIEW_MAX = 16 << 20 }; /* bytes: far above any process's connections */
+enum {
+	ANSWER_MS = 2000,     /* for every process at once: a silent one costs 2 s in all */
+	VIEW_MAX = 16 << 20,  /* bytes: far above any process's connections */
+	CONNS_MAX = 1 << 16,  /* a process's connections shown: bounds a fake view's */
+};
 
 /* The view's text, NUL-terminated, or NULL. Only a sealed memfd of a sane
  * size is read (what helper_stat.c sends): a pipe, a device or a file
@@ -236,39 +205,150 @@ static char *read_view(int view)
 	return text;
 }
 
-/* pid's connections into l: 0, or -errno from ask() (-EACCES without
- * asking when the caller is neither root nor one of pid's users). */
-static int collect(int pid, struct list *l)
+/* The fds a message carried: the one view, or -EPROTO (all closed) for
+ * anything else. */
+static int take_view(struct msghdr *m)
 {
-	uid_t uids[3] = {0, 0, 0};
-	int r = proc_uids(pid, uids);
-	if (r < 0)
-		return r;
-	if (geteuid() != 0 && !has_uid(uids, getuid()) && !has_uid(uids, geteuid()))
-		return -EACCES; /* it would refuse: do not wake its helper */
-	int view = ask(pid, uids);
-	if (view < 0)
-		return view;
-	char *text = read_view(view);
-	close(view);
-	if (!text)
+	int view = -1, extra = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+			if (view < 0)
+				view = fd;
+			else
+				extra++, close(fd);
+		}
+	}
+	if (view >= 0 && (extra || (m->msg_flags & MSG_CTRUNC))) {
+		close(view);
 		return -EPROTO;
+	}
+	return view;
+}
+
+/* The answer waiting on a->sock: the view's text into a->text, or a->err.
+ * The answerer must be the pid the name gives, running as root or as one
+ * of that process's users (anyone may bind an abstract name; the
+ * listener's user is who the process was at listen(), and the helper
+ * listens again when the process changes its credentials). */
+static void receive(struct ask *a)
+{
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+	uid_t uids[3] = {0, 0, 0};
+	if (getsockopt(a->sock, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.pid != a->pid ||
+	    proc_uids(a->pid, uids) < 0 || (cr.uid != 0 && !has_uid(uids, cr.uid))) {
+		a->err = -ESRCH;
+		return;
+	}
+	char one = 0;
+	struct iovec iov = {.iov_base = &one, .iov_len = 1};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			   .msg_controllen = sizeof(u.buf)};
+	ssize_t r = recvmsg(a->sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	int view = r > 0 ? take_view(&m) : -1;
+	if (r < 0)
+		a->err = errno == EAGAIN ? -ETIMEDOUT : -errno;
+	else if (r == 0)
+		a->err = -ECONNRESET;
+	else if (view == -EPROTO)
+		a->err = -EPROTO;
+	else if (view < 0)
+		a->err = one == 'n' ? -EACCES : -EPROTO;
+	else if (!(a->text = read_view(view)))
+		a->err = -EPROTO;
+	if (view >= 0)
+		close(view);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Every process of a[] asked at once, the answers awaited together within
+ * ANSWER_MS. A non-root caller does not ask processes none of whose users
+ * it is: they would refuse, and asking wakes their helpers. */
+static void ask_all(struct ask *a, size_t n)
+{
+	struct pollfd *pf = calloc(n ? n : 1, sizeof(*pf));
+	size_t *of = calloc(n ? n : 1, sizeof(*of));
+	if (!pf || !of) {
+		for (size_t i = 0; i < n; i++)
+			a[i].err = -ENOMEM;
+		goto free_polls;
+	}
+	for (size_t i = 0; i < n; i++) {
+		uid_t uids[3] = {0, 0, 0};
+		a[i].sock = -1;
+		a[i].err = proc_uids(a[i].pid, uids);
+		if (!a[i].err && geteuid() != 0 && !has_uid(uids, getuid()) &&
+		    !has_uid(uids, geteuid()))
+			a[i].err = -EACCES;
+		if (!a[i].err) {
+			a[i].sock = connect_view(a[i].pid);
+			a[i].err = a[i].sock < 0 ? a[i].sock : 0;
+		}
+	}
+	int64_t end = now_ms() + ANSWER_MS;
+	for (;;) {
+		size_t k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (a[i].sock >= 0 && !a[i].err && !a[i].text) {
+				pf[k] = (struct pollfd){.fd = a[i].sock, .events = POLLIN};
+				of[k++] = i;
+			}
+		int64_t left = end - now_ms();
+		if (!k || left <= 0)
+			break;
+		int r = poll(pf, k, (int)left);
+		if (r < 0 && errno != EINTR)
+			break;
+		for (size_t j = 0; r > 0 && j < k; j++)
+			if (pf[j].revents)
+				receive(&a[of[j]]);
+	}
+free_polls:
+	for (size_t i = 0; i < n; i++) {
+		if (a[i].sock >= 0 && !a[i].err && !a[i].text)
+			a[i].err = -ETIMEDOUT;
+		if (a[i].sock >= 0)
+			close(a[i].sock);
+		a[i].sock = -1;
+	}
+	free(pf);
+	free(of);
+}
+
+/* The connections of a process's view into l, at most CONNS_MAX. */
+static void collect(const struct ask *a, struct list *l)
+{
 	char comm[32];
-	read_comm(pid, comm, sizeof(comm));
-	for (char *line = text, *next; *line; line = next) {
+	read_comm(a->pid, comm, sizeof(comm));
+	size_t taken = 0;
+	for (char *line = a->text, *next; *line && taken < CONNS_MAX; line = next) {
 		next = line + strcspn(line, "\n");
 		if (*next)
 			*next++ = '\0';
 		if (strncmp(line, "fd=", 3) != 0)
 			continue; /* the header, or a line of a kind this version does not know */
-		struct conn c = {.pid = pid};
+		struct conn c = {.pid = a->pid};
 		snprintf(c.comm, sizeof(c.comm), "%s", comm);
 		parse_line(line, &c);
 		if (!list_add(l, &c))
 			break;
+		taken++;
 	}
-	free(text);
-	return 0;
 }
 
 /* The pids with a view, from /proc/net/unix (-errno if it cannot be read). */
@@ -413,35 +493,58 @@ static bool parse_int(const char *s, long lo, long hi, long *out)
 }
 
 /* One look at every process (or just `only`): 0, or 1 after an error. */
+static const char *why(int err)
+{
+	switch (err) {
+	case -EACCES:
+		return "its user's connections are not yours to see";
+	case -ESRCH:
+		return "not the process its view's name says";
+	case -ETIMEDOUT:
+		return "not answering (stopped?)";
+	case -ECONNRESET:
+		return "gave no view (out of memory?)";
+	case -EPROTO:
+		return "answered with something that is not a view";
+	case -ECONNREFUSED:
+		return "has no libsovia view";
+	case -ENOENT:
+		return "no such process";
+	}
+	return strerror(-err);
+}
+
+/* One look at every process (or just `only`): 0, or 1 after an error. */
 static int show(int only, bool json)
 {
 	struct list l = {0};
 	int status = 0;
-	if (only) {
-		int r = collect(only, &l);
-		if (r < 0) {
-			fprintf(stderr, "sovia-stat: process %d: %s\n", only,
-				r == -EACCES	   ? "its user's connections are not yours to see"
-				: r == -ESRCH	   ? "no such process, or not the one its view's name says"
-				: r == -ETIMEDOUT  ? "not answering (stopped?)"
-				: r == -ECONNRESET ? "gave no view (out of memory?)"
-				: r == -EPROTO	   ? "answered with something that is not a view"
-				: r == -ECONNREFUSED ? "has no libsovia view"
-				: r == -ENOENT	     ? "no such process"
-						     : strerror(-r));
+	int *pids = NULL;
+	int n = 1;
+	if (!only && (n = find_pids(&pids)) < 0) {
+		fprintf(stderr, "sovia-stat: /proc/net/unix: %s\n", strerror(-n));
+		return 1;
+	}
+	struct ask *a = calloc(n ? (size_t)n : 1, sizeof(*a));
+	if (!a) {
+		free(pids);
+		fprintf(stderr, "sovia-stat: out of memory\n");
+		return 1;
+	}
+	for (int i = 0; i < n; i++)
+		a[i].pid = only ? only : pids[i];
+	free(pids);
+	ask_all(a, (size_t)n);
+	for (int i = 0; i < n; i++) {
+		if (a[i].text)
+			collect(&a[i], &l);
+		else if (only) { /* others' processes, and ones gone since, are skipped */
+			fprintf(stderr, "sovia-stat: process %d: %s\n", only, why(a[i].err));
 			status = 1;
 		}
-	} else {
-		int *pids = NULL;
-		int n = find_pids(&pids);
-		if (n < 0) {
-			fprintf(stderr, "sovia-stat: /proc/net/unix: %s\n", strerror(-n));
-			return 1;
-		}
-		for (int i = 0; i < n; i++)
-			collect(pids[i], &l); /* others' processes, and ones gone since, are skipped */
-		free(pids);
+		free(a[i].text);
 	}
+	free(a);
 	if (json)
 		print_json(&l);
 	else if (!status)
