@@ -77,17 +77,26 @@ int sovia_conn_info(int fd, struct sovia_conn_info *info);
  * defines); otherwise it is declared here, so that a C program need not
  * define _GNU_SOURCE for this header. In glibc's libc since 2.34 (libdl
  * before). A NULL handle is RTLD_DEFAULT. */
-#if defined(__cplusplus) || defined(_GNU_SOURCE)
 #include <dlfcn.h>
-#else
+#if !defined(__cplusplus) && !defined(__USE_GNU)
 extern void *dlvsym(void *handle, const char *symbol, const char *version);
+#endif
+
+/* A null pointer and a cast to bytes, in C++11's words where C++ is built
+ * (clang++ -Wzero-as-null-pointer-constant, -Wold-style-cast), else C's. */
+#ifdef __cplusplus
+#define SOVIA_NULL_ nullptr
+#define SOVIA_BYTES_(p) reinterpret_cast<char *>(p)
+#else
+#define SOVIA_NULL_ ((void *)0)
+#define SOVIA_BYTES_(p) ((char *)(p))
 #endif
 
 /* The module's function `name` into *fn (a function pointer), or NULL:
  * copied, since ISO C has no cast from an object to a function pointer. */
 static inline void sovia_lookup_(const char *name, void *fn, size_t size)
 {
-	void *sym = dlvsym(NULL, name, SOVIA_API_VERSION);
+	void *sym = dlvsym(SOVIA_NULL_, name, SOVIA_API_VERSION);
 	memcpy(fn, &sym, size);
 }
 
@@ -96,23 +105,24 @@ static inline const char *sovia_version(void)
 {
 	sovia_version_fn fn;
 	sovia_lookup_("sovia_version", &fn, sizeof(fn));
-	return fn ? fn() : NULL;
+	return fn ? fn() : SOVIA_NULL_;
 }
 
-/* A stream socket of fd is TCP: by its protocol where the C library shows
- * SO_PROTOCOL (not under a strict -std=c99), else by its address family. */
+/* Linux's SO_PROTOCOL, which a strict -std=c99 hides. */
+#ifdef SO_PROTOCOL
+#define SOVIA_SO_PROTOCOL_ SO_PROTOCOL
+#else
+#define SOVIA_SO_PROTOCOL_ 38
+#endif
+
+/* fd is a TCP socket (the kernel's TCP carries it). */
 static inline int sovia_is_tcp_(int fd)
 {
-#ifdef SO_PROTOCOL
-	int proto = 0;
-	socklen_t len = sizeof(proto);
-	return getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) == 0 && proto == IPPROTO_TCP;
-#else
-	struct sockaddr_storage ss;
-	socklen_t len = sizeof(ss);
-	return getsockname(fd, (struct sockaddr *)&ss, &len) == 0 &&
-	       (ss.ss_family == AF_INET || ss.ss_family == AF_INET6);
-#endif
+	int type = 0, proto = 0;
+	socklen_t tl = sizeof(type), pl = sizeof(proto);
+	return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_STREAM &&
+	       getsockopt(fd, SOL_SOCKET, SOVIA_SO_PROTOCOL_, &proto, &pl) == 0 &&
+	       proto == IPPROTO_TCP;
 }
 
 /* What libsovia knows of the connection on fd. Set info->size first; on
@@ -125,8 +135,8 @@ static inline int sovia_is_tcp_(int fd)
 static inline int sovia_conn_info(int fd, struct sovia_conn_info *info)
 {
 	sovia_conn_info_fn fn;
-	int type = 0;
-	socklen_t tl = sizeof(type);
+	uint32_t n;
+	int saved = errno;
 	if (!info || info->size < SOVIA_CONN_INFO_SIZE_1) {
 		errno = EINVAL;
 		return -1;
@@ -136,12 +146,18 @@ static inline int sovia_conn_info(int fd, struct sovia_conn_info *info)
 		return fn(fd, info);
 	if (fcntl(fd, F_GETFD) < 0)
 		return -1; /* EBADF, as the module answers */
-	memset(&info->managed, 0, sizeof(*info) - offsetof(struct sovia_conn_info, managed));
-	info->size = sizeof(*info);
+	/* As the module: no more than the caller's size says, and that
+	 * size back. */
+	n = sizeof(*info);
+	if (info->size < n)
+		n = info->size;
+	memset(SOVIA_BYTES_(info) + offsetof(struct sovia_conn_info, managed), 0,
+	       n - offsetof(struct sovia_conn_info, managed));
+	info->size = n;
 	strcpy(info->fallback, "none");
-	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_STREAM &&
-	    sovia_is_tcp_(fd))
+	if (sovia_is_tcp_(fd))
 		info->tx_medium = info->rx_medium = SOVIA_MEDIUM_TCP;
+	errno = saved;
 	return 0;
 }
 

@@ -20,6 +20,12 @@ cat >"$work/probe.c" <<'C'
 #include <stdio.h>
 #include <unistd.h>
 
+#ifdef __cplusplus
+#define NOTHING nullptr
+#else
+#define NOTHING NULL
+#endif
+
 /* The calls' answers, one line each; one call a statement (printf's
  * arguments have no order). */
 static void probe(const char *what, int fd, struct sovia_conn_info *info, uint32_t size)
@@ -46,7 +52,7 @@ int main(void)
 	int tcp = socket(AF_INET, SOCK_STREAM, 0);
 	printf("version=%s\n", v ? v : "(null)");
 	probe("closed", 999, &info, sizeof(info));
-	probe("null", 0, NULL, 0);
+	probe("null", 0, NOTHING, 0);
 	probe("short", 0, &info, SOVIA_CONN_INFO_SIZE_1 - 1);
 	probe("pipe", 1, &info, sizeof(info));
 	probe("tcp", tcp, &info, sizeof(info));
@@ -75,7 +81,7 @@ int main(void)
 	errno = 0;
 	rc = fn(0, NULL);
 	printf("module-null=%d,%s\n", rc, errno == EINVAL ? "EINVAL" : "?");
-	info.size = 8;
+	info.size = SOVIA_CONN_INFO_SIZE_1 - 1;
 	errno = 0;
 	rc = fn(0, &info);
 	printf("module-short=%d,%s\n", rc, errno == EINVAL ? "EINVAL" : "?");
@@ -97,6 +103,15 @@ cp "$work/probe.c" "$work/probe.cc"
 g++ -std=c++11 -pedantic -Wall -Wextra -Werror -Wold-style-cast -Wzero-as-null-pointer-constant \
 	-Wredundant-decls -I"$inc" -o "$work/probe-cxx" "$work/probe.cc" ||
 	fail "sovia.h does not build as C++"
+# clang++ asks more of a null pointer than g++ does.
+clang++ -std=c++11 -pedantic -Wall -Wextra -Werror -Wold-style-cast \
+	-Wzero-as-null-pointer-constant -I"$inc" -fsyntax-only "$work/probe.cc" ||
+	fail "sovia.h does not build with clang++"
+# _GNU_SOURCE defined after a first system header (too late for it to count).
+{ echo '#include <stdio.h>'; echo '#define _GNU_SOURCE'; cat "$work/probe.c"; } >"$work/late.c"
+# shellcheck disable=SC2086
+gcc -std=c99 $strict -O2 -Warray-bounds=2 -I"$inc" -o /dev/null "$work/late.c" ||
+	fail "sovia.h does not build with a late _GNU_SOURCE"
 version=$(sed -n 's/^project(libsovia VERSION \([0-9.]*\).*/\1/p' "$(dirname "$0")/../CMakeLists.txt")
 for probe in probe-c probe-cxx; do
 	for how in plain preloaded; do
