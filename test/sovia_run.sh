@@ -122,6 +122,8 @@ said "cannot use the module $work/none.so"
 # A module the loader would skip (the program would run without libsovia).
 status 125 --lib /etc/passwd touch "$work/ran"
 said "cannot use the module /etc/passwd: not a shared object"
+status 125 --lib "$(realpath /bin/true)" touch "$work/ran"
+said "a program, not a shared object"
 mkdir "$work/a b"
 cp "$lib" "$work/a b/libsovia.so"
 status 125 --lib "$work/a b/libsovia.so" touch "$work/ran"

@@ -13,9 +13,13 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,6 +201,54 @@ static bool take_setting(const struct sv_setting_desc *s, char **argv, int argc,
 	return true;
 }
 
+/* The loader preloads a shared object of its own class, byte order and
+ * machine, and no executable (a PIE is ET_DYN too: DF_1_PIE tells it). */
+static const char *not_preloadable(int fd)
+{
+	ElfW(Ehdr) eh, me;
+	int self = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+	bool have_me = self >= 0 && pread(self, &me, sizeof(me), 0) == (ssize_t)sizeof(me);
+	if (self >= 0)
+		close(self);
+	if (pread(fd, &eh, sizeof(eh), 0) != (ssize_t)sizeof(eh) ||
+	    memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
+		return "not a shared object";
+	if (have_me && (eh.e_ident[EI_CLASS] != me.e_ident[EI_CLASS] ||
+			eh.e_ident[EI_DATA] != me.e_ident[EI_DATA] || eh.e_machine != me.e_machine))
+		return "a shared object for another machine";
+	if (eh.e_type != ET_DYN)
+		return "not a shared object";
+	for (unsigned i = 0; i < eh.e_phnum; i++) {
+		ElfW(Phdr) ph;
+		if (pread(fd, &ph, sizeof(ph), (off_t)(eh.e_phoff + i * eh.e_phentsize)) !=
+		    (ssize_t)sizeof(ph))
+			return "not a shared object";
+		if (ph.p_type != PT_DYNAMIC)
+			continue;
+		for (size_t k = 0; k < ph.p_filesz / sizeof(ElfW(Dyn)); k++) {
+			ElfW(Dyn) d;
+			if (pread(fd, &d, sizeof(d), (off_t)(ph.p_offset + k * sizeof(d))) !=
+			    (ssize_t)sizeof(d) || d.d_tag == DT_NULL)
+				break;
+			if (d.d_tag == DT_FLAGS_1 && (d.d_un.d_val & DF_1_PIE))
+				return "a program, not a shared object";
+		}
+	}
+	return NULL;
+}
+
+/* NULL when path is a shared object this process's loader can preload,
+ * else why not. */
+static const char *shared_object_like_me(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return strerror(errno);
+	const char *why = not_preloadable(fd);
+	close(fd);
+	return why;
+}
+
 static _Noreturn void bad_module(const char *module, const char *why)
 {
 	fprintf(stderr,
@@ -216,14 +268,9 @@ static void preload(const char *module)
 		bad_module(module, strerror(errno));
 	if (strpbrk(path, " \t\n:"))
 		bad_module(path, "LD_PRELOAD cannot hold a path with a blank or a colon");
-	unsigned char magic[4] = {0};
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		bad_module(path, strerror(errno));
-	size_t got = fread(magic, 1, sizeof(magic), f);
-	fclose(f);
-	if (got != sizeof(magic) || memcmp(magic, "\177ELF", 4) != 0)
-		bad_module(path, "not a shared object");
+	const char *why = shared_object_like_me(path);
+	if (why)
+		bad_module(path, why);
 	const char *old = getenv("LD_PRELOAD");
 	if (old) {
 		/* LD_PRELOAD's entries are separated by blanks or colons. */
