@@ -185,21 +185,18 @@ static void follow_credentials(void)
 	}
 }
 
-/* sovia-stat believes a view only from one of the process's users, and
- * the user SO_PEERCRED gives is the listener's euid at listen(): after the
- * process changed its credentials (a daemon that drops root, an FTP
- * server's seteuid), listen again as what the process is now. */
+/* sovia-stat believes a view only from root or one of the process's
+ * users, and the user SO_PEERCRED gives is the listener's euid at its last
+ * listen(): after the process changed its credentials (a program that
+ * became another user for good), listen again, as what the process is
+ * now. The socket stays (no moment without the name, no asker dropped). */
 static void follow_stat_credentials(void)
 {
 	unsigned gen = atomic_load(&h.cred_gen);
-	if (gen == h.stat_gen)
+	if (gen == h.stat_gen || h.statfd < 0)
 		return;
 	h.stat_gen = gen;
-	sv_cm_calls_enter(); /* a fork never gets the socket unnamed */
-	if (h.statfd >= 0)
-		sv_ownfd_close(h.statfd);
-	h.statfd = sv_stat_open();
-	sv_cm_calls_leave();
+	sv_stat_listen_again(h.statfd);
 }
 
 uint64_t sv_helper_rdma_ready_us(void)

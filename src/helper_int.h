@@ -27,5 +27,7 @@ void sv_watch_kick_fd(int fd);
  * and the answers to whoever connected. */
 int sv_stat_open(void);
 void sv_stat_serve(int lfd);
+/* listen() again: the credentials askers see become the process's now. */
+void sv_stat_listen_again(int lfd);
 
 #endif

@@ -21,6 +21,7 @@
  * end, so a reader of version 1 keeps working. */
 #include "helper_int.h"
 
+#include "log.h"
 #include "ownfd.h"
 #include "real.h"
 #include "stream.h"
@@ -63,6 +64,12 @@ int sv_stat_open(void)
 		return err;
 	}
 	return sv_ownfd_move(fd);
+}
+
+void sv_stat_listen_again(int lfd)
+{
+	if (SV_REAL(listen)(lfd, 8) < 0)
+		sv_dbg("helper: sovia-stat's socket after a credential change: %s", strerror(errno));
 }
 
 static void write_line(const struct sv_conn_view *v, void *arg)
