@@ -249,5 +249,18 @@ pids+=($!)
 dropped=$(pid_from "$work/drop.out")
 view_of "$dropped" '.tcp_tx_bytes == 5' >/dev/null
 [ "$(stat -c %U "/proc/$dropped")" = nobody ] || fail "the daemon did not drop root"
+# Its helper listened again as the user it became: askers see nobody.
+peer_uid() { # PID: the uid its view's listener shows an asker
+	"$py" -c '
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect("\0libsovia-stat.%s" % sys.argv[1])
+print(struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1])' "$1"
+}
+for _ in $(seq 100); do
+	[ "$(peer_uid "$dropped")" = 65534 ] && break
+	sleep 0.1
+done
+[ "$(peer_uid "$dropped")" = 65534 ] || fail "the view's listener is still uid $(peer_uid "$dropped")"
 echo "== a daemon that dropped root is still seen"
 echo "sovia-stat OK: $(wc -l <"$work/watch.out") looks in --watch"

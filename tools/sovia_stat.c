@@ -174,7 +174,8 @@ struct ask {
 };
 
 enum {
-	ANSWER_MS = 2000,     /* for every process at once: a silent one costs 2 s in all */
+	ANSWER_MS = 2000,     /* for a batch at once: a silent process costs 2 s in all */
+	BATCH = 128,          /* processes asked at once: each costs an fd or two */
 	VIEW_MAX = 16 << 20,  /* bytes: far above any process's connections */
 	CONNS_MAX = 1 << 16,  /* a process's connections shown: bounds a fake view's */
 };
@@ -241,8 +242,12 @@ static void receive(struct ask *a)
 	socklen_t cl = sizeof(cr);
 	uid_t uids[3] = {0, 0, 0};
 	if (getsockopt(a->sock, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.pid != a->pid ||
-	    proc_uids(a->pid, uids) < 0 || (cr.uid != 0 && !has_uid(uids, cr.uid))) {
+	    proc_uids(a->pid, uids) < 0) {
 		a->err = -ESRCH;
+		return;
+	}
+	if (cr.uid != 0 && !has_uid(uids, cr.uid)) {
+		a->err = -EPERM;
 		return;
 	}
 	char one = 0;
@@ -254,12 +259,15 @@ static void receive(struct ask *a)
 	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
 			   .msg_controllen = sizeof(u.buf)};
 	ssize_t r = recvmsg(a->sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-	int view = r > 0 ? take_view(&m) : -1;
+	/* Even an empty message may carry fds: each is taken or closed. */
+	int view = r >= 0 ? take_view(&m) : -1;
 	if (r < 0)
 		a->err = errno == EAGAIN ? -ETIMEDOUT : -errno;
-	else if (r == 0)
-		a->err = -ECONNRESET;
 	else if (view == -EPROTO)
+		a->err = -EPROTO;
+	else if (r == 0 && view < 0)
+		a->err = -ECONNRESET;
+	else if (r == 0)
 		a->err = -EPROTO;
 	else if (view < 0)
 		a->err = one == 'n' ? -EACCES : -EPROTO;
@@ -500,6 +508,8 @@ static const char *why(int err)
 		return "its user's connections are not yours to see";
 	case -ESRCH:
 		return "not the process its view's name says";
+	case -EPERM:
+		return "its view's socket is not its users' (it changed users just now?)";
 	case -ETIMEDOUT:
 		return "not answering (stopped?)";
 	case -ECONNRESET:
@@ -531,18 +541,25 @@ static int show(int only, bool json)
 		fprintf(stderr, "sovia-stat: out of memory\n");
 		return 1;
 	}
-	for (int i = 0; i < n; i++)
-		a[i].pid = only ? only : pids[i];
-	free(pids);
-	ask_all(a, (size_t)n);
 	for (int i = 0; i < n; i++) {
-		if (a[i].text)
-			collect(&a[i], &l);
-		else if (only) { /* others' processes, and ones gone since, are skipped */
-			fprintf(stderr, "sovia-stat: process %d: %s\n", only, why(a[i].err));
-			status = 1;
+		a[i].pid = only ? only : pids[i];
+		a[i].sock = -1;
+	}
+	free(pids);
+	/* In batches: all at once would run out of fds with many
+	 * processes, and hold every view's text at the same time. */
+	for (int b = 0; b < n; b += BATCH) {
+		int m = n - b < BATCH ? n - b : BATCH;
+		ask_all(a + b, (size_t)m);
+		for (int i = b; i < b + m; i++) {
+			if (a[i].text)
+				collect(&a[i], &l);
+			else if (only) { /* others', and ones gone since, are skipped */
+				fprintf(stderr, "sovia-stat: process %d: %s\n", only, why(a[i].err));
+				status = 1;
+			}
+			free(a[i].text);
 		}
-		free(a[i].text);
 	}
 	free(a);
 	if (json)
