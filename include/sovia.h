@@ -73,9 +73,10 @@ typedef int (*sovia_conn_info_fn)(int fd, struct sovia_conn_info *info);
 const char *sovia_version(void);
 int sovia_conn_info(int fd, struct sovia_conn_info *info);
 #else
-/* dlvsym: <dlfcn.h> declares it under _GNU_SOURCE (which g++ always
- * defines); otherwise it is declared here, so that a C program need not
- * define _GNU_SOURCE for this header. In glibc's libc since 2.34 (libdl
+/* dlvsym: glibc's <dlfcn.h> declares it under _GNU_SOURCE (__USE_GNU, as
+ * glibc's headers say it; g++ always defines it); otherwise it is declared
+ * here, so that a C program need not define _GNU_SOURCE for this header
+ * (libsovia is for glibc on Linux). In glibc's libc since 2.34 (libdl
  * before). A NULL handle is RTLD_DEFAULT. */
 #include <dlfcn.h>
 #if !defined(__cplusplus) && !defined(__USE_GNU)
@@ -108,11 +109,10 @@ static inline const char *sovia_version(void)
 	return fn ? fn() : SOVIA_NULL_;
 }
 
-/* Linux's SO_PROTOCOL, which a strict -std=c99 hides. */
-#ifdef SO_PROTOCOL
-#define SOVIA_SO_PROTOCOL_ SO_PROTOCOL
-#else
-#define SOVIA_SO_PROTOCOL_ 38
+/* SO_PROTOCOL, which glibc's <sys/socket.h> hides under a strict
+ * -std=c99: the kernel's header has it for every architecture. */
+#ifndef SO_PROTOCOL
+#include <asm/socket.h>
 #endif
 
 /* fd is a TCP socket (the kernel's TCP carries it). */
@@ -121,7 +121,7 @@ static inline int sovia_is_tcp_(int fd)
 	int type = 0, proto = 0;
 	socklen_t tl = sizeof(type), pl = sizeof(proto);
 	return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_STREAM &&
-	       getsockopt(fd, SOL_SOCKET, SOVIA_SO_PROTOCOL_, &proto, &pl) == 0 &&
+	       getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) == 0 &&
 	       proto == IPPROTO_TCP;
 }
 
