@@ -71,6 +71,9 @@ grep -qx "LD_PRELOAD=$lib:/nonexistent/other.so" "$work/env" ||
 LD_PRELOAD="/nonexistent/other.so $lib" "$run" env >"$work/env" 2>/dev/null
 grep -qx "LD_PRELOAD=/nonexistent/other.so $lib" "$work/env" ||
 	fail "LD_PRELOAD that holds the module: $(grep LD_PRELOAD "$work/env")"
+# Any shared object the loader can preload is taken (here libm).
+libm=$(realpath "$(gcc -print-file-name=libm.so.6)")
+env -u LD_PRELOAD "$run" --lib "$libm" env | grep -qx "LD_PRELOAD=$libm" || fail "--lib $libm refused"
 # --lib and SOVIA_MODULE choose the module (a symbolic link is resolved).
 ln -s "$lib" "$work/link.so"
 env -u LD_PRELOAD "$run" --lib "$work/link.so" env | grep -qx "LD_PRELOAD=$lib" ||
@@ -122,8 +125,15 @@ said "cannot use the module $work/none.so"
 # A module the loader would skip (the program would run without libsovia).
 status 125 --lib /etc/passwd touch "$work/ran"
 said "cannot use the module /etc/passwd: not a shared object"
+# A program (a PIE is ET_DYN like a library): Debian's true is one.
 status 125 --lib "$(realpath /bin/true)" touch "$work/ran"
-said "a program, not a shared object"
+said "cannot use the module $(realpath /bin/true): "
+# A file that claims to be a shared object of ours with odd program
+# headers (none of the usual size, 65535 of them): refused at once.
+cp "$lib" "$work/odd.so"
+printf '\000\000\377\377' | dd of="$work/odd.so" bs=1 seek=54 conv=notrunc status=none
+status 125 --lib "$work/odd.so" touch "$work/ran"
+said "cannot use the module $work/odd.so: not a shared object"
 mkdir "$work/a b"
 cp "$lib" "$work/a b/libsovia.so"
 status 125 --lib "$work/a b/libsovia.so" touch "$work/ran"

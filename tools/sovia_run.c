@@ -201,50 +201,90 @@ static bool take_setting(const struct sv_setting_desc *s, char **argv, int argc,
 	return true;
 }
 
-/* The loader preloads a shared object of its own class, byte order and
- * machine, and no executable (a PIE is ET_DYN too: DF_1_PIE tells it). */
-static const char *not_preloadable(int fd)
+/* The ELF header of the file at path, if it is ELF. */
+static bool elf_header(const char *path, ElfW(Ehdr) *eh)
 {
-	ElfW(Ehdr) eh, me;
-	int self = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-	bool have_me = self >= 0 && pread(self, &me, sizeof(me), 0) == (ssize_t)sizeof(me);
-	if (self >= 0)
-		close(self);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	bool ok = pread(fd, eh, sizeof(*eh), 0) == (ssize_t)sizeof(*eh) &&
+		  memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0;
+	close(fd);
+	return ok;
+}
+
+/* The program's ELF header, found as execvp finds it; false for a script
+ * or a program not found (execvp then says). */
+static bool program_header(const char *prog, ElfW(Ehdr) *eh)
+{
+	if (strchr(prog, '/'))
+		return elf_header(prog, eh);
+	const char *path = getenv("PATH");
+	for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
+		size_t n = strcspn(p, ":");
+		char full[PATH_MAX];
+		if (snprintf(full, sizeof(full), "%.*s/%s", (int)n, n ? p : ".", prog) <
+			    (int)sizeof(full) &&
+		    access(full, X_OK) == 0)
+			return elf_header(full, eh);
+		p += n + (p[n] == ':');
+	}
+	return false;
+}
+
+/* The loader preloads a shared object of the program's class, byte order
+ * and machine, and no executable (a PIE is ET_DYN too: DF_1_PIE tells it).
+ * Bounded for any file: the program headers must have their usual size,
+ * and only the first PT_DYNAMIC's first entries are read. */
+static const char *not_preloadable(int fd, const ElfW(Ehdr) *prog)
+{
+	ElfW(Ehdr) eh;
 	if (pread(fd, &eh, sizeof(eh), 0) != (ssize_t)sizeof(eh) ||
 	    memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0)
 		return "not a shared object";
-	if (have_me && (eh.e_ident[EI_CLASS] != me.e_ident[EI_CLASS] ||
-			eh.e_ident[EI_DATA] != me.e_ident[EI_DATA] || eh.e_machine != me.e_machine))
-		return "a shared object for another machine";
-	if (eh.e_type != ET_DYN)
+	if (prog && (eh.e_ident[EI_CLASS] != prog->e_ident[EI_CLASS] ||
+		     eh.e_ident[EI_DATA] != prog->e_ident[EI_DATA] ||
+		     eh.e_machine != prog->e_machine))
+		return "a shared object for another machine than the program's";
+#if __SIZEOF_POINTER__ == 8
+	if (eh.e_ident[EI_CLASS] != ELFCLASS64)
+#else
+	if (eh.e_ident[EI_CLASS] != ELFCLASS32)
+#endif
+		return NULL; /* another class than ours (a 32-bit program's): not read here */
+	if (eh.e_type != ET_DYN || eh.e_phentsize != sizeof(ElfW(Phdr)))
 		return "not a shared object";
 	for (unsigned i = 0; i < eh.e_phnum; i++) {
 		ElfW(Phdr) ph;
-		if (pread(fd, &ph, sizeof(ph), (off_t)(eh.e_phoff + i * eh.e_phentsize)) !=
+		if (pread(fd, &ph, sizeof(ph), (off_t)(eh.e_phoff + (ElfW(Off))i * sizeof(ph))) !=
 		    (ssize_t)sizeof(ph))
 			return "not a shared object";
 		if (ph.p_type != PT_DYNAMIC)
 			continue;
-		for (size_t k = 0; k < ph.p_filesz / sizeof(ElfW(Dyn)); k++) {
-			ElfW(Dyn) d;
-			if (pread(fd, &d, sizeof(d), (off_t)(ph.p_offset + k * sizeof(d))) !=
-			    (ssize_t)sizeof(d) || d.d_tag == DT_NULL)
+		ElfW(Dyn) d[512];
+		size_t n = ph.p_filesz < sizeof(d) ? ph.p_filesz : sizeof(d);
+		ssize_t got = pread(fd, d, n, (off_t)ph.p_offset);
+		for (size_t k = 0; got > 0 && k < (size_t)got / sizeof(d[0]); k++) {
+			if (d[k].d_tag == DT_NULL)
 				break;
-			if (d.d_tag == DT_FLAGS_1 && (d.d_un.d_val & DF_1_PIE))
+			if (d[k].d_tag == DT_FLAGS_1 && (d[k].d_un.d_val & DF_1_PIE))
 				return "a program, not a shared object";
 		}
+		break;
 	}
 	return NULL;
 }
 
-/* NULL when path is a shared object this process's loader can preload,
- * else why not. */
-static const char *shared_object_like_me(const char *path)
+/* NULL when path is a shared object the loader can preload into the
+ * program, else why not. */
+static const char *preloadable(const char *path, const char *prog)
 {
+	ElfW(Ehdr) ph;
+	bool have_prog = program_header(prog, &ph);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return strerror(errno);
-	const char *why = not_preloadable(fd);
+	const char *why = not_preloadable(fd, have_prog ? &ph : NULL);
 	close(fd);
 	return why;
 }
@@ -261,14 +301,14 @@ static _Noreturn void bad_module(const char *module, const char *why)
 /* The module's path goes first in LD_PRELOAD, unless it is there already.
  * The loader would skip, and the program run without libsovia, a path
  * that is not a shared object or that LD_PRELOAD's separators split. */
-static void preload(const char *module)
+static void preload(const char *module, const char *prog)
 {
 	char path[PATH_MAX];
 	if (!realpath(module, path))
 		bad_module(module, strerror(errno));
 	if (strpbrk(path, " \t\n:"))
 		bad_module(path, "LD_PRELOAD cannot hold a path with a blank or a colon");
-	const char *why = shared_object_like_me(path);
+	const char *why = preloadable(path, prog);
 	if (why)
 		bad_module(path, why);
 	const char *old = getenv("LD_PRELOAD");
@@ -345,7 +385,7 @@ int main(int argc, char **argv)
 			argv[i]);
 		return EXIT_OWN;
 	}
-	preload(module);
+	preload(module, argv[i]);
 	execvp(argv[i], argv + i);
 	int err = errno;
 	fprintf(stderr, "sovia-run: %s: %s\n", argv[i], strerror(err));
