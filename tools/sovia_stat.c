@@ -431,22 +431,18 @@ static void print_json(const struct list *l)
 		printf("%s{\"pid\":%d,\"comm\":", i ? "," : "", c->pid);
 		json_string(c->comm);
 		if (c->fd >= 0)
-			printf(",\"fd\":%d,\"role\":", c->fd);
+			printf(",\"fd\":%d", c->fd);
 		else
-			printf(",\"fd\":null,\"role\":");
-		json_string(c->role);
-		printf(",\"local\":");
-		json_string(c->local);
-		printf(",\"peer\":");
-		json_string(c->peer);
-		printf(",\"tx\":");
-		json_string(c->tx);
-		printf(",\"rx\":");
-		json_string(c->rx);
-		printf(",\"state\":");
-		json_string(c->state);
-		printf(",\"fallback\":");
-		json_string(c->fallback);
+			printf(",\"fd\":null");
+		const struct {
+			const char *key, *value;
+		} text[] = {{"role", c->role}, {"local", c->local}, {"peer", c->peer},
+			    {"tx", c->tx},     {"rx", c->rx},       {"state", c->state},
+			    {"fallback", c->fallback}};
+		for (size_t k = 0; k < sizeof(text) / sizeof(text[0]); k++) {
+			printf(",\"%s\":", text[k].key);
+			json_string(text[k].value);
+		}
 		printf(",\"rdma_tx_bytes\":%llu,\"rdma_rx_bytes\":%llu,\"tcp_tx_bytes\":%llu,"
 		       "\"tcp_rx_bytes\":%llu,\"credit_stalls\":%llu,\"time_to_rdma_us\":%llu}",
 		       c->rdma_tx, c->rdma_rx, c->tcp_tx, c->tcp_rx, c->stalls, c->ttr_us);
