@@ -52,6 +52,9 @@ enum sv_cm_rej {
 	SV_CM_REJ_LATER = 4,       /* the connection, back on TCP, is shared with
 				    * another process of the server's for now:
 				    * ask again later */
+	SV_CM_REJ_UNKNOWN = 5,     /* sovia-warden (warden.h): no libsovia
+				    * listener is registered for the server's
+				    * address and port (yet) */
 };
 #define SV_CM_REJ_LEN 8
 void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN]);

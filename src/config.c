@@ -2,6 +2,7 @@
 
 #include "log.h"
 #include "proto.h"
+#include "warden.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -59,6 +60,14 @@ static const struct setting settings[] = {
 	 "upgrade a client's connection only when the server's port is below 1024, where "
 	 "rdma_cm lets only a privileged process listen: no other user on the server's host "
 	 "can answer for the server"),
+	ROW("SOVIA_WARDEN_PORT", COUNT, warden_port, SV_WARDEN_PORT, 0, 1023,
+	 "the rdma_cm port (below 1024, so only a privileged process can listen there) of "
+	 "sovia-warden on the server's host, which a client asks where the server's libsovia "
+	 "listens; a host without one is asked directly (0: never ask a warden)"),
+	ROW("SOVIA_WARDEN_REQUIRED", BOOL, warden_required, 0, 0, 1,
+	 "upgrade a client's connection only when sovia-warden on the server's host vouches "
+	 "for the server's RDMA listener: no other user on that host can answer for the "
+	 "server, whatever its port"),
 	ROW("SOVIA_FORK_KEEP", BOOL, fork_keep, 1, 0, 1,
 	 "a fork leaves the parent's connections on RDMA until a child uses its copy of one "
 	 "(where the kernel copies pinned pages at a fork); 0: every fork takes them back to "

@@ -30,6 +30,10 @@ struct sv_config {
 	uint32_t spin_us;             /* SOVIA_SPIN_US: poll before sleeping in the kernel */
 	bool privileged_ports;        /* SOVIA_PRIVILEGED_PORTS: clients upgrade only to
 				       * server ports below 1024 */
+	uint32_t warden_port;         /* SOVIA_WARDEN_PORT: sovia-warden's rdma_cm port
+				       * (0: none is asked) */
+	bool warden_required;         /* SOVIA_WARDEN_REQUIRED: clients upgrade only what
+				       * the server host's warden vouches for */
 	bool fork_keep;               /* SOVIA_FORK_KEEP: a fork leaves the parent's
 				       * connections on RDMA until a child uses its copy */
 	bool ask_again;               /* SOVIA_ASK_AGAIN: a client taken back to TCP by

@@ -75,6 +75,9 @@ enum sv_fallback {
 			     * 1024 or above */
 	SV_FB_HANDED,       /* server: handed to a fork's child before its upgrade
 			     * (the child may take it to RDMA: holders.h) */
+	SV_FB_UNVOUCHED,    /* client: the server host's sovia-warden knows no
+			     * libsovia listener for it, or (with
+			     * SOVIA_WARDEN_REQUIRED) the host has no warden */
 };
 
 /* Why a connection on RDMA resumed over TCP (its statistics say it). */
@@ -152,6 +155,10 @@ struct sv_switch {
 	uint8_t later_retries;   /* client: asked again after "later" */
 	uint16_t redirect_port;  /* client: the server's RDMA port to ask at instead
 				  * of the TCP one (SV_CM_REJ_REDIRECT), 0: none */
+	bool at_warden;          /* client: this request went to the server host's
+				  * sovia-warden (warden.h) */
+	bool no_warden;          /* client: the server's host has none: asked at
+				  * the server's port */
 	/* Its buffers (these bytes) did not fit the locked-memory budget
 	 * (pinned.h): it asks again when some is given back, until
 	 * deadline_us; then it stays on TCP with fallback "memlock". The

@@ -74,6 +74,8 @@ const char *sv_fallback_name(enum sv_fallback f)
 		return "unprivileged-port";
 	case SV_FB_HANDED:
 		return "handed-to-child";
+	case SV_FB_UNVOUCHED:
+		return "unvouched";
 	}
 	return "?";
 }

@@ -216,6 +216,8 @@ void sv_upgrade_connect_now(struct sv_stream *s)
  * listener: its clients pay five more requests, off the application's path
  * (the data flows on TCP meanwhile), and then stay on TCP. */
 #define SV_REJ_NO_LISTENER 8
+/* Not on the wire: the warden's port had no listener (retry_connect). */
+#define SV_CM_REJ_NO_WARDEN (-1000)
 #define SV_CONNECT_RETRIES 5
 #define SV_CONNECT_RETRY_MS 20u
 /* "Later" (a connection back on TCP that another process of the server
@@ -256,12 +258,20 @@ static void start_connect(struct sv_stream *s)
 	s->sw.deadline_us = sv_upgrade_deadline(sv_now_us());
 	struct sockaddr_storage src = s->tuple.local, dst = s->tuple.peer;
 	uint16_t redirected = s->sw.redirect_port;
+	/* Where the server's libsovia listens is the warden's to say, if its
+	 * host has one: the server's own port in rdma_cm's space may be held
+	 * by anyone (warden.h). A redirect comes from the warden, or from the
+	 * listener it sent us to. */
+	bool warden = !redirected && sv_cfg.warden_port && !s->sw.no_warden;
+	s->sw.at_warden = warden;
 	sv_unlock(&s->lock);
-	/* The same interface as the TCP connection, any port; the server's
-	 * port, or the one its owner sent us to. */
+	/* The same interface as the TCP connection, any port; the warden's,
+	 * the one we were sent to, or the server's. */
 	sv_addr_set_port(&src, 0);
 	if (redirected)
 		sv_addr_set_port(&dst, redirected);
+	else if (warden)
+		sv_addr_set_port(&dst, (uint16_t)sv_cfg.warden_port);
 	int r = sv_cm->resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, 2000);
 	if (r < 0) {
 		sv_dbg("fd %d: rdma_resolve_addr: %s", s->fd, strerror(errno));
@@ -347,19 +357,26 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 {
 	bool write_first = said == SV_CM_REJ_WRITE_FIRST, busy = said == SV_CM_REJ_BUSY;
 	bool later = said == SV_CM_REJ_LATER;
+	/* No warden at the server's host: the server's port, at once and
+	 * not as a retry. */
+	bool no_warden = said == SV_CM_REJ_NO_WARDEN;
 	sv_lock(&s->lock);
 	bool go = s->is_client && s->state == SV_CONN_REQUESTED && !s->cl.app_closed &&
 		  !s->error && !s->cl.tx_shut &&
-		  (later ? s->sw.later_retries < SV_LATER_RETRIES
-			 : s->sw.connect_retries < SV_CONNECT_RETRIES);
+		  (later       ? s->sw.later_retries < SV_LATER_RETRIES
+		   : no_warden ? true
+			       : s->sw.connect_retries < SV_CONNECT_RETRIES);
 	if (go) {
 		release_qp(s);
 		s->id = NULL;
 		sv_stream_set_state(s, SV_CONN_TCP);
-		s->fallback = SV_FB_REJECTED;
+		if (!no_warden)
+			s->fallback = SV_FB_REJECTED;
 		/* A redirect: that port's listener is up already. */
-		uint32_t ms = to ? 0 : SV_CONNECT_RETRY_MS << s->sw.connect_retries;
-		if (later) {
+		uint32_t ms = to || no_warden ? 0 : SV_CONNECT_RETRY_MS << s->sw.connect_retries;
+		if (no_warden) {
+			s->sw.no_warden = true;
+		} else if (later) {
 			unsigned n = s->sw.later_retries < 5 ? s->sw.later_retries : 5;
 			ms = SV_LATER_RETRY_MS << n;
 			if (ms > SV_LATER_RETRY_MAX_MS)
@@ -382,6 +399,8 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		 * first bytes on TCP. */
 		if (write_first) {
 			sv_stream_end_hold(s, UINT64_MAX);
+		} else if (no_warden) {
+			sv_stream_hold_past(s, s->sw.upgrade_at);
 		} else {
 			sv_stream_hold_past(s, s->sw.upgrade_at);
 			/* Not for a second life's ask: a server that closed its
@@ -391,6 +410,9 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		}
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,
 			write_first ? "the server accepts once we wrote: our first bytes go on TCP"
+			: no_warden ? "no sovia-warden at the server's host: at the server's port"
+			: said == SV_CM_REJ_UNKNOWN
+				? "the server host's sovia-warden knows no RDMA listener for it (yet)"
 			: later	    ? "another process of the server holds it too, for now"
 			: busy	    ? "the server has too many requests waiting"
 			: to	    ? "another process of the server holds it: at its port"
@@ -487,8 +509,19 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 				      ? sv_cm_rej_port(ev->param.conn.private_data,
 						       ev->param.conn.private_data_len)
 				      : 0;
+		bool warden = s->sw.at_warden;
+		if (warden && ev->status == SV_REJ_NO_LISTENER) {
+			/* No warden on the server's host: what the server's
+			 * port says, unless only a warden's word will do. */
+			if (sv_cfg.warden_required) {
+				sv_up_drop_qp(s, SV_FB_UNVOUCHED);
+				break;
+			}
+			said = SV_CM_REJ_NO_WARDEN;
+		}
 		bool again = said == SV_CM_REJ_WRITE_FIRST || said == SV_CM_REJ_BUSY ||
-			     said == SV_CM_REJ_LATER || to;
+			     said == SV_CM_REJ_LATER || said == SV_CM_REJ_NO_WARDEN ||
+			     said == SV_CM_REJ_UNKNOWN || to;
 		if ((ev->status == SV_REJ_NO_LISTENER || again) && retry_connect(s, said, to)) {
 			*destroy = ev->id; /* once its event is acknowledged */
 			break;
@@ -496,9 +529,11 @@ static void stream_event(struct sv_stream *s, struct rdma_cm_event *ev,
 		/* No listener after the retries, or another version: no
 		 * libsovia of ours at that port. */
 		if ((ev->status == SV_REJ_NO_LISTENER && !s->sw.redirect_port && !s->redo.ok) ||
-		    said == -EPROTONOSUPPORT)
+		    (said == SV_CM_REJ_UNKNOWN && !s->redo.ok) || said == -EPROTONOSUPPORT)
 			sv_peers_plain_port(&s->tuple.peer);
-		sv_up_drop_qp(s, said == -EPROTONOSUPPORT ? SV_FB_VERSION : SV_FB_REJECTED);
+		sv_up_drop_qp(s, said == -EPROTONOSUPPORT  ? SV_FB_VERSION
+				 : said == SV_CM_REJ_UNKNOWN ? SV_FB_UNVOUCHED
+							     : SV_FB_REJECTED);
 		break;
 	}
 	case RDMA_CM_EVENT_UNREACHABLE:

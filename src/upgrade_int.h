@@ -10,6 +10,7 @@
 
 #include "cm.h"
 #include "cmdata.h"
+#include "holders.h"
 #include "lock.h"
 #include "stream_int.h"
 #include "verbs.h"
@@ -21,6 +22,41 @@ extern struct sv_lock sv_up_lock;
 /* Context pointers of listeners carry this tag, so an event tells a
  * listener's id from a stream's. */
 #define SV_LISTENER_TAG ((uintptr_t)1)
+
+/* A listening socket's RDMA listener (upgrade_listen.c), also a fork
+ * child's for the connections handed to it (upgrade_server.c). */
+struct sv_listener {
+	struct rdma_cm_id *id;
+	struct sockaddr_storage addr;
+	int fd;
+	/* Holders, under up_lock: the application's listening fd, a queued
+	 * creation job, and each accepted connection still waiting for its
+	 * upgrade request. The application may close its listening socket
+	 * right after accept() (nc -l does): like TCP's, the connections it
+	 * accepted must not suffer, so the RDMA listener outlives the fd. */
+	int refs;
+	bool failed; /* no RDMA listener could be had on its address */
+	struct sv_holders *holders; /* the family's table (NULL: none) */
+	/* A fork child's, for a listening socket it inherited: its RDMA
+	 * listener is on the same address, at side_port (once open). */
+	bool inherited;
+	atomic_bool side_started; /* its opening was asked for */
+	uint16_t side_port;
+	/* A fork child's for the connections handed to it (no listening
+	 * socket: fd -1), one per address, in `adopters`. */
+	bool adopter;
+	struct sv_listener *next_adopter;
+	/* Its registration with sovia-warden (warden.h): the handle + 1, 0
+	 * when it has none. */
+	int warden;
+};
+
+/* Drop a hold on a listener (the last frees it, its id and its warden
+ * registration). With up_lock. */
+void sv_up_listener_put(struct sv_listener *l);
+/* upgrade_server.c: an inherited listener's accepted connections go into
+ * the holders' table once its RDMA listener is open. With up_lock. */
+void sv_up_enter_holders(struct sv_listener *l);
 
 /* Create the QP, its buffers and the core on s->id (receives are posted
  * before the connection is established) and a challenge. With s->lock.

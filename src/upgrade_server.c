@@ -11,6 +11,7 @@
 #include "holders.h"
 #include "log.h"
 #include "real.h"
+#include "warden.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -19,28 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct sv_listener {
-	struct rdma_cm_id *id;
-	struct sockaddr_storage addr;
-	int fd;
-	/* Holders, under up_lock: the application's listening fd, a queued
-	 * creation job, and each accepted connection still waiting for its
-	 * upgrade request. The application may close its listening socket
-	 * right after accept() (nc -l does): like TCP's, the connections it
-	 * accepted must not suffer, so the RDMA listener outlives the fd. */
-	int refs;
-	bool failed; /* no RDMA listener could be had on its address */
-	struct sv_holders *holders; /* the family's table (NULL: none) */
-	/* A fork child's, for a listening socket it inherited: its RDMA
-	 * listener is on the same address, at side_port (once open). */
-	bool inherited;
-	atomic_bool side_started; /* its opening was asked for */
-	uint16_t side_port;
-	/* A fork child's for the connections handed to it (no listening
-	 * socket: fd -1), one per address, in `adopters`. */
-	bool adopter;
-	struct sv_listener *next_adopter;
-};
 
 static struct sv_listener *adopters;
 
@@ -98,15 +77,6 @@ static struct unmatched *unmatched;
  * CONNECT_REQUEST event. */
 static struct unmatched *release_later;
 
-/* Drop a holder. With up_lock. */
-static void listener_put(struct sv_listener *l)
-{
-	if (--l->refs > 0)
-		return;
-	if (l->id)
-		sv_up_destroy_id(l->id);
-	free(l);
-}
 
 static void release_unmatched(struct unmatched *u)
 {
@@ -125,7 +95,7 @@ void sv_up_run_releases(void)
 	struct unmatched *list = release_later;
 	release_later = NULL;
 	for (struct unmatched *u = list; u; u = u->next)
-		listener_put(u->l);
+		sv_up_listener_put(u->l);
 	sv_unlock(&sv_up_lock);
 	while (list) {
 		struct unmatched *n = list->next;
@@ -135,11 +105,11 @@ void sv_up_run_releases(void)
 	}
 }
 
-/* ---- Listeners ------------------------------------------------------------- */
+/* ---- Listeners' holders ------------------------------------------------------- */
 
 /* An inherited listener's accepted connections go into the holders' table
  * once its RDMA listener is open. With up_lock. */
-static void enter_holders(struct sv_listener *l)
+void sv_up_enter_holders(struct sv_listener *l)
 {
 	if (!l->inherited || !l->side_port || !l->holders)
 		return;
@@ -161,152 +131,6 @@ static void enter_holders(struct sv_listener *l)
 			sv_info("fd %d: the holders' table is full: its upgrade request will not "
 				"find us", u->s->fd);
 	}
-}
-
-/* Open the RDMA listener on l->addr (an inherited one's on any port).
- * With up_lock. */
-static void create_listener(struct sv_listener *l)
-{
-	if (sv_cm->create_id(sv_helper_channel(), &l->id,
-			     (void *)((uintptr_t)l | SV_LISTENER_TAG), RDMA_PS_TCP) < 0)
-		goto failed;
-	struct sockaddr_storage at = l->addr;
-	if (l->inherited)
-		sv_addr_set_port(&at, 0);
-	if (sv_cm->bind_addr(l->id, (struct sockaddr *)&at) < 0) {
-		sv_info("fd %d: no RDMA listener on its address (%s); its connections stay on TCP",
-			l->fd, strerror(errno));
-		goto destroy_id;
-	}
-	if (sv_cm->listen(l->id, 128) < 0) {
-		sv_info("fd %d: rdma_listen: %s", l->fd, strerror(errno));
-		goto destroy_id;
-	}
-	if (l->inherited) {
-		l->side_port = sv_addr_port(sv_cm->local_addr(l->id));
-		sv_dbg("fd %d: inherited: our RDMA listener is at port %u", l->fd, l->side_port);
-		enter_holders(l);
-		return;
-	}
-	sv_dbg("fd %d: RDMA listener up beside it", l->fd);
-	return;
-
-destroy_id:
-	sv_cm->destroy_id(l->id);
-	l->id = NULL;
-failed:
-	l->failed = true;
-}
-
-static void listen_job(void *arg, int rdma_err)
-{
-	struct sv_listener *l = arg;
-	sv_lock(&sv_up_lock);
-	if (rdma_err)
-		l->failed = true;
-	else if (l->refs > 1)
-		create_listener(l); /* the application still listens */
-	listener_put(l);            /* the job's hold */
-	sv_unlock(&sv_up_lock);
-}
-
-struct sv_listener *sv_upgrade_listen(int fd)
-{
-	if (sv_helper_start() < 0)
-		return NULL;
-	struct sv_listener *l = calloc(1, sizeof(*l));
-	if (!l)
-		return NULL;
-	l->fd = fd;
-	socklen_t len = sizeof(l->addr);
-	if (getsockname(fd, (struct sockaddr *)&l->addr, &len) < 0) {
-		free(l);
-		return NULL;
-	}
-	l->holders = sv_holders_get(); /* before any fork: the children share it */
-	l->refs = 2; /* the fd and the job */
-	int r = sv_helper_when_ready(listen_job, l);
-	if (r == 0)
-		return l; /* opened by the helper once rdma_cm is up */
-	if (r < 0) {
-		free(l);
-		return NULL;
-	}
-	sv_lock(&sv_up_lock);
-	l->refs = 1;
-	create_listener(l);
-	bool failed = l->failed;
-	if (failed)
-		listener_put(l);
-	sv_unlock(&sv_up_lock);
-	return failed ? NULL : l;
-}
-
-struct sv_listener *sv_upgrade_listen_inherited(const struct sv_listener *parent, int fd)
-{
-	/* The parent's object, as this child's memory holds it: read, never
-	 * released (its id is the parent's). */
-	if (!parent || parent->failed || !parent->holders)
-		return NULL;
-	struct sv_listener *l = calloc(1, sizeof(*l));
-	if (!l)
-		return NULL;
-	l->fd = fd;
-	l->addr = parent->addr;
-	l->holders = parent->holders;
-	l->inherited = true;
-	l->refs = 1; /* the fd; the RDMA listener opens at the first accept */
-	sv_holders_mark_forked(l->holders);
-	return l;
-}
-
-/* An inherited listener's own RDMA listener, at its first accept. */
-static void start_side_listener(struct sv_listener *l)
-{
-	/* Once: every accept() of the process asks. */
-	if (!l->inherited || atomic_load(&l->side_started))
-		return;
-	sv_lock(&sv_up_lock);
-	bool go = !atomic_exchange(&l->side_started, true);
-	if (go)
-		l->refs++; /* the job's */
-	sv_unlock(&sv_up_lock);
-	if (!go)
-		return;
-	int r = sv_helper_start() < 0 ? -1 : sv_helper_when_ready(listen_job, l);
-	if (r == 0)
-		return;
-	sv_lock(&sv_up_lock);
-	if (r < 0)
-		l->failed = true;
-	else
-		create_listener(l);
-	listener_put(l);
-	sv_unlock(&sv_up_lock);
-}
-
-void sv_upgrade_will_accept(struct sv_listener *l)
-{
-	if (l)
-		start_side_listener(l);
-}
-
-bool sv_upgrade_listener_usable(struct sv_listener *l)
-{
-	sv_lock(&sv_up_lock);
-	bool ok = !l->failed;
-	sv_unlock(&sv_up_lock);
-	return ok;
-}
-
-void sv_upgrade_unlisten(struct sv_listener *l)
-{
-	if (!l)
-		return;
-	sv_lock(&sv_up_lock);
-	l->fd = -1; /* closed: its number may be another file's now */
-	listener_put(l);
-	sv_unlock(&sv_up_lock);
 }
 
 /* ---- Accepted connections and requests ----------------------------------------- */
@@ -358,9 +182,9 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 	l->refs++;
 	u->next = unmatched;
 	unmatched = u;
-	enter_holders(l);
+	sv_up_enter_holders(l);
 	sv_unlock(&sv_up_lock);
-	start_side_listener(l);
+	sv_upgrade_will_accept(l); /* a child's own RDMA listener, if not open yet */
 	sv_dbg("fd %d accepted: waiting for its upgrade request", s->fd);
 	sv_helper_watch(s); /* wakes the helper to match it, and times it out */
 }
@@ -682,7 +506,7 @@ static uint64_t pending_timers(uint64_t now)
 		if (settled) {
 			*pp = p->next;
 			if (p->l)
-				listener_put(p->l);
+				sv_up_listener_put(p->l);
 			free(p);
 			continue;
 		}
@@ -732,7 +556,7 @@ static void revive_parked(struct revive_look *looks, int n)
 					       looks[i].l);
 	sv_lock(&sv_up_lock);
 	for (int i = 0; i < n; i++) {
-		listener_put(looks[i].l);
+		sv_up_listener_put(looks[i].l);
 		bool later = r[i] == 0, never = r[i] == -2;
 		for (struct pending_req **pp = &pending; (later || never) && *pp;
 		     pp = &(*pp)->next) {
@@ -745,7 +569,7 @@ static void revive_parked(struct revive_look *looks, int n)
 			sv_up_reject(p->id, true, later ? SV_CM_REJ_LATER : SV_CM_REJ_NO);
 			sv_cm->destroy_id(p->id);
 			*pp = p->next;
-			listener_put(p->l);
+			sv_up_listener_put(p->l);
 			free(p);
 			break;
 		}
@@ -797,4 +621,5 @@ void sv_upgrade_atfork_child(void)
 	unmatched = NULL;
 	release_later = NULL;
 	adopters = NULL;
+	sv_warden_atfork_child();
 }

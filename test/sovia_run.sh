@@ -31,13 +31,13 @@ said() { grep -qF -- "$1" "$work/err" || fail "stderr lacks '$1': $(cat "$work/e
 "$run" --help >"$work/help"
 for s in DISABLE LOG STATS WINDOW BUF_SIZE BUF_START BUF_IDLE_MS ACK_DELAY ACK_TIMEOUT_US COALESCE \
 	COALESCE_SIZE COALESCE_TIMEOUT_US REG_THRESHOLD UPGRADE_TIMEOUT_MS UPGRADE_DELAY_MS \
-	PEER_HOLD_MS SPIN_US PRIVILEGED_PORTS FORK_KEEP ASK_AGAIN; do
+	PEER_HOLD_MS SPIN_US PRIVILEGED_PORTS WARDEN_PORT WARDEN_REQUIRED FORK_KEEP ASK_AGAIN; do
 	grep -q "SOVIA_${s}[ =:]" "$work/help" || fail "--help does not name SOVIA_$s"
 done
 # The module's own table holds exactly these settings: a new one without a
 # flag here would show in the module but not in this list.
 n=$(grep -c '^        SOVIA_' "$work/help")
-[ "$n" = 20 ] || fail "--help lists $n settings, wanted 20"
+[ "$n" = 22 ] || fail "--help lists $n settings, wanted 22"
 # The man pages document every setting and flag the module has.
 man=$(dirname "$0")/../man
 for s in $(sed -n 's/^        \(SOVIA_[A-Z_]*\).*/\1/p' "$work/help"); do

@@ -916,6 +916,16 @@ static int f_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 	memcpy(&f->src, addr, addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
 							  : sizeof(struct sockaddr_in));
 	sv_lock(&net_lock);
+	/* As rdma_cm: a port one id holds is not another's. */
+	for (struct fid *i = ids; port_of(&f->src) && i; i = i->next) {
+		if (i != f && port_of(&i->src) == port_of(&f->src) &&
+		    (addr_match(&i->src, &f->src) || addr_match(&f->src, &i->src))) {
+			sv_unlock(&net_lock);
+			memset(&f->src, 0, sizeof(f->src));
+			errno = EADDRINUSE;
+			return -1;
+		}
+	}
 	if (port_of(&f->src) == 0) {
 		uint16_t port = htons(next_port++);
 		if (f->src.ss_family == AF_INET6)

@@ -191,7 +191,7 @@ Test(config, table_lists_each_setting_with_its_range)
 		for (size_t k = 0; k < n; k++)
 			cr_assert_str_neq(sv_config_setting(k)->name, s->name);
 	}
-	cr_assert_eq(n, 20);
+	cr_assert_eq(n, 22);
 	cr_assert_null(sv_config_setting(n));
 }
 

@@ -1,0 +1,326 @@
+/* sovia-warden (src/warden.h) on the fake network: a rogue holds the
+ * server's port in rdma_cm's space before the server's libsovia, as any
+ * local user can. The client asks the warden's port first; the warden
+ * here is the test's, with the real registration checks and table
+ * (warden_table.c) behind a Unix socket of its own. The rogue must never
+ * see a request: the client's echo would go to the real server's stream. */
+#include "harness.h"
+
+#include "cmdata.h"
+#include "config.h"
+#include "warden.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static void setup(void);
+static void teardown(void);
+TestSuite(warden, .init = setup, .fini = teardown, .timeout = 60);
+
+/* A listener on the fake network that answers every request with a
+ * rejection: the warden's (from its table) or the rogue's (counted). */
+struct cm_side {
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	bool warden;
+	atomic_int requests;
+};
+
+static struct cm_side warden_cm, rogue_cm;
+static struct sv_warden_table *table;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static int unix_fd = -1;
+static char unix_path[108];
+static pthread_t thread;
+static atomic_bool running;
+static bool thread_up;
+
+static bool cm_up(struct cm_side *c, uint16_t port, bool warden)
+{
+	c->warden = warden;
+	atomic_store(&c->requests, 0);
+	c->ch = sv_cm->create_event_channel();
+	cr_assert_not_null(c->ch);
+	cr_assert_eq(sv_cm->create_id(c->ch, &c->id, NULL, RDMA_PS_TCP), 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	if (sv_cm->bind_addr(c->id, (struct sockaddr *)&a) < 0)
+		return false;
+	cr_assert_eq(sv_cm->listen(c->id, 16), 0);
+	return true;
+}
+
+static void cm_answer(struct cm_side *c)
+{
+	if (!c->ch)
+		return;
+	struct rdma_cm_event *ev;
+	while (sv_cm->get_event(c->ch, &ev) == 0) {
+		struct rdma_cm_id *gone = NULL;
+		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+			atomic_fetch_add(&c->requests, 1);
+			struct sv_cm_req req;
+			uint8_t pd[SV_CM_REJ_LEN];
+			uint16_t port = 0;
+			if (c->warden &&
+			    sv_cm_req_decode(ev->param.conn.private_data,
+					     ev->param.conn.private_data_len, &req) == 0) {
+				pthread_mutex_lock(&table_lock);
+				port = sv_warden_table_lookup(table, &req.server);
+				pthread_mutex_unlock(&table_lock);
+			}
+			if (port)
+				sv_cm_rej_encode_redirect(port, pd);
+			else
+				sv_cm_rej_encode(SV_CM_REJ_UNKNOWN, pd);
+			sv_cm->reject(ev->id, pd, sizeof(pd));
+			gone = ev->id;
+		}
+		sv_cm->ack_event(ev);
+		if (gone)
+			sv_cm->destroy_id(gone);
+	}
+}
+
+/* The warden's registrations: as tools/sovia_warden.c takes them. */
+static void take_registrations(void)
+{
+	int c = accept4(unix_fd, NULL, NULL, SOCK_NONBLOCK);
+	if (c < 0)
+		return;
+	uint8_t m[16];
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr a;
+	} cb;
+	struct iovec iov = {m, sizeof(m)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
+			    .msg_controllen = sizeof(cb.b)};
+	struct pollfd p = {.fd = c, .events = POLLIN};
+	poll(&p, 1, 1000);
+	ssize_t n = recvmsg(c, &mh, MSG_DONTWAIT);
+	uint16_t port;
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+	int fd = -1;
+	if (cm)
+		memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+	struct sockaddr_storage addr;
+	bool only;
+	bool ok = n > 0 && sv_warden_msg_decode(m, (size_t)n, &port) == 0 && fd >= 0 &&
+		  sv_warden_check_listener(fd, &addr, &only) == 0;
+	if (ok) {
+		pthread_mutex_lock(&table_lock);
+		ok = sv_warden_table_add(table, c, &addr, only, port) == 0;
+		pthread_mutex_unlock(&table_lock);
+	}
+	if (fd >= 0)
+		close(fd);
+	(void)!send(c, ok ? "y" : "n", 1, MSG_NOSIGNAL);
+	/* The connection stays open (leaked to the end of the test): the
+	 * registration lasts as long. */
+}
+
+static void *serve(void *arg)
+{
+	(void)arg;
+	while (atomic_load(&running)) {
+		cm_answer(&warden_cm);
+		cm_answer(&rogue_cm);
+		if (unix_fd >= 0)
+			take_registrations();
+		usleep(1000);
+	}
+	return NULL;
+}
+
+static void setup(void)
+{
+	h_setup();
+	memset(&warden_cm, 0, sizeof(warden_cm));
+	memset(&rogue_cm, 0, sizeof(rogue_cm));
+	table = sv_warden_table_new();
+	snprintf(unix_path, sizeof(unix_path), "/tmp/sovia-warden-stream.%d", (int)getpid());
+	unlink(unix_path);
+	sv_warden_path = unix_path;
+	thread_up = false;
+}
+
+static void cm_down(struct cm_side *c)
+{
+	if (c->id)
+		sv_cm->destroy_id(c->id);
+	if (c->ch)
+		sv_cm->destroy_event_channel(c->ch);
+	c->id = NULL;
+	c->ch = NULL;
+}
+
+static void teardown(void)
+{
+	if (thread_up) {
+		atomic_store(&running, false);
+		pthread_join(thread, NULL);
+	}
+	cm_down(&warden_cm);
+	cm_down(&rogue_cm);
+	if (unix_fd >= 0)
+		close(unix_fd);
+	unix_fd = -1;
+	unlink(unix_path);
+	sv_warden_path = SV_WARDEN_SOCKET;
+	sv_warden_table_free(table);
+	h_teardown();
+}
+
+/* The warden (with its Unix socket) and a rogue on `port`, as asked. */
+static void start(bool warden, uint16_t rogue_port)
+{
+	if (warden) {
+		cr_assert(cm_up(&warden_cm, (uint16_t)sv_cfg.warden_port, true));
+		unix_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
+		struct sockaddr_un un = {.sun_family = AF_UNIX};
+		strcpy(un.sun_path, unix_path);
+		cr_assert_eq(bind(unix_fd, (struct sockaddr *)&un, sizeof(un)), 0);
+		cr_assert_eq(listen(unix_fd, 8), 0);
+	}
+	if (rogue_port)
+		cr_assert(cm_up(&rogue_cm, rogue_port, false), "the rogue could not listen");
+	atomic_store(&running, true);
+	cr_assert_eq(pthread_create(&thread, NULL, serve, NULL), 0);
+	thread_up = true;
+}
+
+/* A free TCP port on the loopback, and a server listening there. */
+static uint16_t free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(a);
+	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	close(fd);
+	return ntohs(a.sin_port);
+}
+
+static void pair_up(struct pair *p, bool rdma_server, uint16_t port)
+{
+	cr_assert_eq(h_listen_at(p, rdma_server, port), 0);
+	h_connect_sockets(p);
+	p->c = sv_stream_new(p->cfd, true);
+	cr_assert_not_null(p->c);
+	if (rdma_server) {
+		p->s = sv_stream_new(p->sfd, false);
+		cr_assert_not_null(p->s);
+		h_start_server(p->s, p->l);
+	}
+	sv_stream_start_client(p->c);
+}
+
+/* The rogue holds the server's port; the server's libsovia listens at
+ * another and registers it; the warden sends the client there. */
+Test(warden, the_warden_sends_the_client_past_the_rogue_to_the_server)
+{
+	uint16_t port = free_port();
+	start(true, port);
+	struct pair p;
+	pair_up(&p, true, port);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(p.c)), sv_fallback_name(h_fallback(p.c)));
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	cr_assert_eq(atomic_load(&rogue_cm.requests), 0, "the rogue got a request");
+	cr_assert_geq(atomic_load(&warden_cm.requests), 1);
+	cr_assert_neq(p.c->sw.redirect_port, 0);
+	cr_assert_neq(p.c->sw.redirect_port, port, "the server's listener is elsewhere");
+	h_exchange(&p, 31, true);
+	sv_stream_close(p.s, p.sfd);
+	sv_stream_close(p.c, p.cfd);
+	p.s = p.c = NULL;
+	h_pair_free(&p);
+}
+
+/* A plain server (no libsovia listener registered) behind the rogue: the
+ * warden knows none, the client stays on TCP, the rogue hears nothing,
+ * and the server's stream is the client's bytes alone. */
+Test(warden, a_server_the_warden_does_not_know_stays_on_tcp)
+{
+	uint16_t port = free_port();
+	start(true, port);
+	struct pair p;
+	pair_up(&p, false, port);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	cr_assert_eq(h_fallback(p.c), SV_FB_UNVOUCHED, "%s", sv_fallback_name(h_fallback(p.c)));
+	cr_assert_eq(atomic_load(&rogue_cm.requests), 0, "the rogue got a request");
+	cr_assert_geq(atomic_load(&warden_cm.requests), 2, "asked again, as for no listener yet");
+	uint8_t b[6] = "hello!", r[8];
+	cr_assert_eq(h_write_all(p.c, b, sizeof(b)), 6);
+	cr_assert_eq(read(p.sfd, r, sizeof(r)), 6, "nothing but the client's bytes");
+	cr_assert_eq(memcmp(b, r, 6), 0);
+	sv_stream_put(p.c);
+	p.c = NULL;
+	h_pair_free(&p);
+}
+
+/* No warden on the server's host: the server's port is asked, as before
+ * there were wardens (here the server's libsovia holds it). */
+Test(warden, without_a_warden_the_servers_port_is_asked)
+{
+	start(false, 0);
+	struct pair p;
+	pair_up(&p, true, 0);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(p.c)), sv_fallback_name(h_fallback(p.c)));
+	cr_assert(p.c->sw.no_warden);
+	cr_assert_eq(p.c->sw.connect_retries, 0, "asking the server's port is not a retry");
+	h_exchange(&p, 32, true);
+	sv_stream_close(p.s, p.sfd);
+	sv_stream_close(p.c, p.cfd);
+	p.s = p.c = NULL;
+	h_pair_free(&p);
+}
+
+/* SOVIA_WARDEN_REQUIRED: no warden, no upgrade; the rogue on the port
+ * hears nothing. */
+Test(warden, a_required_warden_that_is_missing_keeps_tcp)
+{
+	sv_cfg.warden_required = true;
+	uint16_t port = free_port();
+	start(false, port);
+	struct pair p;
+	pair_up(&p, false, port);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	cr_assert_eq(h_fallback(p.c), SV_FB_UNVOUCHED, "%s", sv_fallback_name(h_fallback(p.c)));
+	cr_assert_eq(atomic_load(&rogue_cm.requests), 0, "the rogue got a request");
+	sv_stream_put(p.c);
+	p.c = NULL;
+	h_pair_free(&p);
+}
+
+/* Without a warden, a server whose port the rogue holds has no RDMA
+ * listener at all: nobody could send its clients elsewhere. */
+Test(warden, a_held_port_without_a_warden_gives_the_server_no_listener)
+{
+	uint16_t port = free_port();
+	start(false, port);
+	struct pair p;
+	memset(&p, 0, sizeof(p));
+	p.lfd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(p.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(listen(p.lfd, 4), 0);
+	p.cfd = p.sfd = -1;
+	p.l = sv_upgrade_listen(p.lfd);
+	/* Opened on the helper (NULL: at once, and failed). */
+	for (int i = 0; p.l && sv_upgrade_listener_usable(p.l) && i < 200; i++)
+		usleep(10000);
+	cr_assert(!p.l || !sv_upgrade_listener_usable(p.l), "a listener on a port another holds");
+	h_pair_free(&p);
+}
