@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Debian package: built from the tree (packaging/build-deb.sh), installed
 # with apt (which must find its dependencies), and what a user then has:
-# the module, the header, libsovia.pc, sovia-run, sovia-stat and the man
-# pages, each where the system looks for it. A program built with
+# the module, the header, libsovia.pc, sovia-run, sovia-stat, sovia-warden
+# and its unit, and the man pages, each where the system looks for it. A program built with
 # `pkg-config --cflags --libs libsovia` against the installed header alone
 # asks about its own connection: run plainly it is told nothing is
 # accelerated; under the installed sovia-run, libsovia answers for it (on
@@ -59,8 +59,9 @@ while read -r elf; do
 			fail "${elf#"$work/root"} needs $lib from $owner, not in Depends: $deps"
 	done
 done < <(find "$work/root" -type f -exec sh -c 'head -c4 "$1" | grep -q ELF' sh {} \; -print)
-# The module, sovia-run and sovia-stat at least: a check of nothing passes.
-[ "$elves" -ge 3 ] || fail "only $elves ELF files in the package"
+# The module, sovia-run, sovia-stat and sovia-warden at least: a check of
+# nothing passes.
+[ "$elves" -ge 4 ] || fail "only $elves ELF files in the package"
 echo "== Depends covers every library its $elves ELF files need: $deps"
 
 mkdir -p "$build/deb"
@@ -73,16 +74,20 @@ dpkg-query -W -f '${Status}\n' libsovia | grep -qx "install ok installed" || fai
 
 for f in "/usr/lib/$multiarch/libsovia.so" /usr/include/sovia.h \
 	"/usr/lib/$multiarch/pkgconfig/libsovia.pc" /usr/bin/sovia-run /usr/bin/sovia-stat \
+	/usr/sbin/sovia-warden /usr/lib/systemd/system/sovia-warden.service \
 	/usr/share/man/man7/libsovia.7.gz /usr/share/man/man1/sovia-run.1.gz \
-	/usr/share/man/man8/sovia-stat.8.gz; do
+	/usr/share/man/man8/sovia-stat.8.gz /usr/share/man/man8/sovia-warden.8.gz; do
 	dpkg -S "$f" >/dev/null 2>&1 || fail "$f is not the package's"
 	[ -e "$f" ] || fail "$f is missing"
 done
-for p in libsovia.7 sovia-run.1 sovia-stat.8; do
+for p in libsovia.7 sovia-run.1 sovia-stat.8 sovia-warden.8; do
 	man -w "${p%.*}" >/dev/null 2>&1 || fail "man cannot find ${p%.*}"
 done
 [ "$(sovia-run --version)" = "sovia-run (libsovia) $version" ] || fail "sovia-run --version: $(sovia-run --version)"
 [ "$(sovia-stat --version)" = "sovia-stat (libsovia) $version" ] || fail "sovia-stat --version"
+[ "$(sovia-warden --version)" = "sovia-warden (libsovia) $version" ] || fail "sovia-warden --version"
+grep -qx "ExecStart=/usr/sbin/sovia-warden" /usr/lib/systemd/system/sovia-warden.service ||
+	fail "the unit does not start the installed sovia-warden"
 [ "$(pkg-config --modversion libsovia)" = "$version" ] || fail "pkg-config --modversion"
 [ "$(pkg-config --variable=module libsovia)" = "/usr/lib/$multiarch/libsovia.so" ] ||
 	fail "pkg-config's module: $(pkg-config --variable=module libsovia)"
