@@ -99,6 +99,20 @@ int sv_warden_register(const char *path, int listen_fd, uint16_t rdma_port, int 
 		r = errno == ECONNREFUSED || errno == ENOTDIR ? -ENOENT : -errno;
 		goto close_fd;
 	}
+	/* The listening socket goes only to root (or to ourselves: a test's
+	 * warden), whoever holds the path. */
+	struct ucred uc;
+	socklen_t len = sizeof(uc);
+	if (SV_REAL(getsockopt)(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0) {
+		r = -errno;
+		goto close_fd;
+	}
+	if (uc.uid != 0 && uc.uid != geteuid()) {
+		sv_warn("%s is not root's (uid %u): no listener is registered there", path,
+			(unsigned)uc.uid);
+		r = -EPERM;
+		goto close_fd;
+	}
 	r = ask(fd, listen_fd, rdma_port, timeout_ms);
 	if (r < 0) {
 		sv_info("sovia-warden did not take our listener at port %u: %s", rdma_port,

@@ -29,7 +29,9 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#define SV_WARDEN_SOCKET "/run/sovia-warden.sock"
+/* In a directory of root's, under /run where only root may create one: no
+ * other user can listen there first and be handed listening sockets. */
+#define SV_WARDEN_SOCKET "/run/sovia/warden.sock"
 #define SV_WARDEN_MAGIC 0x57564f53u /* "SOVW" on the wire */
 #define SV_WARDEN_VERSION 1
 #define SV_WARDEN_MSG_LEN 8
@@ -45,8 +47,9 @@ int sv_warden_msg_decode(const uint8_t *in, size_t len, uint16_t *rdma_port);
 
 /* Register the application's listening socket listen_fd, whose RDMA
  * listener is at rdma_port, with the warden at `path` (SV_WARDEN_SOCKET in
- * the library). Waits up to timeout_ms for the answer (0: not at all, the
- * registration is taken for made). A handle (>= 0),
+ * the library), which must be root's or the caller's own user's. Waits up
+ * to timeout_ms for the answer (0: not at all, the registration is taken
+ * for made). A handle (>= 0),
  * or -errno: -ENOENT when no warden runs, -EACCES when it refused. The
  * caller serializes the calls (the upgrade makes them with its lock). */
 int sv_warden_register(const char *path, int listen_fd, uint16_t rdma_port, int timeout_ms);

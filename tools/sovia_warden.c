@@ -216,10 +216,27 @@ static int unix_listener(const char *path)
 		return -1;
 	}
 	strcpy(un.sun_path, path);
+	/* Its directory (/run/sovia): made by us, else it must be root's and
+	 * writable by root alone, or another user could take the name. */
+	char dir[sizeof(un.sun_path)];
+	strcpy(dir, path);
+	char *slash = strrchr(dir, '/');
+	struct stat st;
+	if (slash && slash != dir) {
+		*slash = '\0';
+		if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+			say("%s: %s", dir, strerror(errno));
+			return -1;
+		}
+		if (stat(dir, &st) < 0 || st.st_uid != 0 || (st.st_mode & 022)) {
+			say("%s: not root's alone (owner %u, mode %o): another user could take the "
+			    "socket's name", dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+			return -1;
+		}
+	}
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -1;
-	struct stat st;
 	if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
 		unlink(path); /* a former warden's */
 	mode_t old = umask(0);
