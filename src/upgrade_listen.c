@@ -66,10 +66,13 @@ static bool register_with_warden(struct sv_listener *l, bool must)
 		sv_dbg("fd %d: registered with sovia-warden: RDMA listener at port %u", l->fd, port);
 		return true;
 	}
+	/* A warning: whoever holds the port takes our clients' requests,
+	 * and a client writes its echo into our stream for them. */
 	if (must)
-		sv_info("fd %d: another process holds its port in rdma_cm's space, and no "
-			"sovia-warden sends clients to ours (%s): its connections stay on TCP",
-			l->fd, strerror(-h));
+		sv_warn("fd %d: another process holds port %u in rdma_cm's space and takes this "
+			"server's clients' upgrade requests; no sovia-warden sends them to ours "
+			"(%s): run sovia-warden on this host", l->fd,
+			sv_addr_port((const struct sockaddr *)&l->addr), strerror(-h));
 	return !must;
 }
 
