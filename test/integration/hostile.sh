@@ -32,6 +32,10 @@
 #                   back to TCP, its bytes intact, and nothing hangs
 #   rogue-reflect   the same, with the client's own challenge as the rogue's:
 #                   the echo server hands it back, and it must not pass
+#   rogue-warden    sovia-warden runs on the server's host, the rogue holds
+#                   the port: the warden sends the client to the real
+#                   server's listener (RDMA), or keeps it on TCP for a plain
+#                   server; the rogue is asked by nobody
 #   rogue-privileged  clients with SOVIA_PRIVILEGED_PORTS=1: on the rogue's
 #                   port they stay on TCP and the server's stream is the
 #                   client's alone; a rogue run as nobody cannot listen below
@@ -462,6 +466,63 @@ case_rogue_privileged() {
 	echo "PASS rogue-privileged: no request to the rogue's port; below 1024 the rogue is refused and the client is on RDMA"
 }
 
+# sovia-warden on the server's host (started here, as root), the same rogue
+# on the port first: the client asks the warden, which knows no listener
+# for a plain server (TCP, "unvouched") and sends it to a preloaded
+# server's own listener, elsewhere since the rogue holds the port. No
+# request reaches the rogue, no byte of its reaches a server.
+case_rogue_warden() {
+	local port=$1 fb
+	"$BUILD/tools/sovia-warden" -v 2>"$WORK/warden.err" &
+	local wd=$!
+	wait_line "$WORK/warden.err" "answering at" 60 ||
+		fail "rogue-warden: sovia-warden did not start: $(cat "$WORK/warden.err")"
+	rogue_run "$port" plain
+	grep -q ROGUECHL "$WORK/server.plain.out" && fail "rogue-warden: 8 bytes injected into a plain server"
+	grep -q "^rogue: request " "$WORK/rogue.plain.out" &&
+		fail "rogue-warden: the plain server's client asked the rogue"
+	fb=$(fallback_of "$WORK/client.plain.err" client)
+	[ "$fb" = unvouched ] || fail "rogue-warden: the plain server's client: fallback '$fb'"
+	grep -q "a request for .*:$port: unknown" "$WORK/warden.err" ||
+		fail "rogue-warden: the warden was not asked for port $port"
+
+	local p2=$((port + 1))
+	"$H" rogue -a "$IP" -p "$p2" -t 90 >"$WORK/rogue.pre.out" 2>"$WORK/rogue.pre.err" &
+	local rg=$!
+	wait_line "$WORK/rogue.pre.out" "listening" 60 || fail "rogue-warden: the rogue could not listen"
+	head -c $((4 * 1048576)) /dev/urandom >"$WORK/in"
+	(sleep 15; printf 'ok\n') |
+		LD_PRELOAD=$LIB timeout 120 nc -N -l "$IP" "$p2" >"$WORK/pre.out" 2>"$WORK/pre.srv.err" &
+	local srv=$! crc=0 src=0
+	wait_port "$p2"
+	local p0
+	p0=$(rxe_pkts)
+	{ gated "$WORK/pre.cli.err"; sleep 20; } | LD_PRELOAD=$LIB timeout 120 \
+		nc -N "$IP" "$p2" >"$WORK/pre.back" 2>"$WORK/pre.cli.err" || crc=$?
+	wait "$srv" || src=$?
+	local dp=$(($(rxe_pkts) - p0))
+	kill "$rg" 2>/dev/null || true
+	wait "$rg" || true
+	[ "$crc" = 0 ] && [ "$src" = 0 ] || fail "rogue-warden: preloaded: client $crc, server $src"
+	cmp "$WORK/in" "$WORK/pre.out" || fail "rogue-warden: the preloaded server got other bytes"
+	printf 'ok\n' | cmp - "$WORK/pre.back" || fail "rogue-warden: the client got other bytes"
+	grep -q "^rogue: request " "$WORK/rogue.pre.out" &&
+		fail "rogue-warden: the preloaded server's client asked the rogue"
+	grep -q "registered with sovia-warden\|the listener at .*:$p2 is at RDMA port" "$WORK/warden.err" ||
+		fail "rogue-warden: the server's listener was not registered"
+	grep -q "a request for .*:$p2: to RDMA port" "$WORK/warden.err" ||
+		fail "rogue-warden: the warden did not send the client to the server's listener"
+	assert_rdma_carried "$WORK/pre.cli.err" client $((2 * 1048576)) $((2 * 1048576))
+	# The medium: 3 MiB over the QP are at least 768 packets at rxe's
+	# largest MTU (4096).
+	[ "$dp" -ge 768 ] || fail "rogue-warden: rxe sent only $dp packets during 4 MiB"
+	kill "$wd"
+	wait "$wd" || true
+	grep -v "^sovia-warden: a request\|^sovia-warden: uid" "$WORK/warden.err" || true
+	echo "PASS rogue-warden: plain server: client on TCP (unvouched), nothing injected;" \
+		"preloaded server behind the rogue: on RDMA ($dp rxe packets), the rogue asked by nobody"
+}
+
 # The rogue switches back at the offset the client's TO_RDMA names and
 # sends DATA, to a preloaded client of an echo server, which hands back
 # what the client wrote there: the rogue's challenge (-s), or with -x the
@@ -523,7 +584,7 @@ case_rogue_switch() {
 
 port=5600
 failed=
-for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-switch rogue-reflect rogue-privileged}; do
+for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-switch rogue-reflect rogue-privileged rogue-warden}; do
 	note "$c"
 	rm -f /dev/shm/libsovia-peers.*
 	# Not in an || list: errexit would be off inside.
