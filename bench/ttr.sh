@@ -36,7 +36,7 @@ run() { # variant env...
 	env "$@" "$BENCH" server -b "$IP" -p $PORT >"$WORK/$v.srv.out" 2>"$WORK/$v.srv.err" &
 	local srv=$!
 	for _ in $(seq 100); do grep -q LISTENING "$WORK/$v.srv.out" && break; sleep 0.1; done
-	if [ "$v" = libsovia ]; then
+	if [[ $v == libsovia* ]]; then
 		# First contact: the hosts learn each other.
 		env "$@" "$BENCH" client -H "$IP" -p $PORT -t conn -d 30 -n 1 >/dev/null 2>&1
 		env "$@" "$BENCH" client -H "$IP" -p $PORT -t lat -s 64 -w 1 -d 1 -n 100 >/dev/null 2>&1
@@ -52,25 +52,46 @@ run() { # variant env...
 		"$v" "${FIRST[$v]}" "${MED[$v]}" "${P99[$v]}" "$(kv "$line" conns)"
 }
 
+# libsovia's own statistic, on variant $1's client connections after the
+# first: its median in $med.
+ttr_of() {
+	grep -h "libsovia stats" "$WORK/$1.err" | grep " client " |
+		sed -n 's/.* time_to_rdma_us=\([0-9]*\).*/\1/p' >"$WORK/ttr"
+	local n zero first m p99
+	n=$(wc -l <"$WORK/ttr")
+	zero=$(grep -cx 0 "$WORK/ttr")
+	first=$(head -1 "$WORK/ttr")
+	tail -n +2 "$WORK/ttr" | grep -vx 0 | sort -n >"$WORK/ttr.later"
+	m=$(wc -l <"$WORK/ttr.later")
+	if [ "$m" -gt 0 ]; then
+		med=$(sed -n "$((m / 2 + 1))p" "$WORK/ttr.later")
+		p99=$(sed -n "$((m * 99 / 100 + 1))p" "$WORK/ttr.later")
+	else
+		med=- p99=-
+	fi
+	echo "$1 time_to_rdma_us: first $first; later: median $med, p99 $p99 ($n connections, $zero never on RDMA)"
+}
+
 echo "== connect() to the first byte read, $CONNS connections from a fresh process"
 run tcp SOVIA_BENCH_VARIANT=tcp
 run rsockets LD_PRELOAD="$RSPRELOAD"
+# libsovia three ways: asking no warden (as before wardens), on a host
+# without one (the client asks the warden's port, meets no listener, then
+# the server's port), and with sovia-warden on the server's host.
+run libsovia-nowarden LD_PRELOAD="$LIB" SOVIA_STATS=1 SOVIA_WARDEN_PORT=0
+ttr_of libsovia-nowarden
+med_nowarden=$med
 run libsovia LD_PRELOAD="$LIB" SOVIA_STATS=1
-# libsovia's own statistic, on the client's connections after the first.
-grep -h "libsovia stats" "$WORK/libsovia.err" | grep " client " |
-	sed -n 's/.* time_to_rdma_us=\([0-9]*\).*/\1/p' >"$WORK/ttr"
-n=$(wc -l <"$WORK/ttr")
-zero=$(grep -cx 0 "$WORK/ttr")
-first=$(head -1 "$WORK/ttr")
-tail -n +2 "$WORK/ttr" | grep -vx 0 | sort -n >"$WORK/ttr.later"
-m=$(wc -l <"$WORK/ttr.later")
-if [ "$m" -gt 0 ]; then
-	med=$(sed -n "$((m / 2 + 1))p" "$WORK/ttr.later")
-	p99=$(sed -n "$((m * 99 / 100 + 1))p" "$WORK/ttr.later")
-else
-	med=- p99=-
-fi
-echo "libsovia time_to_rdma_us: first $first; later: median $med, p99 $p99 ($n connections, $zero never on RDMA)"
+ttr_of libsovia
+med_default=$med
+"$BUILD/tools/sovia-warden" 2>"$WORK/warden.err" &
+warden=$!
+for _ in $(seq 100); do grep -q answering "$WORK/warden.err" && break; sleep 0.1; done
+run libsovia-warden LD_PRELOAD="$LIB" SOVIA_STATS=1
+kill $warden
+ttr_of libsovia-warden
+med_warden=$med
+med=$med_default
 
 echo "== raw rdma_cm connect (cmtime, $CONNS connections)"
 timeout 120 cmtime -b "$IP" -p 7199 -c "$CONNS" >"$WORK/cmtime.srv" 2>&1 &
@@ -121,4 +142,10 @@ awk -v lf="${FIRST[libsovia]}" -v rf="${FIRST[rsockets]}" -v tf="${FIRST[tcp]}" 
 	printf "first connection: libsovia/rsockets %.2fx (target <= 1.5x); libsovia/tcp %.2fx\n", lf / rf, lf / tf
 	printf "later connections (median): libsovia/rsockets %.2fx (target <= 1.0x); libsovia/tcp %.2fx\n", lm / rm, lm / tm
 	if (sm != "-") printf "later connections, time_to_rdma median / rsockets set-up median: %.2fx\n", sm / rm
+}'
+awk -v n="${MED[libsovia-nowarden]}" -v d="${MED[libsovia]}" -v w="${MED[libsovia-warden]}" \
+	-v rm="${MED[rsockets]}" -v tn="$med_nowarden" -v td="$med_default" -v tw="$med_warden" 'BEGIN {
+	printf "later connections (median) / rsockets: no warden asked %.2fx, a host without one %.2fx, with sovia-warden %.2fx\n", n / rm, d / rm, w / rm
+	if (tn != "-" && td != "-" && tw != "-")
+		printf "time_to_rdma median against asking no warden: a host without one %.2fx, with sovia-warden %.2fx\n", td / tn, tw / tn
 }'
