@@ -9,6 +9,7 @@
 #include "cmdata.h"
 #include "config.h"
 #include "warden.h"
+#include "../unit/fdpass.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -97,21 +98,11 @@ static void take_registrations(void)
 	if (c < 0)
 		return;
 	uint8_t m[16];
-	union {
-		char b[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr a;
-	} cb;
-	struct iovec iov = {m, sizeof(m)};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
-			    .msg_controllen = sizeof(cb.b)};
 	struct pollfd p = {.fd = c, .events = POLLIN};
 	poll(&p, 1, 1000);
-	ssize_t n = recvmsg(c, &mh, MSG_DONTWAIT);
+	int fd;
+	ssize_t n = fdpass_recv(c, m, sizeof(m), &fd, MSG_DONTWAIT);
 	uint16_t port;
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-	int fd = -1;
-	if (cm)
-		memcpy(&fd, CMSG_DATA(cm), sizeof(int));
 	struct sockaddr_storage addr;
 	bool only;
 	bool ok = n > 0 && sv_warden_msg_decode(m, (size_t)n, &port) == 0 && fd >= 0 &&

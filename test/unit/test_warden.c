@@ -6,6 +6,7 @@
 #include "warden.h"
 #include "addr.h"
 #include "cmdata.h"
+#include "fdpass.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -109,37 +110,17 @@ Test(warden, a_listener_of_another_network_namespace_is_refused)
 		struct sockaddr_storage any = v4("0.0.0.0", 5555);
 		if (fd < 0 || bind(fd, (struct sockaddr *)&any, sizeof(any)) < 0 || listen(fd, 1) < 0)
 			_exit(3);
-		char c = 'y';
-		struct iovec iov = {&c, 1};
-		union {
-			char b[CMSG_SPACE(sizeof(int))];
-			struct cmsghdr a;
-		} cb;
-		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
-				    .msg_controllen = sizeof(cb.b)};
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-		_exit(sendmsg(sp[1], &mh, 0) == 1 ? 0 : 4);
+		_exit(fdpass_send(sp[1], "y", 1, fd) == 1 ? 0 : 4);
 	}
 	char c = 0;
-	union {
-		char b[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr a;
-	} cb;
-	struct iovec iov = {&c, 1};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
-			    .msg_controllen = sizeof(cb.b)};
-	cr_assert_eq(recvmsg(sp[0], &mh, 0), 1);
+	int fd;
+	cr_assert_eq(fdpass_recv(sp[0], &c, 1, &fd, 0), 1);
 	int st;
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child: %d", st);
 	if (c == 'n')
 		cr_skip_test("no network namespaces here (unshare refused)");
-	int fd;
-	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&mh)), sizeof(int));
+	cr_assert_geq(fd, 0, "the listener came");
 	struct sockaddr_storage a;
 	bool only;
 	cr_assert_eq(sv_warden_check_listener(fd, &a, &only), -EXDEV);
@@ -213,18 +194,9 @@ static int fake_take(uint16_t *port, int *passed)
 	int c = accept(fake, NULL, NULL);
 	cr_assert_geq(c, 0);
 	uint8_t m[16];
-	union {
-		char b[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr a;
-	} cb;
-	struct iovec iov = {m, sizeof(m)};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b,
-			    .msg_controllen = sizeof(cb.b)};
-	ssize_t n = recvmsg(c, &mh, 0);
+	ssize_t n = fdpass_recv(c, m, sizeof(m), passed, 0);
 	cr_assert_eq(sv_warden_msg_decode(m, (size_t)n, port), 0);
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-	cr_assert_not_null(cm, "a fd came");
-	memcpy(passed, CMSG_DATA(cm), sizeof(int));
+	cr_assert_geq(*passed, 0, "a fd came");
 	return c;
 }
 
