@@ -413,11 +413,11 @@ rogue_run() {
 	reqs=$(grep -c "^rogue: request " "$WORK/rogue.$kind.out" || true)
 	fb=$(fallback_of "$WORK/client.$kind.err" client)
 	if grep -q ROGUECHL "$WORK/server.$kind.out"; then
-		echo "KNOWN-HOLE rogue-listener $kind server: its application received the rogue's 8 bytes" \
+		echo "KNOWN-HOLE ${ROGUE_CASE:-rogue-listener} $kind server: its application received the rogue's 8 bytes" \
 			"($(cat -A "$WORK/server.$kind.out" | tr '\n' ' ')); the client's request went to the" \
 			"rogue ($reqs request(s)) and it fell back: ${fb:-none}"
 	else
-		echo "PASS rogue-listener $kind server: no injected bytes ($reqs request(s) reached the rogue; client fallback ${fb:-none})"
+		echo "PASS ${ROGUE_CASE:-rogue-listener} $kind server: no injected bytes ($reqs request(s) reached the rogue; client fallback ${fb:-none})"
 	fi
 }
 
@@ -477,7 +477,7 @@ case_rogue_warden() {
 	local wd=$!
 	wait_line "$WORK/warden.err" "answering at" 60 ||
 		fail "rogue-warden: sovia-warden did not start: $(cat "$WORK/warden.err")"
-	rogue_run "$port" plain
+	ROGUE_CASE=rogue-warden rogue_run "$port" plain
 	grep -q ROGUECHL "$WORK/server.plain.out" && fail "rogue-warden: 8 bytes injected into a plain server"
 	grep -q "^rogue: request " "$WORK/rogue.plain.out" &&
 		fail "rogue-warden: the plain server's client asked the rogue"
