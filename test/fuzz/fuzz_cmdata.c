@@ -4,10 +4,12 @@
  * given, say -EPROTO or -EPROTONOSUPPORT for what it refuses, and for what
  * it takes give fields that encode back to the same bytes.
  *
- * The input is used whole as each kind of private data in turn. */
+ * The input is used whole as each kind of private data in turn, and as a
+ * registration sovia-warden reads (warden_table.c). */
 #include "fuzz.h"
 
 #include "cmdata.h"
+#include "warden.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -153,10 +155,26 @@ static void fuzz_rej(const uint8_t *in, size_t len)
 	CHECK(sv_cm_rej_decode(out, sizeof(out)) == d, "its own encoding decodes otherwise");
 }
 
+/* A registration sovia-warden reads from any local user (warden.h): what
+ * it takes encodes back to the same 8 bytes. */
+static void fuzz_warden(const uint8_t *in, size_t len)
+{
+	uint16_t port = 0;
+	int d = sv_warden_msg_decode(in, len, &port);
+	CHECK(d == 0 || d == -EPROTO, "warden_msg_decode returned %d", d);
+	if (d < 0)
+		return;
+	uint8_t out[SV_WARDEN_MSG_LEN];
+	sv_warden_msg_encode(port, out);
+	CHECK(len == SV_WARDEN_MSG_LEN && port != 0 && memcmp(out, in, len) == 0,
+	      "a registration does not encode back to its bytes");
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	fuzz_req(data, size);
 	fuzz_rep(data, size);
 	fuzz_rej(data, size);
+	fuzz_warden(data, size);
 	return 0;
 }
