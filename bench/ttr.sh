@@ -84,11 +84,13 @@ med_nowarden=$med
 run libsovia LD_PRELOAD="$LIB" SOVIA_STATS=1
 ttr_of libsovia
 med_default=$med
-"$BUILD/tools/sovia-warden" 2>"$WORK/warden.err" &
+"$BUILD/tools/sovia-warden" -v 2>"$WORK/warden.err" &
 warden=$!
 for _ in $(seq 100); do grep -q answering "$WORK/warden.err" && break; sleep 0.1; done
+grep -q answering "$WORK/warden.err" || { echo "sovia-warden did not start:"; cat "$WORK/warden.err"; }
 run libsovia-warden LD_PRELOAD="$LIB" SOVIA_STATS=1
 kill $warden
+echo "sovia-warden: $(grep -c ": to RDMA port" "$WORK/warden.err") redirects, $(grep -c ": unknown" "$WORK/warden.err") unknown"
 ttr_of libsovia-warden
 med_warden=$med
 med=$med_default

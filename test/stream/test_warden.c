@@ -277,6 +277,38 @@ Test(warden, without_a_warden_the_servers_port_is_asked)
 	h_pair_free(&p);
 }
 
+/* A host found without a warden is remembered for a while: the process's
+ * next connection there asks the server's port at once, without the
+ * round trip; a warden that appears meanwhile is not asked yet. */
+Test(warden, a_host_without_a_warden_is_remembered)
+{
+	start(false, 0);
+	struct pair p;
+	pair_up(&p, true, 0);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	cr_assert(p.c->sw.no_warden);
+	sv_stream_close(p.s, p.sfd);
+	sv_stream_close(p.c, p.cfd);
+	p.s = p.c = NULL;
+	h_pair_free(&p);
+
+	/* A warden now (it would answer "unknown": no listener registered). */
+	atomic_store(&running, false);
+	pthread_join(thread, NULL);
+	cr_assert(cm_up(&warden_cm, (uint16_t)sv_cfg.warden_port, true));
+	atomic_store(&running, true);
+	cr_assert_eq(pthread_create(&thread, NULL, serve, NULL), 0);
+	struct pair q;
+	pair_up(&q, true, 0);
+	cr_assert_eq(h_wait_state(q.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(q.c)), sv_fallback_name(h_fallback(q.c)));
+	cr_assert_eq(atomic_load(&warden_cm.requests), 0, "the remembered host's warden was asked");
+	sv_stream_close(q.s, q.sfd);
+	sv_stream_close(q.c, q.cfd);
+	q.s = q.c = NULL;
+	h_pair_free(&q);
+}
+
 /* SOVIA_WARDEN_REQUIRED: no warden, no upgrade; the rogue on the port
  * hears nothing. */
 Test(warden, a_required_warden_that_is_missing_keeps_tcp)
