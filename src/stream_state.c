@@ -86,7 +86,9 @@ const char *sv_fallback_name(enum sv_fallback f)
 static const unsigned allowed[SV_CONN_NSTATES] = {
 	/* Client: resolving starts the upgrade; server: a matching request. */
 	[SV_CONN_TCP] = TO(SV_CONN_RESOLVING) | TO(SV_CONN_REQUESTED) | TO(SV_CONN_FALLBACK),
-	[SV_CONN_RESOLVING] = TO(SV_CONN_REQUESTED) | TO(SV_CONN_FALLBACK),
+	/* TCP: the warden (whose request has no QP: upgrade.c) sent us
+	 * elsewhere, or its host has none; asked again from TCP. */
+	[SV_CONN_RESOLVING] = TO(SV_CONN_REQUESTED) | TO(SV_CONN_TCP) | TO(SV_CONN_FALLBACK),
 	/* TCP: no listener yet at the server, the client asks again later.
 	 * RDMA: the peer's switch came and was verified before rdma_cm's
 	 * ESTABLISHED reached us. */

@@ -320,18 +320,29 @@ static void start_connect(struct sv_stream *s)
 		sv_helper_watch(s);
 }
 
+/* The QP number a request to the warden names: it has no QP of ours (the
+ * warden only rejects, saying where to ask), and rdma_cm carries the
+ * number without looking at it. Not 0, 1 (the special QPs) or 0xffffff
+ * (multicast). */
+#define SV_WARDEN_QPN 0x5356u
+
 static void client_route_resolved(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
 	bool was_waiting = s->sw.room_wait;
-	int r = s->state == SV_CONN_RESOLVING ? sv_up_attach_qp(s) : -ECANCELED;
+	/* Asking the warden: no QP and no buffers, and the connection stays
+	 * RESOLVING (where a connection waiting for room has none either). A
+	 * QP made for a request that is only ever rejected cost the warden's
+	 * round trip most of its time (docs/benchmarks.md). */
+	bool warden = s->sw.at_warden;
+	int r = s->state != SV_CONN_RESOLVING ? -ECANCELED : warden ? 0 : sv_up_attach_qp(s);
 	struct sv_cm_req req = {
 		.version = SV_CM_VERSION,
 		.client = s->tuple.local,
 		.server = s->tuple.peer,
 	};
-	uint32_t qp_num = 0;
-	if (r == 0) {
+	uint32_t qp_num = SV_WARDEN_QPN;
+	if (r == 0 && !warden) {
 		const struct sv_proto_params *prm = sv_proto_params(s->proto);
 		req.nrecv = (uint16_t)sv_proto_nrecv(prm);
 		req.buf_size = sv_proto_start_size(prm);
@@ -399,7 +410,9 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 	 * not as a retry. */
 	bool no_warden = said == SV_CM_REJ_NO_WARDEN;
 	sv_lock(&s->lock);
-	bool go = s->is_client && s->state == SV_CONN_REQUESTED && !s->cl.app_closed &&
+	bool asked = s->state == SV_CONN_REQUESTED ||
+		     (s->sw.at_warden && s->state == SV_CONN_RESOLVING);
+	bool go = s->is_client && asked && !s->cl.app_closed &&
 		  !s->error && !s->cl.tx_shut &&
 		  (later       ? s->sw.later_retries < SV_LATER_RETRIES
 		   : no_warden ? true
