@@ -20,6 +20,7 @@
  * (one line in the answer, wrapped here). Words are added only at a line's
  * end, so a reader of version 1 keeps working. */
 #include "helper_int.h"
+#include "fdpass.h"
 
 #include "log.h"
 #include "ownfd.h"
@@ -108,21 +109,7 @@ static void refuse(int conn)
 /* The sealed view, to the asker. */
 static void send_view(int conn, int view)
 {
-	char one = 'v';
-	struct iovec iov = {.iov_base = &one, .iov_len = 1};
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} u;
-	memset(&u, 0, sizeof(u));
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			   .msg_controllen = sizeof(u.buf)};
-	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &view, sizeof(int));
-	ssize_t r = SV_REAL(sendmsg)(conn, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+	ssize_t r = sv_fd_send(conn, "v", 1, view, MSG_DONTWAIT | MSG_NOSIGNAL);
 	(void)r; /* an asker that went away has nothing to be told */
 }
 

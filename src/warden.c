@@ -2,6 +2,7 @@
  * registered with the warden of its host, for as long as it lives. */
 #include "warden.h"
 
+#include "fdpass.h"
 #include "log.h"
 #include "ownfd.h"
 #include "real.h"
@@ -15,33 +16,29 @@
 
 const char *sv_warden_path = SV_WARDEN_SOCKET;
 
-/* The registrations' connections, by handle. Each remembers the process
- * that made it: a fork's child holds copies of its parent's, which only
- * the parent may end. */
-struct reg {
-	int fd; /* -1: free */
-	pid_t pid;
-};
-static struct reg *regs;
+/* The registrations' connections, by handle (-1: free). A fork's child
+ * closes its copies at once (sv_warden_atfork_child), so every one here
+ * is this process's. */
+static int *regs;
 static int nregs;
 
 static int new_handle(int fd)
 {
 	for (int i = 0; i < nregs; i++) {
-		if (regs[i].fd < 0) {
-			regs[i] = (struct reg){fd, getpid()};
+		if (regs[i] < 0) {
+			regs[i] = fd;
 			return i;
 		}
 	}
-	struct reg *more = realloc(regs, (size_t)(nregs + 16) * sizeof(*more));
+	int *more = realloc(regs, (size_t)(nregs + 16) * sizeof(*more));
 	if (!more)
 		return -ENOMEM;
 	regs = more;
 	for (int i = nregs; i < nregs + 16; i++)
-		regs[i].fd = -1;
+		regs[i] = -1;
 	int h = nregs;
 	nregs += 16;
-	regs[h] = (struct reg){fd, getpid()};
+	regs[h] = fd;
 	return h;
 }
 
@@ -50,20 +47,7 @@ static int ask(int fd, int listen_fd, uint16_t rdma_port, int timeout_ms)
 {
 	uint8_t msg[SV_WARDEN_MSG_LEN];
 	sv_warden_msg_encode(rdma_port, msg);
-	struct iovec iov = {msg, sizeof(msg)};
-	union {
-		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
-	} c;
-	memset(&c, 0, sizeof(c));
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf,
-			    .msg_controllen = sizeof(c.buf)};
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &listen_fd, sizeof(int));
-	ssize_t w = SV_REAL(sendmsg)(fd, &mh, MSG_NOSIGNAL);
+	ssize_t w = sv_fd_send(fd, msg, sizeof(msg), listen_fd, MSG_NOSIGNAL);
 	if (w != (ssize_t)sizeof(msg))
 		return w < 0 ? -errno : -EIO;
 	if (timeout_ms == 0)
@@ -132,18 +116,17 @@ close_fd:
 
 void sv_warden_unregister(int handle)
 {
-	if (handle < 0 || handle >= nregs || regs[handle].fd < 0)
+	if (handle < 0 || handle >= nregs || regs[handle] < 0)
 		return;
-	if (regs[handle].pid == getpid())
-		sv_ownfd_close(regs[handle].fd);
-	regs[handle].fd = -1;
+	sv_ownfd_close(regs[handle]);
+	regs[handle] = -1;
 }
 
 void sv_warden_atfork_child(void)
 {
 	for (int i = 0; i < nregs; i++) {
-		if (regs[i].fd >= 0)
-			sv_ownfd_close(regs[i].fd);
-		regs[i].fd = -1;
+		if (regs[i] >= 0)
+			sv_ownfd_close(regs[i]);
+		regs[i] = -1;
 	}
 }

@@ -7,6 +7,7 @@
 #include "addr.h"
 #include "cmdata.h"
 #include "fdpass.h"
+#include "fdrecv.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -110,7 +111,7 @@ Test(warden, a_listener_of_another_network_namespace_is_refused)
 		struct sockaddr_storage any = v4("0.0.0.0", 5555);
 		if (fd < 0 || bind(fd, (struct sockaddr *)&any, sizeof(any)) < 0 || listen(fd, 1) < 0)
 			_exit(3);
-		_exit(fdpass_send(sp[1], "y", 1, fd) == 1 ? 0 : 4);
+		_exit(sv_fd_send(sp[1], "y", 1, fd, 0) == 1 ? 0 : 4);
 	}
 	char c = 0;
 	int fd;
