@@ -450,13 +450,12 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		 * first bytes on TCP. */
 		if (write_first) {
 			sv_stream_end_hold(s, UINT64_MAX);
-		} else if (no_warden) {
-			sv_stream_hold_past(s, s->sw.upgrade_at);
 		} else {
 			sv_stream_hold_past(s, s->sw.upgrade_at);
 			/* Not for a second life's ask: a server that closed its
-			 * listening socket. */
-			if (!busy && !later && !to && !was_redirected && !s->redo.ok)
+			 * listening socket; nor for a host without a warden. */
+			if (!busy && !later && !to && !no_warden && !was_redirected &&
+			    !s->redo.ok)
 				sv_peers_plain_port(&s->tuple.peer);
 		}
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,

@@ -9,7 +9,7 @@
 #include "cmdata.h"
 #include "config.h"
 #include "warden.h"
-#include "../unit/fdpass.h"
+#include "../unit/fdrecv.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -215,6 +215,15 @@ static void pair_up(struct pair *p, bool rdma_server, uint16_t port)
 	sv_stream_start_client(p->c);
 }
 
+/* Both ends of a pair on RDMA closed, and the pair freed. */
+static void pair_done(struct pair *p)
+{
+	sv_stream_close(p->s, p->sfd);
+	sv_stream_close(p->c, p->cfd);
+	p->s = p->c = NULL;
+	h_pair_free(p);
+}
+
 /* The rogue holds the server's port; the server's libsovia listens at
  * another and registers it; the warden sends the client there. */
 Test(warden, the_warden_sends_the_client_past_the_rogue_to_the_server)
@@ -231,10 +240,7 @@ Test(warden, the_warden_sends_the_client_past_the_rogue_to_the_server)
 	cr_assert_neq(p.c->sw.redirect_port, 0);
 	cr_assert_neq(p.c->sw.redirect_port, port, "the server's listener is elsewhere");
 	h_exchange(&p, 31, true);
-	sv_stream_close(p.s, p.sfd);
-	sv_stream_close(p.c, p.cfd);
-	p.s = p.c = NULL;
-	h_pair_free(&p);
+	pair_done(&p);
 }
 
 /* A plain server (no libsovia listener registered) behind the rogue: the
@@ -271,10 +277,7 @@ Test(warden, without_a_warden_the_servers_port_is_asked)
 	cr_assert(p.c->sw.no_warden);
 	cr_assert_eq(p.c->sw.connect_retries, 0, "asking the server's port is not a retry");
 	h_exchange(&p, 32, true);
-	sv_stream_close(p.s, p.sfd);
-	sv_stream_close(p.c, p.cfd);
-	p.s = p.c = NULL;
-	h_pair_free(&p);
+	pair_done(&p);
 }
 
 /* A host found without a warden is remembered for a while: the process's
@@ -287,10 +290,7 @@ Test(warden, a_host_without_a_warden_is_remembered)
 	pair_up(&p, true, 0);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
 	cr_assert(p.c->sw.no_warden);
-	sv_stream_close(p.s, p.sfd);
-	sv_stream_close(p.c, p.cfd);
-	p.s = p.c = NULL;
-	h_pair_free(&p);
+	pair_done(&p);
 
 	/* A warden now (it would answer "unknown": no listener registered). */
 	atomic_store(&running, false);
@@ -303,10 +303,7 @@ Test(warden, a_host_without_a_warden_is_remembered)
 	cr_assert_eq(h_wait_state(q.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
 		     sv_conn_state_name(h_state(q.c)), sv_fallback_name(h_fallback(q.c)));
 	cr_assert_eq(atomic_load(&warden_cm.requests), 0, "the remembered host's warden was asked");
-	sv_stream_close(q.s, q.sfd);
-	sv_stream_close(q.c, q.cfd);
-	q.s = q.c = NULL;
-	h_pair_free(&q);
+	pair_done(&q);
 }
 
 /* SOVIA_WARDEN_REQUIRED: no warden, no upgrade; the rogue on the port
