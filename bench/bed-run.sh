@@ -3,9 +3,9 @@
 # SOVIA_BED_IP and SOVIA_BED_DEV). Everything runs on one rxe device, server
 # and client on its address, in this one run:
 #   raw verbs   perftest ib_send_bw, ib_write_bw, ib_send_lat
-#   tcp         apps/sovia-bench, no preload
-#   rsockets    apps/sovia-bench under Debian's librspreload.so
-#   libsovia    apps/sovia-bench under libsovia.so (SOVIA_STATS=1)
+#   tcp         sovia-bench, no preload
+#   rsockets    sovia-bench under Debian's librspreload.so
+#   libsovia    sovia-bench under libsovia.so (SOVIA_STATS=1)
 #   (full run)  iperf3 under the same three, where it works
 # then bench/report.sh turns OUT/results.csv into the tables and plots.
 # A variant that fails is recorded as failed; the run goes on.
@@ -442,7 +442,7 @@ fi
 
 # ---- the SOVIA paper's real-application table (full run only) ----
 # Time to get each of the paper's files with ftp from ftpd (one session,
-# passive mode, both preloaded; test/integration/ftp.sh in its timing
+# passive mode, both preloaded; test/bed/ftp.sh in its timing
 # mode, which also checks that the file arrived intact), and a local copy.
 FTP_SIZES=(19090223 145864380)
 mib_per_s() { awk -v n="$1" -v t="$2" 'BEGIN {printf "%.3f", n / 1048576 / t}'; } # bytes seconds
@@ -471,7 +471,7 @@ if [ "$FTP" = 1 ] && command -v ftp >/dev/null && [ -x /usr/sbin/in.ftpd ]; then
 		# leaves the daemon behind, which the pkill ends).
 		SOVIA_IT_FTP_BENCH=1 SOVIA_IT_FTP_MODES=passive SOVIA_IT_FTP_DIRS=get SOVIA_IT_FTP_TIMEOUT=120 \
 			SOVIA_IT_FTP_SIZES="${FTP_SIZES[*]}" SOVIA_STATS=1 SOVIA_UPGRADE_TIMEOUT_MS=30000 \
-			timeout -k 10 240 "$HERE/../test/integration/ftp.sh" "$l" "$(dirname "$BENCH")" </dev/null >"$log" 2>&1
+			timeout -k 10 240 "$HERE/../test/bed/ftp.sh" "$l" "$(dirname "$(dirname "$BENCH")")" </dev/null >"$log" 2>&1
 		rc=$?
 		pkill -9 -f /usr/sbin/in.ftpd 2>/dev/null || true
 		for s in "${FTP_SIZES[@]}"; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Small-message latency in interleaved rounds, inside the soft-RoCE test bed:
-# each round runs ib_send_lat, then libsovia and rsockets (apps/sovia-bench
+# each round runs ib_send_lat, then libsovia and rsockets (sovia-bench
 # -t lat) at every size, so the three see the same moment of a noisy guest.
 # Prints a Markdown table (one way, us): perftest's minimum and typical
 # value, each socket variant's minimum and median, and libsovia/verbs for
@@ -29,7 +29,7 @@ done
 DEV=${SOVIA_BED_DEV:?run inside test/bed/sovia-bed}
 IP=${SOVIA_BED_IP:?run inside test/bed/sovia-bed}
 BUILD=$(cd "$BUILD" && pwd -P) || exit 2
-LIB=$BUILD/preload/libsovia.so BENCH=$BUILD/apps/sovia-bench
+LIB=$BUILD/preload/libsovia.so BENCH=$BUILD/bin/sovia-bench
 RSPRELOAD=${SOVIA_BENCH_RSPRELOAD:-/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so}
 for f in "$LIB" "$BENCH" "$RSPRELOAD"; do
 	[ -e "$f" ] || { echo "lat-rounds: $f is missing" >&2; exit 2; }

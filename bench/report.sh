@@ -248,7 +248,7 @@ if [ -s "$DIR/copycost.md" ]; then
 	{
 		echo "## What a payload copy costs in this guest"
 		echo
-		echo "\`apps/sovia_copycost.c\`, 16 MiB per size: glibc's \`memcpy\` in one call"
+		echo "\`bench/sovia_copycost.c\`, 16 MiB per size: glibc's \`memcpy\` in one call"
 		echo "against libsovia's copy in 2 KiB pieces (src/copy.h; why:"
 		echo "docs/benchmarks.md, \"Copies in the test bed\")."
 		echo
@@ -261,7 +261,7 @@ if [ -s "$DIR/pingsplit.md" ]; then
 	{
 		echo "## Where a 64 B round trip goes"
 		echo
-		echo "\`apps/sovia_pingsplit.c\`: a ping-pong that times each \`write()\` and"
+		echo "\`bench/sovia_pingsplit.c\`: a ping-pong that times each \`write()\` and"
 		echo "each \`read()\` apart (medians, microseconds, TSC). On soft-RoCE the"
 		echo "doorbell of \`ibv_post_send\` runs the whole send path in the sender's"
 		echo "system call, so an RDMA write costs more than a one-way trip; the wait"

@@ -35,7 +35,7 @@ if [ -z "$OUT" ]; then
 fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-args=(--lib "$BUILD/preload/libsovia.so" --bench "$BUILD/apps/sovia-bench" --out "$OUT")
+args=(--lib "$BUILD/preload/libsovia.so" --bench "$BUILD/bin/sovia-bench" --out "$OUT")
 [ "$SMOKE" = 1 ] && args=(--smoke --check "${args[@]}")
 t0=$(date +%s)
 rc=0

@@ -11,7 +11,7 @@
 #   inetd      openbsd-inetd, a program exec'd per connection with the
 #              socket on stdin/stdout (cat): nc sends 32 MB and reads
 #              them back (cmp)
-#   echo-fork  apps/sovia-echo-fork, accept then fork: 30 MB each way
+#   echo-fork  examples/sovia_echo_fork.c, accept then fork: 30 MB each way
 # each once with both ends preloaded with libsovia (SOVIA_STATS=1) and once
 # on plain kernel TCP (no preload). One line per program and workload:
 #   RESULT prog=P workload=W medium=M status=ok|failed bytes_verified=N
@@ -669,7 +669,7 @@ EOF
 ECHO_PORT=18890
 echo_medium() { # medium
 	local med=$1 s0 s1 t0 t1 rc src secs st why bv
-	local ef=$BUILD/apps/sovia-echo-fork
+	local ef=$BUILD/bin/sovia-echo-fork
 	[ -x "$ef" ] || {
 		result echo-fork "echo${ECHO_MB}MB" "$med" failed 0 0 - 0 /dev/null "" "0 0 0 0" "0 0 0 0" "no $ef"
 		return

@@ -6,7 +6,7 @@
 #
 #   test/bed/sovia-bed -- bench/ttr.sh BUILD_DIR [CONNS]
 #
-# Each variant runs apps/sovia-bench's conn test from a fresh client
+# Each variant runs sovia-bench's conn test from a fresh client
 # process: CONNS connections (default 200), each connect(), a 16-byte
 # header, the server's one byte read, close. Printed per variant: the first
 # connection's time (the process's first: rdma_cm starts) and the median
@@ -21,7 +21,7 @@ BUILD=${1:?usage: $0 BUILD_DIR [CONNS]}
 CONNS=${2:-200}
 IP=${SOVIA_BED_IP:?run me in the test bed: test/bed/sovia-bed -- $0 ...}
 LIB=$BUILD/preload/libsovia.so
-BENCH=$BUILD/apps/sovia-bench
+BENCH=$BUILD/bin/sovia-bench
 RSPRELOAD=${SOVIA_BENCH_RSPRELOAD:-/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so}
 WORK=$(mktemp -d /dev/shm/sovia-ttr.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$WORK"' EXIT

@@ -11,13 +11,13 @@ say() {
 	echo "check-shape: $*" >&2
 	bad=1
 }
-for f in src/*.[ch] preload/*.[ch]; do
+for f in src/*/*.[ch] preload/*.[ch]; do
 	n=$(wc -l <"$f")
 	[ "$n" -le 800 ] || say "$f has $n lines (at most 800)"
 done
 # A function runs from its opening brace in column 0 to the next closing
 # brace in column 0.
-for f in src/*.c preload/*.c; do
+for f in src/*/*.c preload/*.c; do
 	awk -v f="$f" '
 		/^[A-Za-z_].*\)$/ || /^[A-Za-z_].*\) *$/ { name = $0 }
 		/^\{/ { start = NR }
@@ -29,19 +29,19 @@ if [ -s /tmp/check-shape.$$ ]; then
 fi
 rm -f /tmp/check-shape.$$
 # The core's state: defined in proto_int.h, included only by the core.
-defs=$(grep -l "^struct sv_proto {" src/*.h src/*.c preload/* 2>/dev/null || true)
-[ "$defs" = "src/proto_int.h" ] || say "struct sv_proto is defined in: $defs (only src/proto_int.h)"
-for f in $(grep -l '#include "proto_int.h"' src/* preload/* apps/* 2>/dev/null || true); do
+defs=$(grep -l "^struct sv_proto {" src/*/*.h src/*/*.c preload/* 2>/dev/null || true)
+[ "$defs" = "src/core/proto_int.h" ] || say "struct sv_proto is defined in: $defs (only src/core/proto_int.h)"
+for f in $(grep -l '#include "proto_int.h"' src/*/* preload/* 2>/dev/null || true); do
 	case "$f" in
-	src/proto*.c | src/proto_int.h) ;;
+	src/core/proto*.c | src/core/proto_int.h) ;;
 	*) say "$f includes the core's private header" ;;
 	esac
 done
 # The layers: src/ never includes the interposer's headers.
 for h in preload/*.h; do
 	b=$(basename "$h")
-	if grep -l "#include \"$b\"" src/* >/dev/null 2>&1; then
-		say "src/ includes preload/$b: $(grep -l "#include \"$b\"" src/* | tr '\n' ' ')"
+	if grep -l "#include \"$b\"" src/*/* >/dev/null 2>&1; then
+		say "src/ includes preload/$b: $(grep -l "#include \"$b\"" src/*/* | tr '\n' ' ')"
 	fi
 done
 [ "$bad" = 0 ] && echo "check-shape: OK"

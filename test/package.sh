@@ -93,7 +93,7 @@ grep -qx "ExecStart=/usr/sbin/sovia-warden" /usr/lib/systemd/system/sovia-warden
 	fail "pkg-config's module: $(pkg-config --variable=module libsovia)"
 
 # The example, alone in a directory: nothing of the tree's include/ in reach.
-cp "$src/apps/sovia_ask.c" "$work/"
+cp "$src/examples/sovia_ask.c" "$work/"
 # shellcheck disable=SC2046
 cc -std=c11 -Wall -Wextra -Werror -o "$work/sovia-ask" "$work/sovia_ask.c" \
 	$(pkg-config --cflags --libs libsovia) || fail "the example does not build with pkg-config"

@@ -6,7 +6,7 @@
 # them themselves; PostgreSQL's is left stopped: test/apt-install.sh), as are nginx,
 # openbsd-inetd and curl (bed.servers). clang and its runtime
 # (libFuzzer, which clang only recommends) build the fuzz targets (test/fuzz/);
-# liburing-dev builds the io_uring example (apps/sovia_uring.c); man-db
+# liburing-dev builds the io_uring example (test/bed/progs/sovia_uring.c); man-db
 # checks the installed man pages (test/package.sh); jq reads sovia-stat's JSON; CPack's
 # shlibdeps runs file; python3 plays a fake view for test/stat.sh.
 set -euo pipefail

@@ -8,7 +8,7 @@
  * answered with a redirect to that port, or "unknown". It never accepts a
  * connection and keeps nothing but the table. */
 #include "cmdata.h"
-#include "warden.h"
+#include "warden_table.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

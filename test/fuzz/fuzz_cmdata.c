@@ -9,7 +9,7 @@
 #include "fuzz.h"
 
 #include "cmdata.h"
-#include "warden.h"
+#include "warden_table.h"
 
 #include <errno.h>
 #include <netinet/in.h>

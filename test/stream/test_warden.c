@@ -1,4 +1,4 @@
-/* sovia-warden (src/warden.h) on the fake network: a rogue holds the
+/* sovia-warden (src/upgrade/warden.h) on the fake network: a rogue holds the
  * server's port in rdma_cm's space before the server's libsovia, as any
  * local user can. The client asks the warden's port first; the warden
  * here is the test's, with the real registration checks and table
@@ -8,7 +8,7 @@
 
 #include "cmdata.h"
 #include "config.h"
-#include "warden.h"
+#include "warden_table.h"
 #include "../unit/fdrecv.h"
 
 #include <criterion/criterion.h>

@@ -3,7 +3,7 @@
  * TCP socket, the table it answers clients from, and the library's side
  * of a registration (held while the listener lives, not by a fork's
  * child). */
-#include "warden.h"
+#include "warden_table.h"
 #include "addr.h"
 #include "cmdata.h"
 #include "fdpass.h"
