@@ -2,6 +2,7 @@
  * socket libsovia's. Every op runs libsovia's code under the re-entry
  * guard: the libraries it calls (libibverbs, librdmacm) read and write
  * their own fds, and those calls go straight to libc. */
+#include "share.h"
 #include "sovia_ops.h"
 
 #include "shares.h"
@@ -607,6 +608,7 @@ bool sv_ops_adopt(struct sv_fd *f, const struct sv_share_redo *redo, struct sv_k
 
 void sv_ops_init(void)
 {
+	sv_share_init();
 	sv_stream_set_revive(revive);
 }
 

@@ -10,6 +10,7 @@
  * instruction of the program's own is not seen (README, limitations). */
 #include "log.h"
 #include "preload.h"
+#include "real.h"
 #include "stream.h"
 
 #include <dlfcn.h>
@@ -90,13 +91,6 @@ SV_EXPORT int io_uring_setup(unsigned entries, void *params)
  * right for every call, whatever its count. */
 SV_EXPORT long syscall(long nr, ...)
 {
-	typedef long (*syscall_fn)(long, ...);
-	static _Atomic(syscall_fn) next_;
-	syscall_fn fn = atomic_load_explicit(&next_, memory_order_acquire);
-	if (!fn) {
-		fn = (syscall_fn)dlsym(RTLD_NEXT, "syscall");
-		atomic_store_explicit(&next_, fn, memory_order_release);
-	}
 	va_list ap;
 	va_start(ap, nr);
 	long a[6];
@@ -105,5 +99,5 @@ SV_EXPORT long syscall(long nr, ...)
 	va_end(ap);
 	if (nr == SYS_io_uring_setup)
 		ring_coming();
-	return fn(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+	return SV_REAL(syscall)(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }

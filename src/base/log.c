@@ -1,4 +1,5 @@
 #include "log.h"
+#include "real.h"
 
 #include "guard.h"
 
@@ -54,11 +55,11 @@ void sv_log_raw(const char *buf, size_t len)
 	 * write(). Asked at every line: fd 2 may be another file by now. */
 	struct stat st;
 	int saved = errno;
-	if (syscall(SYS_fstat, 2, &st) == 0 && S_ISSOCK(st.st_mode)) {
+	if (sv_real_syscall()(SYS_fstat, 2, &st) == 0 && S_ISSOCK(st.st_mode)) {
 		errno = saved;
 		return;
 	}
-	(void)syscall(SYS_write, 2, buf, len);
+	(void)sv_real_syscall()(SYS_write, 2, buf, len);
 	errno = saved;
 }
 

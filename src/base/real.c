@@ -43,3 +43,18 @@ void sv_real_resolve(void)
 {
 	pthread_once(&resolve_once, resolve_all);
 }
+
+long (*sv_real_syscall(void))(long, ...)
+{
+	typedef long (*syscall_fn)(long, ...);
+	if (atomic_load_explicit(&sv_real_ready, memory_order_acquire))
+		return sv_real.syscall;
+	/* Not through sv_real_resolve: this may run inside it (sv_fatal). */
+	static _Atomic(syscall_fn) early;
+	syscall_fn fn = atomic_load_explicit(&early, memory_order_acquire);
+	if (!fn) {
+		fn = (syscall_fn)dlsym(RTLD_NEXT, "syscall");
+		atomic_store_explicit(&early, fn, memory_order_release);
+	}
+	return fn;
+}

@@ -98,7 +98,8 @@
 	X(setgroups, int, (size_t, const gid_t *))                                          \
 	X(initgroups, int, (const char *, gid_t))                                           \
 	X(setfsuid, int, (uid_t))                                                           \
-	X(setfsgid, int, (gid_t))
+	X(setfsgid, int, (gid_t))                                                           \
+	X(syscall, long, (long, ...))
 
 struct sv_real {
 #define SV_REAL_FIELD(name, ret, args) ret(*name) args;
@@ -118,5 +119,11 @@ void sv_real_resolve(void);
 #define SV_REAL(name)                                                                       \
 	(atomic_load_explicit(&sv_real_ready, memory_order_acquire) ? sv_real.name          \
 								    : (sv_real_resolve(), sv_real.name))
+
+/* libc's syscall(2), for libsovia's own system calls (futexes, getdents,
+ * capget, its log's writes): never the one it exports itself (io_uring's
+ * set-up, uring.c). Usable before the table is resolved, and while it is
+ * being resolved (a failure to resolve is logged through it). */
+long (*sv_real_syscall(void))(long, ...);
 
 #endif

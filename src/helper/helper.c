@@ -13,8 +13,6 @@
 #include "peers.h"
 #include "pinned.h"
 #include "real.h"
-#include "upgrade.h"
-#include "upgrade_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +27,55 @@
  * peer's resume record; more are looked at when their own calls come. */
 #define SV_HELPER_TCP_WATCH 64
 #include <sys/eventfd.h>
+
+struct sv_helper_hooks sv_helper_hooks;
+
+/* The modules above: rdma_cm's events and their lock (sv_helper_serve_cm),
+ * each round's work (sv_helper_each_round). Set at their start, before
+ * the thread runs; read-only after. */
+static struct {
+	void (*events)(struct rdma_event_channel *ch);
+	void (*lock)(void), (*unlock)(void);
+} cm_hooks;
+#define SV_HELPER_ROUND_FNS 4
+static uint64_t (*round_fn[2][SV_HELPER_ROUND_FNS])(uint64_t now);
+static unsigned nround[2];
+
+void sv_helper_serve_streams(const struct sv_helper_hooks *hooks)
+{
+	sv_helper_hooks = *hooks;
+}
+
+void sv_helper_serve_cm(void (*events)(struct rdma_event_channel *ch), void (*lock)(void),
+			void (*unlock)(void))
+{
+	cm_hooks.events = events;
+	cm_hooks.lock = lock;
+	cm_hooks.unlock = unlock;
+}
+
+void sv_helper_each_round(enum sv_helper_phase phase, uint64_t (*fn)(uint64_t now))
+{
+	for (unsigned i = 0; i < nround[phase]; i++)
+		if (round_fn[phase][i] == fn)
+			return; /* a module's start, again */
+	if (nround[phase] < SV_HELPER_ROUND_FNS)
+		round_fn[phase][nround[phase]++] = fn;
+	else
+		sv_fatal("sv_helper_each_round: more than %d functions", SV_HELPER_ROUND_FNS);
+}
+
+static void cm_lock(void)
+{
+	if (cm_hooks.lock)
+		cm_hooks.lock();
+}
+
+static void cm_unlock(void)
+{
+	if (cm_hooks.unlock)
+		cm_hooks.unlock();
+}
 
 /* Work that needs rdma_cm, queued until the helper has it ready. */
 struct job {
@@ -161,10 +208,10 @@ static void follow_credentials(void)
 		h.old_ch[h.nold++] = h.ch;
 		h.ch = ch;
 		h.ch_gen = gen;
-		sv_lock(&sv_up_lock); /* no event of an id is in a hand meanwhile */
+		cm_lock(); /* no event of an id is in a hand meanwhile */
 		int r = sv_cm->move_ids(ch);
 		int err = errno;
-		sv_unlock(&sv_up_lock);
+		cm_unlock();
 		if (r < 0 && err != EACCES) {
 			sv_info("rdma_cm: moving to a new channel after a credential change: %s: "
 				"new connections stay on TCP",
@@ -343,10 +390,23 @@ static void sleep_once(int timeout, bool on_hub)
 		ssize_t rr = SV_REAL(read)(h.wakefd, &v, sizeof(v));
 		(void)rr;
 	}
-	if (cm >= 0 && (pfd[cm].revents & POLLIN))
-		sv_upgrade_events(h.ch);
+	if (cm >= 0 && (pfd[cm].revents & POLLIN) && cm_hooks.events)
+		cm_hooks.events(h.ch);
 	if (stat >= 0 && (pfd[stat].revents & POLLIN))
 		sv_stat_serve(h.statfd);
+}
+
+/* The round's work of one phase (sv_helper_each_round): the earliest
+ * deadline it gave, 0: none. */
+static uint64_t rounds(enum sv_helper_phase phase, uint64_t now)
+{
+	uint64_t next = 0;
+	for (unsigned i = 0; i < nround[phase]; i++) {
+		uint64_t d = round_fn[phase][i](now);
+		if (d && (!next || d < next))
+			next = d;
+	}
+	return next;
 }
 
 static void *helper_main(void *arg)
@@ -384,15 +444,13 @@ static void *helper_main(void *arg)
 		follow_stat_credentials();
 		uint64_t now = sv_now_us();
 		bool on_hub = false;
-		sv_stream_redo_reap();
-		/* Before the looks: a claim's first step. */
-		uint64_t kept = sv_stream_keep_service(now);
+		uint64_t first = rounds(SV_HELPER_BEFORE_LOOKS, now);
 		uint64_t next = sv_watch_service_all(now, &on_hub);
-		uint64_t up = sv_upgrade_timers(now);
-		if (up && (!next || up < next))
-			next = up;
-		if (kept && (!next || kept < next))
-			next = kept;
+		uint64_t last = rounds(SV_HELPER_AFTER_LOOKS, now);
+		if (last && (!next || last < next))
+			next = last;
+		if (first && (!next || first < next))
+			next = first;
 		int timeout = -1;
 		if (next) {
 			now = sv_now_us();

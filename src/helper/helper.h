@@ -7,9 +7,81 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 struct rdma_event_channel;
 struct sv_stream;
+struct sv_watch;
+struct sv_hub_node;
+
+/* ---- What the modules above it give the helper ------------------------------ */
+
+/* A look at a watched stream (its hooks' service fills it in; the policy
+ * of when to look again is the helper's, helper_watch.c). */
+struct sv_service {
+	/* in */
+	uint64_t now;
+	bool fired;    /* its armed CQ fired since the helper armed it */
+	bool try_only; /* the application drove it at the last look: if it holds
+			* the lock now it is inside libsovia and runs the
+			* timers itself, so do not queue behind it */
+	/* out */
+	bool done;     /* the stream needs the helper no more */
+	bool driven;   /* on RDMA, its application drives it: the helper only
+			* looks now and then (or sleeps on the channel) */
+	bool active;   /* ... and it called in since the last look (or holds
+			* the lock now) */
+	bool armed;    /* idle: the CQ is armed, the helper sleeps on the hub */
+	bool timed;    /* only its clock moves it (the upgrade's steps, a switch,
+			* a lingering close): look at `next` or when kicked,
+			* not at every wake-up of the helper */
+	uint64_t next; /* the stream's own next deadline (0 = none) */
+	uint64_t flush_deadline; /* coalesced bytes wait for this (0 = none) */
+	int tcp_fd;    /* idle on RDMA: its TCP socket, to watch for the peer's
+			* resume record (a look when readable); -1: none */
+};
+/* One connection, as sovia-stat(8) (the helper's view, helper_stat.c) and
+ * include/sovia.h report it. */
+enum sv_view_medium { SV_VIEW_NONE, SV_VIEW_TCP, SV_VIEW_RDMA };
+struct sv_conn_view {
+	int fd;       /* the application's fd, -1: libsovia's own copy (after a dup) */
+	bool closing; /* the application closed it; libsovia lingers */
+	bool is_client;
+	enum sv_view_medium tx, rx;
+	const char *state, *fallback; /* static names */
+	struct sockaddr_storage local, peer;
+	uint64_t rdma_tx_bytes, rdma_rx_bytes, tcp_tx_bytes, tcp_rx_bytes;
+	uint64_t credit_stalls, time_to_rdma_us;
+};
+/* The helper serves the modules above it through these, which they give
+ * it at their start (sv_upgrade_init, sv_stream_init, sv_share_init):
+ * its calls up go through them, never by name. */
+struct sv_helper_hooks {
+	/* The streams it watches (sv_helper_watch): a reference, the node
+	 * their wake-ups go to (hub.h), a look, and where each keeps the
+	 * helper's record of its watch (read and set under the helper's
+	 * lock only). */
+	void (*get)(struct sv_stream *s);
+	void (*put)(struct sv_stream *s);
+	struct sv_hub_node *(*node)(struct sv_stream *s);
+	void (*service)(struct sv_stream *s, struct sv_service *sv);
+	struct sv_watch **(*watch_slot)(struct sv_stream *s);
+	/* Every connection's view, for sovia-stat. */
+	void (*view_all)(void (*fn)(const struct sv_conn_view *v, void *arg), void *arg);
+};
+void sv_helper_serve_streams(const struct sv_helper_hooks *hooks);
+/* rdma_cm's events on the channel, taken and handled under the lock that
+ * lock/unlock take (the ids move to a new channel under it too). */
+void sv_helper_serve_cm(void (*events)(struct rdma_event_channel *ch), void (*lock)(void),
+			void (*unlock)(void));
+/* Work of every round, before the streams' looks (a copy's claim is
+ * answered before its stream is looked at) or after them (requests that
+ * wait): the next deadline, or 0. At most a few of each. */
+enum sv_helper_phase { SV_HELPER_BEFORE_LOOKS, SV_HELPER_AFTER_LOOKS };
+void sv_helper_each_round(enum sv_helper_phase phase, uint64_t (*fn)(uint64_t now));
+
+/* ---- Its calls ------------------------------------------------------------------- */
+
 
 /* Start the thread (once); it then sets up rdma_cm by itself. 0 or -errno. */
 int sv_helper_start(void);

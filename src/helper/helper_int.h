@@ -11,6 +11,9 @@
 /* Wake the thread from its sleep. */
 void sv_helper_wake(void);
 
+/* What the modules above gave (helper.h): read-only once the thread runs. */
+extern struct sv_helper_hooks sv_helper_hooks;
+
 /* helper_watch.c: look at every watched stream that is due; drop those
  * that are done. Returns the next deadline (0 = none); *on_hub when some
  * stream's CQ is armed for the helper, which must then sleep on the hub. */

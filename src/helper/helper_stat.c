@@ -19,13 +19,13 @@
  *     tcp_tx_bytes=N tcp_rx_bytes=N credit_stalls=N time_to_rdma_us=N
  * (one line in the answer, wrapped here). Words are added only at a line's
  * end, so a reader of version 1 keeps working. */
+#include "addr.h"
 #include "helper_int.h"
 #include "fdpass.h"
 
 #include "log.h"
 #include "ownfd.h"
 #include "real.h"
-#include "stream.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -123,7 +123,8 @@ static void answer(int conn)
 	if (view < 0)
 		return;
 	dprintf(view, "libsovia-stat 1 pid=%d version=%s\n", (int)getpid(), SOVIA_VERSION_STRING);
-	sv_stream_view_all(write_line, &view);
+	if (sv_helper_hooks.view_all)
+		sv_helper_hooks.view_all(write_line, &view);
 	if (SV_REAL(fcntl)(view, F_ADD_SEALS,
 			   F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) == 0)
 		send_view(conn, view);

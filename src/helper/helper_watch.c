@@ -16,7 +16,6 @@
 #include "hub.h"
 #include "lock.h"
 #include "log.h"
-#include "stream.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -79,14 +78,15 @@ void sv_helper_watch(struct sv_stream *s)
 	if (sv_helper_start() < 0)
 		return;
 	sv_lock(&watch_lock);
-	struct sv_watch *w = sv_stream_watch(s);
+	struct sv_watch **slot = sv_helper_hooks.watch_slot(s);
+	struct sv_watch *w = *slot;
 	if (w) {
 		/* Watched already (its watch may be out of the list while the
 		 * helper services it): have it looked at now. */
 		atomic_store(&w->kick, true);
 	} else if ((w = calloc(1, sizeof(*w)))) {
-		sv_stream_get(s);
-		sv_stream_set_watch(s, w);
+		sv_helper_hooks.get(s);
+		*slot = w;
 		w->s = s;
 		w->hw = (struct sv_hub_watch){.fn = watch_fn, .arg = w};
 		w->tcp_fd = -1;
@@ -105,7 +105,7 @@ static bool watch_free(struct sv_watch *w)
 	sv_lock(&watch_lock);
 	bool again = atomic_load(&w->kick);
 	if (!again)
-		sv_stream_set_watch(w->s, NULL);
+		*sv_helper_hooks.watch_slot(w->s) = NULL;
 	sv_unlock(&watch_lock);
 	if (again)
 		return false;
@@ -123,7 +123,7 @@ static void bury(void)
 	while (dying) {
 		struct sv_watch *w = dying;
 		dying = w->next;
-		sv_stream_put(w->s);
+		sv_helper_hooks.put(w->s);
 		free(w);
 		if (sv_now_us() >= until)
 			break;
@@ -152,7 +152,7 @@ static uint64_t active_look(struct sv_watch *w, uint64_t now, uint64_t flush)
 static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 {
 	if (!w->hw.node)
-		sv_hub_attach(sv_stream_hub_node(w->s), &w->hw);
+		sv_hub_attach(sv_helper_hooks.node(w->s), &w->hw);
 	bool fired = atomic_exchange(&w->fired, false);
 	struct sv_service sv = {
 		.now = now,
@@ -163,7 +163,7 @@ static uint64_t look(struct sv_watch *w, uint64_t now, bool kicked, bool *done)
 	 * (and be drained by another thread) before the service returns. */
 	atomic_store(&w->cq_armed, true);
 	in_look = true;
-	sv_stream_service(w->s, &sv);
+	sv_helper_hooks.service(w->s, &sv);
 	in_look = false;
 	if (!sv.armed || sv.done)
 		atomic_store(&w->cq_armed, false);

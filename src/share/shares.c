@@ -237,7 +237,7 @@ static int pid_fds(pid_t pid, uint64_t ino, int max)
 	int found = 0;
 	_Alignas(8) char buf[2048];
 	long n;
-	while (found < max && (n = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+	while (found < max && (n = sv_real_syscall()(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
 		for (long off = 0; off < n && found < max;) {
 			/* struct linux_dirent64: ino 8, off 8, reclen 2, type 1, name */
 			unsigned short reclen;
@@ -289,7 +289,7 @@ static bool slot_others_hold(struct slot *sl)
 
 static void futex_wake_all(_Atomic uint32_t *w)
 {
-	syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	sv_real_syscall()(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 static void move_to(const struct sv_share_ref *r, uint32_t ph)
@@ -433,7 +433,7 @@ int sv_shares_claim(const struct sv_share_ref *r)
 		/* Claimed: sleep until the owner settles it, looking now and
 		 * then whether it still lives. */
 		struct timespec ts = {0, 100 * 1000 * 1000};
-		syscall(SYS_futex, (uint32_t *)&sl->state, FUTEX_WAIT, st, &ts, NULL, 0);
+		sv_real_syscall()(SYS_futex, (uint32_t *)&sl->state, FUTEX_WAIT, st, &ts, NULL, 0);
 	}
 }
 

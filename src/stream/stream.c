@@ -110,7 +110,7 @@ void sv_stream_put(struct sv_stream *s)
 	sv_stream_keep_forget(s);
 	if (s->adopted)
 		sv_holders_drop(&s->hand); /* if still there */
-	sv_upgrade_forget(s); /* the QP before the core whose buffers it used */
+	sv_stream_cm_forget(s); /* the QP before the core whose buffers it used */
 	sv_proto_free(s->proto);
 	if (s->fd_private && s->fd >= 0)
 		sv_ownfd_close(s->fd); /* e.g. after the way back, the last copy gone */
@@ -141,14 +141,24 @@ struct sv_hub_node *sv_stream_hub_node(struct sv_stream *s)
 	return &s->wt.node;
 }
 
-struct sv_watch *sv_stream_watch(const struct sv_stream *s)
+static struct sv_watch **watch_slot(struct sv_stream *s)
 {
-	return s->watch;
+	return &s->watch;
 }
 
-void sv_stream_set_watch(struct sv_stream *s, struct sv_watch *w)
+void sv_stream_init(void)
 {
-	s->watch = w;
+	static const struct sv_helper_hooks hooks = {
+		.get = sv_stream_get,
+		.put = sv_stream_put,
+		.node = sv_stream_hub_node,
+		.service = sv_stream_service,
+		.watch_slot = watch_slot,
+		.view_all = sv_stream_view_all,
+	};
+	sv_upgrade_init();
+	sv_stream_cm_init();
+	sv_helper_serve_streams(&hooks);
 }
 
 /* ---- The start of the upgrade -------------------------------------------------- */
@@ -211,7 +221,7 @@ void sv_stream_start_client(struct sv_stream *s)
 	if (hold)
 		sv_helper_watch(s); /* the hold ends in time even while rdma_cm starts */
 	if (now) {
-		sv_upgrade_connect_now(s);
+		sv_stream_cm_connect_now(s);
 		return;
 	}
 	/* A connection closed sooner never pays for RDMA (the QP, its
@@ -230,7 +240,7 @@ void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l)
 		/* Handed on by the parent that accepted it: our own listener,
 		 * to which the parent's redirects the client's request. */
 		if (!no_rdma(s))
-			sv_upgrade_adopted(s);
+			sv_stream_cm_adopted(s);
 		return;
 	}
 	if (!s->is_client) {
@@ -271,7 +281,7 @@ void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l)
 	sv_unlock(&s->lock);
 	if (hold)
 		sv_helper_watch(s); /* it ends the hold in time if no request comes */
-	sv_upgrade_accepted(s, l);
+	sv_stream_cm_accepted(s, l);
 }
 
 struct sv_stream *sv_stream_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx)
@@ -325,7 +335,7 @@ void sv_stream_start_adopted(struct sv_stream *s)
 	sv_dbg("fd %d: handed to us by the parent at %llu bytes out, %llu in: its upgrade "
 	       "waits until we hold it alone", s->fd, (unsigned long long)s->tcp_tx,
 	       (unsigned long long)s->tcp_rx);
-	sv_upgrade_adopted(s);
+	sv_stream_cm_adopted(s);
 }
 
 /* Handed to us and untouched: no upgrade began, nothing of ours is in the

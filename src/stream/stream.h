@@ -17,6 +17,8 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "helper.h"
+
 struct sv_share_ref;
 struct sv_share_redo;
 
@@ -27,6 +29,10 @@ struct pollfd;
 struct sv_marks;
 
 /* ---- Life ----------------------------------------------------------------- */
+
+/* The module's start: it gives the helper its hooks (helper.h), and the
+ * upgrade starts too. Once, before any stream (again: nothing). */
+void sv_stream_init(void);
 
 /* A stream for a TCP socket: connected (client), accepted (server), or a
  * client whose non-blocking connect() is in progress. NULL on ENOMEM. */
@@ -50,20 +56,7 @@ void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l);
 
 /* One connection, as include/sovia.h and sovia-stat(8) report it: read
  * under the stream's lock from the counters it keeps anyway. */
-enum sv_view_medium { SV_VIEW_NONE, SV_VIEW_TCP, SV_VIEW_RDMA };
-struct sv_conn_view {
-	int fd;       /* the application's fd, -1: libsovia's own copy (after a dup) */
-	bool closing; /* the application closed it; libsovia lingers */
-	bool is_client;
-	enum sv_view_medium tx, rx;
-	const char *state, *fallback; /* static names */
-	struct sockaddr_storage local, peer;
-	uint64_t rdma_tx_bytes, rdma_rx_bytes, tcp_tx_bytes, tcp_rx_bytes;
-	uint64_t credit_stalls, time_to_rdma_us;
-};
 void sv_stream_view(struct sv_stream *s, struct sv_conn_view *v);
-/* "address:port", "[v6 address]:port". */
-void sv_addr_str(const struct sockaddr_storage *ss, char *out, size_t len);
 /* Each live stream's view to fn (on the calling thread, no lock held
  * during fn), but those the application closed. */
 void sv_stream_view_all(void (*fn)(const struct sv_conn_view *v, void *arg), void *arg);
@@ -311,36 +304,7 @@ void sv_stream_marks(struct sv_stream *s, struct sv_marks *m);
 
 /* ---- The helper's part ------------------------------------------------------- */
 
-/* How the helper watches a stream: sv_stream_service fills it in (the
- * policy of when to look again is the helper's, helper_watch.c). */
-struct sv_service {
-	/* in */
-	uint64_t now;
-	bool fired;    /* its armed CQ fired since the helper armed it */
-	bool try_only; /* the application drove it at the last look: if it holds
-			* the lock now it is inside libsovia and runs the
-			* timers itself, so do not queue behind it */
-	/* out */
-	bool done;     /* the stream needs the helper no more */
-	bool driven;   /* on RDMA, its application drives it: the helper only
-			* looks now and then (or sleeps on the channel) */
-	bool active;   /* ... and it called in since the last look (or holds
-			* the lock now) */
-	bool armed;    /* idle: the CQ is armed, the helper sleeps on the hub */
-	bool timed;    /* only its clock moves it (the upgrade's steps, a switch,
-			* a lingering close): look at `next` or when kicked,
-			* not at every wake-up of the helper */
-	uint64_t next; /* the stream's own next deadline (0 = none) */
-	uint64_t flush_deadline; /* coalesced bytes wait for this (0 = none) */
-	int tcp_fd;    /* idle on RDMA: its TCP socket, to watch for the peer's
-			* resume record (a look when readable); -1: none */
-};
 void sv_stream_service(struct sv_stream *s, struct sv_service *sv);
-/* The helper's record of its watch on s: the stream only keeps it, the
- * helper reads and sets it under its own lock. */
-struct sv_watch;
-struct sv_watch *sv_stream_watch(const struct sv_stream *s);
-void sv_stream_set_watch(struct sv_stream *s, struct sv_watch *w);
 
 /* ---- Process events ------------------------------------------------------------ */
 

@@ -349,7 +349,7 @@ uint64_t sv_stream_detached_service(struct sv_stream *s, uint64_t now, bool *don
 	if (now < s->cl.linger_deadline_us)
 		return s->cl.linger_deadline_us;
 	if (s->id && s->proto)
-		sv_upgrade_disconnect(s);
+		sv_stream_cm_disconnect(s);
 	*done = true;
 	return 0;
 }

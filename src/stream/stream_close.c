@@ -181,7 +181,7 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 	if (sv_cfg.stats)
 		sv_stream_print_stats(s, "close");
 	if (s->id && s->proto)
-		sv_upgrade_disconnect(s); /* the peer learns at once, not by timeout */
+		sv_stream_cm_disconnect(s); /* the peer learns at once, not by timeout */
 	if (s->fd >= 0) {
 		if (!finished || s->error) {
 			/* Like TCP's abortive close: the peer sees a reset. */

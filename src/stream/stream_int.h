@@ -18,6 +18,7 @@
 #include "proto.h"
 #include "qp.h"
 #include "shares.h"
+#include "upgrade.h"
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -27,6 +28,8 @@
 #include <sys/socket.h>
 
 struct rdma_cm_id;
+struct rdma_cm_event;
+struct rdma_conn_param;
 
 /* ---- State ---------------------------------------------------------------- */
 
@@ -662,26 +665,60 @@ bool sv_stream_pred_busy(const struct sv_stream *s);
 /* The stream is freed: its predecessor and successor, if still held, go. */
 void sv_stream_pred_forget(struct sv_stream *s);
 
-/* ---- The upgrade's rdma_cm half (upgrade.c) -------------------------------------------- */
+/* ---- The stream's rdma_cm half (stream_cm.c) ------------------------------------------ */
 
+/* Its part of the upgrade's start (sv_stream_init): the connections' hooks. */
+void sv_stream_cm_init(void);
 /* Client: try to move it to RDMA now (sv_stream_start_client waits
  * SOVIA_UPGRADE_DELAY_MS first). Without the lock. */
-void sv_upgrade_connect_now(struct sv_stream *s);
+void sv_stream_cm_connect_now(struct sv_stream *s);
 /* Client: a stream waiting for room in the locked-memory budget
  * (sw.room_wait) asks again. Without the lock. */
-void sv_upgrade_retry_room(struct sv_stream *s);
-/* Server: the application accepted this connection; a request may match
- * it. Without the lock. */
-void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l);
+void sv_stream_cm_retry_room(struct sv_stream *s);
+/* Server: the application accepted this connection on l's socket; a
+ * request may match it. Without the lock. */
+void sv_stream_cm_accepted(struct sv_stream *s, struct sv_listener *l);
 /* A fork's child took s, a connection handed to it (s->hand, or a server's
  * end its parent handed on as it let go: stream_keep.c): it waits for
  * its request at an RDMA listener of the child's on its address, whose
- * port it claims in the holders' table. */
-void sv_upgrade_adopted(struct sv_stream *s);
+ * port it claims in the holders' table. Without the lock. */
+void sv_stream_cm_adopted(struct sv_stream *s);
 /* rdma_disconnect, and the QP to the error state so that everything posted
  * is flushed (librdmacm does that only for its own QPs). */
-void sv_upgrade_disconnect(struct sv_stream *s);
+void sv_stream_cm_disconnect(struct sv_stream *s);
 /* The stream is being freed: its QP and id go (without the lock). */
-void sv_upgrade_forget(struct sv_stream *s);
+void sv_stream_cm_forget(struct sv_stream *s);
+
+/* Between stream_cm.c, stream_ask.c (the client's) and stream_accept.c
+ * (the server's). Create the QP, its buffers and the core on s->id
+ * (receives are posted before the connection is established) and a
+ * challenge. With s->lock. -EAGAIN: the buffers do not fit the
+ * locked-memory budget now, but may later (s->sw.room_wait set: ask
+ * again); -ENOBUFS: they never could (said on stderr). */
+int sv_stream_cm_attach_qp(struct sv_stream *s);
+/* Free the core and the QP of an attempt that is over. With s->lock. */
+void sv_stream_cm_release_qp(struct sv_stream *s);
+/* The stream stays on TCP: its QP and core go. With the upgrade's lock,
+ * without s->lock. */
+void sv_stream_cm_drop_qp(struct sv_stream *s, enum sv_fallback why);
+/* The QP on rdma_cm's side is connected (ESTABLISHED, or the client's
+ * CONNECT_RESPONSE): the switch starts. Without s->lock. */
+void sv_stream_cm_established(struct sv_stream *s);
+/* sv_stream_cm_disconnect and sv_stream_fall_back, taking s->lock. */
+void sv_stream_cm_disconnect_locked(struct sv_stream *s);
+void sv_stream_cm_fall_back(struct sv_stream *s, enum sv_fallback why);
+/* The client's events: the route resolved, the server's reply (our QP
+ * made ready, or ESTABLISHED with its private data), a rejection (asked
+ * again, or the end). With the upgrade's lock. */
+void sv_stream_cm_route_resolved(struct sv_stream *s);
+void sv_stream_cm_connect_response(struct sv_stream *s, struct rdma_cm_event *ev);
+void sv_stream_cm_client_established(struct sv_stream *s, const struct rdma_conn_param *cp);
+void sv_stream_cm_rejected(struct sv_stream *s, struct rdma_cm_event *ev,
+			   struct rdma_cm_id **destroy);
+/* The server's side of the upgrade's hooks (struct sv_upgrade_conns). */
+enum sv_accept_result sv_stream_cm_accept(struct sv_stream *s, struct rdma_cm_id *id,
+					  const struct sv_cm_req *req);
+enum sv_conn_wait sv_stream_cm_waiting(struct sv_stream *s, uint64_t now, uint64_t *use_wait);
+enum sv_conn_holding sv_stream_cm_holding(struct sv_stream *s, struct sv_hand *hand);
 
 #endif

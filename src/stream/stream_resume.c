@@ -78,7 +78,7 @@ bool sv_stream_resume_start(struct sv_stream *s, int err)
 	/* No receive completes once the QP is in the error state: what the
 	 * CQ holds now is all the QP delivered. The peer hears of it from
 	 * rdma_cm, or from our record. */
-	sv_upgrade_disconnect(s);
+	sv_stream_cm_disconnect(s);
 	struct sv_clock clk = SV_CLOCK_INIT;
 	for (int i = 0; i < 64 && s->qp && sv_qp_poll(s->qp, p, &clk) != 0; i++)
 		;

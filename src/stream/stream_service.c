@@ -95,7 +95,7 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 	if (!go)
 		return false;
 	sv_unlock(&s->lock);
-	sv_upgrade_connect_now(s);
+	sv_stream_cm_connect_now(s);
 	return true;
 }
 
@@ -115,7 +115,7 @@ static bool service_room(struct sv_stream *s, struct sv_service *sv)
 		return false;
 	}
 	sv_unlock(&s->lock);
-	sv_upgrade_retry_room(s);
+	sv_stream_cm_retry_room(s);
 	return true;
 }
 

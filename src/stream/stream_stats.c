@@ -1,5 +1,6 @@
 /* A stream's statistics (SOVIA_STATS): one line per connection on stderr,
  * at close, exit or the end of the way back. */
+#include "addr.h"
 #include "stream_int.h"
 
 #include "log.h"
@@ -25,23 +26,6 @@ void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool
 	s->st.woken_timeout += timeout;
 	s->st.woken_chan += chan;
 	s->st.woken_kick += kick;
-}
-
-void sv_addr_str(const struct sockaddr_storage *ss, char *out, size_t len)
-{
-	char host[INET6_ADDRSTRLEN] = "?";
-	unsigned port = 0;
-	if (ss->ss_family == AF_INET) {
-		const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
-		inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-		port = ntohs(in->sin_port);
-	} else if (ss->ss_family == AF_INET6) {
-		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
-		inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-		port = ntohs(in6->sin6_port);
-	}
-	/* [v6]:port, as ss(8) writes it: the port stays apart from the address. */
-	snprintf(out, len, ss->ss_family == AF_INET6 ? "[%s]:%u" : "%s:%u", host, port);
 }
 
 #define U(x) ((unsigned long long)(x))

@@ -164,7 +164,7 @@ void sv_stream_established(struct sv_stream *s)
 		 * echo can no longer follow its TCP FIN (ours, or the server's
 		 * that would prove it), so this connection stays on TCP
 		 * (nothing in-band happened yet). */
-		sv_upgrade_disconnect(s);
+		sv_stream_cm_disconnect(s);
 		s->fallback = SV_FB_SHUTDOWN;
 		sv_stream_fall_back(s, SV_FB_SHUTDOWN);
 		return;

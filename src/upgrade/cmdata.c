@@ -18,28 +18,6 @@
  *  16  challenge  8 bytes
  *  24  client addr, server addr: 4+4 (IPv4) or 16+16 (IPv6)   -> 32 or 56 bytes */
 
-/* The address as 16 bytes (IPv4 mapped) and the port; -1 if not IP. */
-int sv_addr16(const struct sockaddr_storage *ss, uint8_t out[16], uint16_t *port, int *v4)
-{
-	if (ss->ss_family == AF_INET) {
-		const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
-		memset(out, 0, 10);
-		out[10] = out[11] = 0xff;
-		memcpy(out + 12, &in->sin_addr, 4);
-		*port = in->sin_port;
-		*v4 = 1;
-		return 0;
-	}
-	if (ss->ss_family == AF_INET6) {
-		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
-		memcpy(out, &in6->sin6_addr, 16);
-		*port = in6->sin6_port;
-		*v4 = IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr);
-		return 0;
-	}
-	return -1;
-}
-
 static void make_addr(struct sockaddr_storage *ss, const uint8_t *a, int v4, uint16_t port)
 {
 	memset(ss, 0, sizeof(*ss));
@@ -150,20 +128,6 @@ void sv_cm_rej_encode(enum sv_cm_rej why, uint8_t out[SV_CM_REJ_LEN])
 	out[5] = (uint8_t)why;
 }
 
-uint16_t sv_addr_port(const struct sockaddr *sa)
-{
-	return ntohs(sa->sa_family == AF_INET6 ? ((const struct sockaddr_in6 *)sa)->sin6_port
-					       : ((const struct sockaddr_in *)sa)->sin_port);
-}
-
-void sv_addr_set_port(struct sockaddr_storage *ss, uint16_t port)
-{
-	if (ss->ss_family == AF_INET6)
-		((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
-	else
-		((struct sockaddr_in *)ss)->sin_port = htons(port);
-}
-
 void sv_cm_rej_encode_redirect(uint16_t port, uint8_t out[SV_CM_REJ_LEN])
 {
 	sv_cm_rej_encode(SV_CM_REJ_REDIRECT, out);
@@ -184,28 +148,6 @@ int sv_cm_rej_decode(const uint8_t *in, size_t len)
 	if (in[4] != SV_CM_VERSION)
 		return -EPROTONOSUPPORT;
 	return in[5];
-}
-
-/* Compare two addresses as 16 bytes; ports too when with_port. */
-static bool addr_cmp(const struct sockaddr_storage *a, const struct sockaddr_storage *b,
-		     bool with_port)
-{
-	uint8_t x[16], y[16];
-	uint16_t px, py;
-	int vx, vy;
-	if (sv_addr16(a, x, &px, &vx) < 0 || sv_addr16(b, y, &py, &vy) < 0)
-		return false;
-	return (!with_port || px == py) && memcmp(x, y, 16) == 0;
-}
-
-bool sv_addr_same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-	return addr_cmp(a, b, false);
-}
-
-bool sv_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-	return addr_cmp(a, b, true);
 }
 
 void sv_warden_msg_encode(uint16_t rdma_port, uint8_t out[SV_WARDEN_MSG_LEN])

@@ -4,6 +4,7 @@
 #ifndef SV_CMDATA_H
 #define SV_CMDATA_H
 
+#include "addr.h"
 #include "proto.h"
 
 #include <stdint.h>
@@ -69,16 +70,5 @@ uint16_t sv_cm_rej_port(const uint8_t *in, size_t len);
 #define SV_CM_REP_LEN 20
 void sv_cm_rep_encode(const struct sv_cm_rep *r, uint8_t out[SV_CM_REP_LEN]);
 int sv_cm_rep_decode(const uint8_t *in, size_t len, struct sv_cm_rep *r);
-
-/* The address as 16 bytes (IPv4 as IPv4-mapped IPv6) and its port (network
- * order); *v4 says which it was. -1 for another family. */
-int sv_addr16(const struct sockaddr_storage *ss, uint8_t out[16], uint16_t *port, int *v4);
-/* The port (host order) of an IPv4 or IPv6 address, and a copy's. */
-uint16_t sv_addr_port(const struct sockaddr *sa);
-void sv_addr_set_port(struct sockaddr_storage *ss, uint16_t port);
-/* Same address and port? (IPv4 and IPv4-mapped IPv6 compare equal.) */
-bool sv_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
-/* Same address, ports ignored. */
-bool sv_addr_same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
 
 #endif

@@ -1,26 +1,29 @@
-/* Shared by the upgrade's files: upgrade.c (the client, the events, the
- * QP's life) and upgrade_server.c (listeners and requests).
+/* Shared by the upgrade's files: upgrade.c (the start, the lock, the
+ * events' dispatch, the ids' end), upgrade_listen.c (listeners) and
+ * upgrade_server.c (requests and the accepted connections they wait for).
  *
  * Every rdma_cm event is handled on the helper thread with up_lock held,
- * and a stream's id is destroyed under the same lock: an event never sees
- * a freed stream, and rdma_destroy_id never waits for an unacknowledged
- * event. */
+ * and a connection's id is destroyed under the same lock: an event never
+ * sees a freed connection, and rdma_destroy_id never waits for an
+ * unacknowledged event. */
 #ifndef SV_UPGRADE_INT_H
 #define SV_UPGRADE_INT_H
+
+#include "upgrade.h"
 
 #include "cm.h"
 #include "cmdata.h"
 #include "holders.h"
 #include "lock.h"
-#include "stream_int.h"
-#include "verbs.h"
-#include "upgrade.h"
+
+#include <stdatomic.h>
 
 extern struct sv_lock sv_up_lock;
-
+/* The connections' side (sv_upgrade_serve_conns). */
+extern struct sv_upgrade_conns sv_up_conns;
 
 /* Context pointers of listeners carry this tag, so an event tells a
- * listener's id from a stream's. */
+ * listener's id from a connection's. */
 #define SV_LISTENER_TAG ((uintptr_t)1)
 
 /* A listening socket's RDMA listener (upgrade_listen.c), also a fork
@@ -57,26 +60,6 @@ void sv_up_listener_put(struct sv_listener *l);
 /* upgrade_server.c: an inherited listener's accepted connections go into
  * the holders' table once its RDMA listener is open. With up_lock. */
 void sv_up_enter_holders(struct sv_listener *l);
-
-/* Create the QP, its buffers and the core on s->id (receives are posted
- * before the connection is established) and a challenge. With s->lock.
- * -EAGAIN: the buffers do not fit the locked-memory budget now, but may
- * later (s->sw.room_wait set: ask again); -ENOBUFS: they never could (said
- * on stderr). */
-int sv_up_attach_qp(struct sv_stream *s);
-/* The stream stays on TCP: its QP and core go. With up_lock, without
- * s->lock. */
-void sv_up_drop_qp(struct sv_stream *s, enum sv_fallback why);
-/* The QP on rdma_cm's side is connected (ESTABLISHED, or the client's
- * CONNECT_RESPONSE): the switch starts. Without s->lock. */
-void sv_up_established(struct sv_stream *s);
-/* Reject and forget a request (the id is the caller's to destroy); with
- * `say`, the rejection says that it is ours, our version and why. */
-void sv_up_reject(struct rdma_cm_id *id, bool say, enum sv_cm_rej why);
-/* Destroy id (a stream's or a listener's, its context cleared first): at
- * once, or on the helper when this thread may not call rdma_cm
- * (helper.h). */
-void sv_up_destroy_id(struct rdma_cm_id *id);
 /* upgrade_server.c: a connect request arrived on a listener. A refused id
  * is left in *destroy: it may not be destroyed while its own event is not
  * acknowledged yet. */
@@ -84,5 +67,11 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 /* upgrade_server.c: the releases of entries finished with up_lock held,
  * done without it. */
 void sv_up_run_releases(void);
+/* Take and handle every pending event of the channel (the helper's, when
+ * it is readable). */
+void sv_upgrade_events(struct rdma_event_channel *ch);
+/* Expire pending requests (every wake-up of the helper): the next
+ * deadline (0 = none). */
+uint64_t sv_upgrade_timers(uint64_t now);
 
 #endif

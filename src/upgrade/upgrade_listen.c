@@ -23,7 +23,7 @@ void sv_up_listener_put(struct sv_listener *l)
 	if (--l->refs > 0)
 		return;
 	if (l->id)
-		sv_up_destroy_id(l->id);
+		sv_upgrade_destroy_id(l->id);
 	if (l->warden)
 		sv_warden_unregister(l->warden - 1);
 	free(l);
@@ -225,4 +225,9 @@ void sv_upgrade_unlisten(struct sv_listener *l)
 	l->fd = -1; /* closed: its number may be another file's now */
 	sv_up_listener_put(l);
 	sv_unlock(&sv_up_lock);
+}
+
+struct sv_holders *sv_upgrade_listener_holders(const struct sv_listener *l)
+{
+	return l ? l->holders : NULL;
 }

@@ -6,6 +6,8 @@
  * connections there (holders.h). */
 #include "upgrade_int.h"
 
+#include "addr.h"
+#include "clock.h"
 #include "config.h"
 #include "helper.h"
 #include "holders.h"
@@ -36,7 +38,8 @@ struct pending_req {
 
 /* An accepted connection a request may still come for. */
 struct unmatched {
-	struct sv_stream *s;
+	struct sv_stream *s;   /* held */
+	struct sockaddr_storage local, peer;
 	struct sv_listener *l; /* held until the request came or the wait ended */
 	uint64_t deadline;
 	int slot; /* its entry in the holders' table, or -1 */
@@ -80,8 +83,9 @@ static struct unmatched *release_later;
 
 static void release_unmatched(struct unmatched *u)
 {
-	if (u->s->adopted)
-		sv_holders_drop(&u->s->hand); /* served, or gone */
+	struct sv_hand hand;
+	if (sv_up_conns.holding(u->s, &hand) == SV_HOLD_ADOPTED)
+		sv_holders_drop(&hand); /* served, or gone */
 	else if (u->slot >= 0 && u->l->holders)
 		sv_holders_remove(u->l->holders, u->slot);
 	u->slot = -1;
@@ -99,7 +103,7 @@ void sv_up_run_releases(void)
 	sv_unlock(&sv_up_lock);
 	while (list) {
 		struct unmatched *n = list->next;
-		sv_stream_put(list->s);
+		sv_up_conns.put(list->s);
 		free(list);
 		list = n;
 	}
@@ -116,20 +120,21 @@ void sv_up_enter_holders(struct sv_listener *l)
 	for (struct unmatched *u = unmatched; u; u = u->next) {
 		if (u->l != l || u->slot >= 0)
 			continue;
-		if (u->s->adopted) {
+		struct sv_hand hand;
+		enum sv_conn_holding h = sv_up_conns.holding(u->s, &hand);
+		if (h == SV_HOLD_ADOPTED) {
 			/* Handed to us: claimed; the owner redirects once we
-			 * hold it alone. Set before the stream was listed. */
-			sv_holders_claim(&u->s->hand, l->side_port);
-			u->slot = u->s->hand.slot; /* done */
+			 * hold it alone. */
+			sv_holders_claim(&hand, l->side_port);
+			u->slot = hand.slot; /* done */
 			continue;
 		}
-		if (u->s->hand.h)
+		if (h == SV_HOLD_GIVEN)
 			continue; /* we handed it to a child of ours: it claims it */
-		u->slot = sv_holders_add(l->holders, &u->s->tuple.local, &u->s->tuple.peer,
-					 l->side_port);
+		u->slot = sv_holders_add(l->holders, &u->local, &u->peer, l->side_port);
 		if (u->slot < 0)
-			sv_info("fd %d: the holders' table is full: its upgrade request will not "
-				"find us", u->s->fd);
+			sv_info("the holders' table is full: an accepted connection's upgrade "
+				"request will not find us");
 	}
 }
 
@@ -143,41 +148,24 @@ void sv_up_enter_holders(struct sv_listener *l)
  * timeout if that is shorter. A listener whose process forked with it (a
  * postmaster, a prefork master) waits for half the timeout: the fork that
  * follows an accept may be late there, on a loaded host. */
-static uint64_t first_use_wait(const struct sv_listener *l)
+uint64_t sv_upgrade_first_use_wait(const struct sv_holders *h)
 {
 	uint64_t half = (uint64_t)sv_cfg.upgrade_timeout_ms * 500u;
-	if (l->holders && sv_holders_forked(l->holders))
+	if (h && sv_holders_forked(h))
 		return half;
 	return half < 1000000u ? half : 1000000u;
 }
 
-/* When a request for s stops waiting for its first use, if it still waits
- * at `now`; else 0. With s->lock. */
-static uint64_t use_wait_end(const struct sv_stream *s, uint64_t now)
-{
-	return !sv_stream_app_used(s) && now < s->sw.use_wait_until ? s->sw.use_wait_until : 0;
-}
-
-void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
+bool sv_upgrade_accepted(struct sv_listener *l, struct sv_stream *s,
+			 const struct sockaddr_storage *local,
+			 const struct sockaddr_storage *peer, uint64_t deadline)
 {
 	struct unmatched *u = malloc(sizeof(*u));
-	sv_lock(&s->lock);
-	if (!u) {
-		sv_stream_fall_back(s, SV_FB_RESOURCES);
-		sv_unlock(&s->lock);
-		return;
-	}
-	uint64_t now = sv_now_us(), deadline = sv_upgrade_deadline(now);
-	s->sw.deadline_us = deadline;
-	s->sw.use_wait_until = now + first_use_wait(l);
-	if (!s->holders)
-		s->holders = l->holders;
-	sv_unlock(&s->lock);
-	sv_stream_get(s);
-	u->s = s;
-	u->l = l;
-	u->deadline = deadline;
-	u->slot = -1;
+	if (!u)
+		return false;
+	sv_up_conns.get(s);
+	*u = (struct unmatched){.s = s, .local = *local, .peer = *peer, .l = l,
+				.deadline = deadline, .slot = -1};
 	sv_lock(&sv_up_lock);
 	l->refs++;
 	u->next = unmatched;
@@ -185,20 +173,21 @@ void sv_upgrade_accepted(struct sv_stream *s, struct sv_listener *l)
 	sv_up_enter_holders(l);
 	sv_unlock(&sv_up_lock);
 	sv_upgrade_will_accept(l); /* a child's own RDMA listener, if not open yet */
-	sv_dbg("fd %d accepted: waiting for its upgrade request", s->fd);
-	sv_helper_watch(s); /* wakes the helper to match it, and times it out */
+	return true;
 }
 
-void sv_upgrade_adopted(struct sv_stream *s)
+bool sv_upgrade_adopted(struct sv_stream *s, const struct sockaddr_storage *local,
+			const struct sockaddr_storage *peer, struct sv_holders *h,
+			uint64_t deadline)
 {
 	sv_lock(&sv_up_lock);
 	struct sv_listener *l = adopters;
-	while (l && !sv_addr_equal(&l->addr, &s->tuple.local))
+	while (l && !sv_addr_equal(&l->addr, local))
 		l = l->next_adopter;
 	if (!l && (l = calloc(1, sizeof(*l)))) {
 		l->fd = -1;
-		l->addr = s->tuple.local;
-		l->holders = s->holders;
+		l->addr = *local;
+		l->holders = h;
 		l->inherited = true;
 		l->adopter = true;
 		l->refs = 1; /* the list's, for the process's life */
@@ -206,112 +195,7 @@ void sv_upgrade_adopted(struct sv_stream *s)
 		adopters = l;
 	}
 	sv_unlock(&sv_up_lock);
-	if (!l) {
-		sv_lock(&s->lock);
-		sv_stream_fall_back(s, SV_FB_RESOURCES);
-		sv_unlock(&s->lock);
-		return;
-	}
-	sv_upgrade_accepted(s, l);
-}
-
-enum accept_result {
-	ACCEPTED,    /* or rejected: the id is the stream's now */
-	REFUSED,     /* the stream cannot take it: the caller rejects */
-	ACCEPT_LATER, /* not used yet, or its buffers wait for room (sw.room_wait): ask again */
-	NOT_HERE     /* handed to a fork's child: the request is the child's */
-};
-
-/* Attach the QP of request `id` to stream s and accept. */
-static enum accept_result accept_request(struct sv_stream *s, struct rdma_cm_id *id,
-					 const struct sv_cm_req *req)
-{
-	sv_lock(&s->lock);
-	if (s->state == SV_CONN_FALLBACK && s->fallback == SV_FB_HANDED) {
-		sv_unlock(&s->lock);
-		return NOT_HERE;
-	}
-	if (s->hand.h && !sv_holders_sole(&s->hand)) {
-		/* Our parent (or another copy) may still use the connection:
-		 * our counts would not be the stream's. The owner redirects
-		 * only once we hold it alone; this request came too soon. */
-		sv_dbg("fd %d: upgrade request refused: another process still holds it", s->fd);
-		sv_unlock(&s->lock);
-		return REFUSED;
-	}
-	if (s->state != SV_CONN_TCP || s->id || s->cl.app_closed) {
-		sv_dbg("fd %d: upgrade request refused: state %s%s%s", s->fd,
-		       sv_conn_state_name(s->state), s->id ? ", has an id" : "",
-		       s->cl.app_closed ? ", closed" : "");
-		sv_unlock(&s->lock);
-		return REFUSED; /* already upgrading (a duplicate), or gone */
-	}
-	if (use_wait_end(s, sv_now_us())) {
-		/* Not read, written nor waited on yet: an accept-then-fork
-		 * server's parent forks first, and a stream with a QP could
-		 * not be handed to the child. The first use wakes the helper
-		 * (sv_stream_app_uses), which asks again; so does the end of
-		 * the wait (sv_upgrade_timers). */
-		if (!s->sw.use_wait_told)
-			sv_dbg("fd %d: upgrade request waits for the application's first use",
-			       s->fd);
-		s->sw.use_wait_told = true;
-		sv_unlock(&s->lock);
-		return ACCEPT_LATER;
-	}
-	if (!sv_stream_redo_ready(s)) {
-		/* A successor (stream_redo.c): its predecessor's calls first. */
-		bool later = s->state == SV_CONN_TCP;
-		sv_unlock(&s->lock);
-		return later ? ACCEPT_LATER : REFUSED;
-	}
-	s->id = id;
-	id->context = s;
-	int r = sv_up_attach_qp(s);
-	if (r == -EAGAIN) {
-		/* The request stays unanswered (pending_timers asks again);
-		 * the stream's own deadline ends the wait. */
-		s->id = NULL;
-		id->context = NULL;
-		sv_unlock(&s->lock);
-		return ACCEPT_LATER;
-	}
-	if (r == 0)
-		r = sv_proto_set_peer(s->proto, req->nrecv, req->buf_size);
-	if (r == 0)
-		r = s->qp->ops->connected(s->qp); /* ready before rdma_accept */
-	struct sv_cm_rep rep = {.version = SV_CM_VERSION};
-	uint32_t qp_num = 0;
-	if (r == 0) {
-		const struct sv_proto_params *prm = sv_proto_params(s->proto);
-		memcpy(s->sw.peer_challenge, req->challenge, SV_CHALLENGE_SIZE);
-		rep.nrecv = (uint16_t)sv_proto_nrecv(prm);
-		rep.buf_size = sv_proto_start_size(prm);
-		memcpy(rep.challenge, s->sw.my_challenge, SV_CHALLENGE_SIZE);
-		qp_num = s->qp->ops->num(s->qp);
-		sv_stream_set_state(s, SV_CONN_REQUESTED);
-		s->sw.deadline_us = sv_upgrade_deadline(sv_now_us());
-	}
-	sv_unlock(&s->lock);
-	if (r < 0) {
-		sv_cm->reject(id, NULL, 0);
-		sv_up_drop_qp(s, r == -ENOBUFS ? SV_FB_MEMLOCK : SV_FB_RESOURCES);
-		return ACCEPTED; /* the id belongs to the stream now */
-	}
-	uint8_t pd[SV_CM_REP_LEN];
-	sv_cm_rep_encode(&rep, pd);
-	struct rdma_conn_param cp = {
-		.private_data = pd,
-		.private_data_len = sizeof(pd),
-		.retry_count = SV_TRANSPORT_RETRY,
-		.rnr_retry_count = SV_RNR_RETRY,
-		.qp_num = qp_num,
-	};
-	if (sv_cm->accept(id, &cp) < 0) {
-		sv_dbg("fd %d: rdma_accept: %s", s->fd, strerror(errno));
-		sv_up_drop_qp(s, SV_FB_RESOURCES);
-	}
-	return ACCEPTED;
+	return l && sv_upgrade_accepted(l, s, local, peer, deadline);
 }
 
 /* A request and the accepted connections. */
@@ -327,9 +211,8 @@ enum match_result {
 static struct unmatched **find_unmatched(const struct sv_cm_req *req, const struct sv_listener *l)
 {
 	for (struct unmatched **pp = &unmatched; *pp; pp = &(*pp)->next) {
-		struct sv_stream *s = (*pp)->s;
-		if ((*pp)->l == l && sv_addr_equal(&s->tuple.local, &req->server) &&
-		    sv_addr_equal(&s->tuple.peer, &req->client))
+		if ((*pp)->l == l && sv_addr_equal(&(*pp)->local, &req->server) &&
+		    sv_addr_equal(&(*pp)->peer, &req->client))
 			return pp;
 	}
 	return NULL;
@@ -344,16 +227,15 @@ static enum match_result match_request(struct rdma_cm_id *id, const struct sv_cm
 	if (!pp)
 		return NO_MATCH;
 	struct unmatched *u = *pp;
-	enum accept_result r = accept_request(u->s, id, req);
-	if (r == ACCEPT_LATER)
+	enum sv_accept_result r = sv_up_conns.accept(u->s, id, req);
+	if (r == SV_ACCEPT_LATER)
 		return MATCH_LATER; /* both wait: the stream stays unmatched */
-	sv_dbg("upgrade request matched fd %d", u->s->fd);
-	if (r == NOT_HERE) {
+	if (r == SV_NOT_HERE) {
 		*pp = u->next;
 		release_unmatched(u);
 		return NO_MATCH; /* the holders' table tells where */
 	}
-	if (r == REFUSED) {
+	if (r == SV_REFUSED) {
 		sv_cm->reject(id, NULL, 0);
 		*destroy = id;
 	}
@@ -417,13 +299,13 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	if (r < 0) {
 		/* Not ours (an rsockets peer, say), or another version. */
 		sv_dbg("upgrade request: not libsovia's or another version (%d): rejected", r);
-		sv_up_reject(id, r == -EPROTONOSUPPORT, SV_CM_REJ_NO);
+		sv_upgrade_reject(id, r == -EPROTONOSUPPORT, SV_CM_REJ_NO);
 		*destroy = id;
 		return;
 	}
 	if (!from_tcp_peer(id, &req)) {
 		sv_warn("an upgrade request from another host than its TCP peer: refused");
-		sv_up_reject(id, false, SV_CM_REJ_NO);
+		sv_upgrade_reject(id, false, SV_CM_REJ_NO);
 		*destroy = id;
 		return;
 	}
@@ -441,7 +323,7 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 		/* Only a request its owner redirected comes here, for a
 		 * connection we entered: it is gone. */
 		sv_dbg("upgrade request at our own port: no such connection here: rejected");
-		sv_up_reject(id, false, SV_CM_REJ_NO);
+		sv_upgrade_reject(id, false, SV_CM_REJ_NO);
 		*destroy = id;
 		return;
 	}
@@ -450,7 +332,7 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 		 * writes for RDMA: they go on TCP first, then it asks again. */
 		sv_dbg("upgrade request before accept(), which waits for data: the client writes "
 		       "first");
-		sv_up_reject(id, true, SV_CM_REJ_WRITE_FIRST);
+		sv_upgrade_reject(id, true, SV_CM_REJ_WRITE_FIRST);
 		*destroy = id;
 		return;
 	}
@@ -458,13 +340,13 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	       m == NO_MATCH ? "no accepted connection yet; waiting for accept()"
 			     : "waiting for its connection's first use or for locked memory");
 	if (pending_full(&req)) {
-		sv_up_reject(id, true, SV_CM_REJ_BUSY);
+		sv_upgrade_reject(id, true, SV_CM_REJ_BUSY);
 		*destroy = id;
 		return;
 	}
 	struct pending_req *p = malloc(sizeof(*p));
 	if (!p) {
-		sv_up_reject(id, false, SV_CM_REJ_NO);
+		sv_upgrade_reject(id, false, SV_CM_REJ_NO);
 		*destroy = id;
 		return;
 	}
@@ -499,7 +381,7 @@ static uint64_t pending_timers(uint64_t now)
 		}
 		if (!settled && now >= p->deadline) {
 			sv_dbg("upgrade request: no matching accepted connection in time: rejected");
-			sv_up_reject(p->id, false, SV_CM_REJ_NO);
+			sv_upgrade_reject(p->id, false, SV_CM_REJ_NO);
 			sv_cm->destroy_id(p->id);
 			settled = true;
 		}
@@ -552,8 +434,9 @@ static void revive_parked(struct revive_look *looks, int n)
 {
 	int r[SV_REVIVE_BATCH];
 	for (int i = 0; i < n; i++)
-		r[i] = sv_stream_revive_parked(&looks[i].req.server, &looks[i].req.client,
-					       looks[i].l);
+		r[i] = sv_up_conns.revive ? sv_up_conns.revive(&looks[i].req.server,
+							     &looks[i].req.client, looks[i].l)
+					  : -1;
 	sv_lock(&sv_up_lock);
 	for (int i = 0; i < n; i++) {
 		sv_up_listener_put(looks[i].l);
@@ -566,7 +449,7 @@ static void revive_parked(struct revive_look *looks, int n)
 			sv_dbg("upgrade request: its connection is back on TCP %s",
 			       later ? "and shared with a fork's child of ours: later"
 				     : "here for good: refused");
-			sv_up_reject(p->id, true, later ? SV_CM_REJ_LATER : SV_CM_REJ_NO);
+			sv_upgrade_reject(p->id, true, later ? SV_CM_REJ_LATER : SV_CM_REJ_NO);
 			sv_cm->destroy_id(p->id);
 			*pp = p->next;
 			sv_up_listener_put(p->l);
@@ -588,15 +471,12 @@ uint64_t sv_upgrade_timers(uint64_t now)
 	uint64_t next = pending_timers(now);
 	for (struct unmatched **pp = &unmatched; *pp;) {
 		struct unmatched *u = *pp;
-		sv_lock(&u->s->lock);
 		/* A connection handed to a fork's child keeps its listener
 		 * (the application may close its listening socket right after
 		 * the fork) until its request came, to be redirected. */
-		bool handed = u->s->state == SV_CONN_FALLBACK && u->s->fallback == SV_FB_HANDED;
-		bool gone = now >= u->deadline || u->s->cl.app_closed ||
-			    (u->s->state != SV_CONN_TCP && !handed);
-		uint64_t use_wait = use_wait_end(u->s, now);
-		sv_unlock(&u->s->lock);
+		uint64_t use_wait = 0;
+		bool gone = now >= u->deadline ||
+			    sv_up_conns.waiting(u->s, now, &use_wait) == SV_WAIT_GONE;
 		if (gone) {
 			*pp = u->next;
 			release_unmatched(u);

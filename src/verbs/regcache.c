@@ -542,7 +542,7 @@ void sv_regcache_default_params(struct sv_regcache_params *prm)
 	 * CAP_IPC_LOCK: leave most of it to the connections' buffer pools. */
 	struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
 	struct __user_cap_data_struct d[_LINUX_CAPABILITY_U32S_3];
-	if (syscall(SYS_capget, &h, d) == 0 && (d[0].effective & (1u << CAP_IPC_LOCK)))
+	if (sv_real_syscall()(SYS_capget, &h, d) == 0 && (d[0].effective & (1u << CAP_IPC_LOCK)))
 		return;
 	struct rlimit rl;
 	if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&

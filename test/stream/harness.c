@@ -4,6 +4,7 @@
 #include "config.h"
 #include "log.h"
 #include "peers.h"
+#include "share.h"
 #include "upgrade.h"
 
 #include <arpa/inet.h>
@@ -36,6 +37,7 @@ void h_setup(void)
 	sv_cfg.coalesce_size = 1024;
 	sv_cfg.reg_threshold = 1u << 30; /* the fake has no registration */
 	fake_net_use();
+	sv_share_init();
 	sv_peers_use(NULL); /* this test's own table, empty */
 }
 
