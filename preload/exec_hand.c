@@ -3,7 +3,7 @@
  *
  * inetd's child gets the connection handed by inetd's fork (held.c), puts
  * it on fds 0, 1 and 2, closes the rest and execs the service. Before the
- * exec the connection is still plain TCP, untouched (sv_stream_exec_hand);
+ * exec the connection is still plain TCP, untouched (sv_share_exec_hand);
  * the exec passes it on in the environment, with the holders' table that
  * says who holds it (holders.h: a memfd, which survives the exec):
  *
@@ -40,6 +40,7 @@
  * write the table, where a forged entry would redirect another client's
  * upgrade); the new image makes its copy close-on-exec at once. Every
  * other connection goes back to plain TCP first, as before (unserved.c). */
+#include "share.h"
 #include "config.h"
 #include "log.h"
 #include "ownfd.h"
@@ -265,7 +266,7 @@ void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 	 * close-on-exec ones too: a fork's child that holds a copy gets them
 	 * on plain TCP first. */
 	sv_enter();
-	sv_stream_keep_exec_all();
+	sv_share_exec_all();
 	sv_leave();
 	struct handed list[MAX_CONNS];
 	struct client clients[MAX_CONNS];

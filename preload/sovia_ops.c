@@ -34,9 +34,9 @@ static struct sv_stream *raw_stream(struct sv_fd *f)
 static struct sv_stream *stream_of(struct sv_fd *f)
 {
 	struct sv_stream *s = f->priv;
-	if (sv_stream_adopt_pending(s)) {
+	if (sv_stream_start_pending(s)) {
 		sv_enter();
-		sv_stream_start_adopted(s);
+		sv_share_start_at_first_use(s);
 		sv_leave();
 	}
 	return s;
@@ -137,7 +137,7 @@ static int st_detach(struct sv_fd *f)
 	sv_dbg("fd %d: going back to plain TCP", f->fd);
 	int r = sv_stream_detach(raw_stream(f));
 	if (r == 0) {
-		sv_stream_unpark(raw_stream(f)); /* whoever gets it is not followed */
+		sv_share_unpark(raw_stream(f)); /* whoever gets it is not followed */
 		sv_fd_make_plain_all(f->priv);
 	}
 	sv_leave();
@@ -153,12 +153,12 @@ static int st_detach_for_fork(struct sv_fd *f)
 	sv_enter();
 	struct sv_hand hand;
 	uint64_t tx, rx;
-	int r = sv_stream_detach_for_fork(raw_stream(f), &hand, &tx, &rx);
+	int r = sv_share_detach_for_fork(raw_stream(f), &hand, &tx, &rx);
 	if (r == 0) {
 		struct sv_held *h = hand.h ? sv_held_new(&hand, tx, rx) : NULL;
 		if (hand.h && !h)
 			sv_holders_spoil(&hand); /* our copy could not be followed */
-		sv_stream_unpark(raw_stream(f)); /* the child's copy is not followed */
+		sv_share_unpark(raw_stream(f)); /* the child's copy is not followed */
 		if (h && replace_entry(f->fd, &sv_held_ops, h))
 			sv_epoll_fd_plain(f->fd);
 		else
@@ -174,7 +174,7 @@ static void st_after_fork(struct sv_fd *f, pid_t pid)
 	if (pid == 0)
 		return;
 	sv_enter();
-	sv_stream_keep_forked(raw_stream(f), pid);
+	sv_share_forked(raw_stream(f), pid);
 	sv_leave();
 }
 
@@ -183,7 +183,7 @@ static void st_after_fork(struct sv_fd *f, pid_t pid)
 static void st_atfork_child(struct sv_fd *f)
 {
 	struct sv_share_ref ref;
-	if (!sv_stream_kept_for_child(raw_stream(f), &ref)) {
+	if (!sv_share_kept_for_child(raw_stream(f), &ref)) {
 		sv_ours_atfork_child(f);
 		return;
 	}
@@ -210,7 +210,7 @@ static int st_share(struct sv_fd *f)
 	struct sv_stream *s = raw_stream(f);
 	int r = 1;
 	if (sv_stream_kernel_only(s))
-		sv_stream_unpark(s); /* the new fd is the kernel's: no second life */
+		sv_share_unpark(s); /* the new fd is the kernel's: no second life */
 	else
 		r = sv_stream_share(s);
 	sv_leave();
@@ -257,7 +257,7 @@ static bool std_copy_ok(struct sv_stream *s, int ofd, int nfd)
 		       nfd == 0 ? "stdin" : nfd == 1 ? "stdout" : "stderr");
 		return true;
 	}
-	if (sv_stream_expose_std(s))
+	if (sv_share_expose_std(s))
 		return true;
 	sv_info("fd %d: a copy on %d, whose stdio FILE libsovia cannot replace (%s): back to TCP",
 		ofd, nfd, r == -EBUSY ? "used already" : strerror(-r));
@@ -283,7 +283,7 @@ static bool st_add_copy(struct sv_fd *f, int nfd)
 static bool st_exec_hand(struct sv_fd *f, struct sv_hand *hand)
 {
 	sv_enter();
-	bool r = sv_stream_exec_hand(raw_stream(f), hand);
+	bool r = sv_share_exec_hand(raw_stream(f), hand);
 	sv_leave();
 	return r;
 }
@@ -293,7 +293,7 @@ static bool st_exec_client(struct sv_fd *f, uint64_t *dtx, uint64_t *drx)
 	sv_enter();
 	struct sv_stream *s = raw_stream(f);
 	int r = sv_stream_detach(s);
-	bool ok = r == 0 && sv_stream_exec_client(s, dtx, drx);
+	bool ok = r == 0 && sv_share_exec_client(s, dtx, drx);
 	if (r == 0)
 		sv_fd_make_plain_all(f->priv); /* the new image's, or plain TCP */
 	sv_leave();
@@ -303,7 +303,7 @@ static bool st_exec_client(struct sv_fd *f, uint64_t *dtx, uint64_t *drx)
 bool sv_ops_continue_client(int fd, const struct sv_share_redo *redo)
 {
 	sv_enter();
-	struct sv_stream *n = sv_stream_adopted(fd, redo, NULL, NULL, NULL, NULL);
+	struct sv_stream *n = sv_share_adopted(fd, redo, NULL, NULL, NULL, NULL);
 	bool ok = false;
 	if (n) {
 		sv_stream_start_at_use(n); /* not from the constructor */
@@ -524,7 +524,7 @@ bool sv_stream_fd_adopt(const int *fds, int n, const struct sv_hand *hand, uint6
 			uint64_t rx)
 {
 	sv_enter();
-	struct sv_stream *s = sv_stream_adopt(fds[0], hand, tx, rx);
+	struct sv_stream *s = sv_share_adopt(fds[0], hand, tx, rx);
 	bool ok = s != NULL;
 	if (ok && n > 1)
 		ok = sv_stream_share(s) == 0; /* any of the fds may be closed first */
@@ -564,7 +564,7 @@ static bool revive(struct sv_stream *s, int fd, struct sv_listener *l)
 	sv_enter();
 	struct sv_fd *f = sv_fd_get(fd);
 	struct sv_stream *n = f && f->priv == s && !atomic_load(&f->in_epoll)
-				      ? sv_stream_successor(s, f, entry_idle, entry_put)
+				      ? sv_share_successor(s, f, entry_idle, entry_put)
 				      : NULL;
 	if (!n)
 		sv_fd_put(f);
@@ -572,7 +572,7 @@ static bool revive(struct sv_stream *s, int fd, struct sv_listener *l)
 	struct sv_fd *nf = n ? sv_fd_new(fd, &sv_stream_ops, n) : NULL;
 	bool ok = nf && sv_fd_swap(f, nf) == 0; /* not if closed meanwhile */
 	if (ok) {
-		sv_stream_successor_took(s, n);
+		sv_share_successor_took(s, n);
 		sv_stream_start_revived(n, l);
 	}
 	if (nf)
@@ -587,7 +587,7 @@ bool sv_ops_adopt(struct sv_fd *f, const struct sv_share_redo *redo, struct sv_k
 {
 	sv_enter();
 	struct sv_fd *g = sv_fd_get(f->fd);
-	struct sv_stream *n = g == f ? sv_stream_adopted(f->fd, redo, g, entry_idle, entry_put, kc)
+	struct sv_stream *n = g == f ? sv_share_adopted(f->fd, redo, g, entry_idle, entry_put, kc)
 				     : NULL;
 	if (!n)
 		sv_fd_put(g);
@@ -609,7 +609,7 @@ bool sv_ops_adopt(struct sv_fd *f, const struct sv_share_redo *redo, struct sv_k
 void sv_ops_init(void)
 {
 	sv_share_init();
-	sv_stream_set_revive(revive);
+	sv_share_set_revive(revive);
 }
 
 void sv_ops_after_fork(pid_t pid)
@@ -695,5 +695,5 @@ void sv_ops_atfork_child(void)
 	}
 	sv_epoll_atfork_child();
 	sv_stdio_atfork_child();
-	sv_stream_atfork_child();
+	sv_share_atfork_child();
 }

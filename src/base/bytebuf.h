@@ -4,9 +4,17 @@
 #define SV_BYTEBUF_H
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Bytes read or kept ahead of their reader: buf[off, len) is what is
+ * left of them, cap what buf holds. */
+struct sv_bytebuf {
+	uint8_t *buf;
+	size_t len, off, cap;
+};
 
 /* Append n bytes to (*buf, *len, *cap), doubling the capacity from 64 KiB
  * as needed. 0, or -ENOMEM with the buffer unchanged. */

@@ -26,6 +26,7 @@
 #include <sys/eventfd.h>
 
 atomic_bool sv_stream_exit_begun;
+const struct sv_stream_copies *sv_copies;
 
 /* Every live stream, for the exit flush and the fork child. */
 static struct sv_lock all_lock = SV_LOCK_INIT(SV_RANK_STREAMS);
@@ -34,7 +35,7 @@ static struct sv_stream *all_streams;
 static void all_add(struct sv_stream *s)
 {
 	sv_lock(&all_lock);
-	s->next_all = all_streams;
+	s->all.next = all_streams;
 	all_streams = s;
 	sv_unlock(&all_lock);
 }
@@ -42,9 +43,9 @@ static void all_add(struct sv_stream *s)
 static void all_remove(struct sv_stream *s)
 {
 	sv_lock(&all_lock);
-	for (struct sv_stream **pp = &all_streams; *pp; pp = &(*pp)->next_all) {
+	for (struct sv_stream **pp = &all_streams; *pp; pp = &(*pp)->all.next) {
 		if (*pp == s) {
-			*pp = s->next_all;
+			*pp = s->all.next;
 			break;
 		}
 	}
@@ -84,6 +85,8 @@ struct sv_stream *sv_stream_new(int fd, bool is_client)
 	 * (accepted sockets inherit them), are the kernel socket's. */
 	s->opt.nodelay = !sv_cfg.coalesce || tcp_flag(fd, TCP_NODELAY);
 	s->opt.cork = tcp_flag(fd, TCP_CORK);
+	if (sv_copies)
+		s->share = sv_copies->born(s);
 	all_add(s);
 	return s;
 }
@@ -106,15 +109,14 @@ void sv_stream_put(struct sv_stream *s)
 	if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	all_remove(s);
-	sv_stream_pred_forget(s);
-	sv_stream_keep_forget(s);
-	if (s->adopted)
-		sv_holders_drop(&s->hand); /* if still there */
+	if (s->share)
+		sv_copies->died(s, s->share);
+	sv_kcalls_forget(&s->kc); /* the successor it passed calls on to */
 	sv_stream_cm_forget(s); /* the QP before the core whose buffers it used */
 	sv_proto_free(s->proto);
 	if (s->fd_private && s->fd >= 0)
 		sv_ownfd_close(s->fd); /* e.g. after the way back, the last copy gone */
-	free(s->tcpbuf);
+	free(s->tcpbuf.buf);
 	sv_lock_destroy(&s->lock);
 	free(s);
 }
@@ -228,7 +230,7 @@ void sv_stream_start_client(struct sv_stream *s)
 	 * registered buffers, rdma_cm's round trips): the helper starts the
 	 * upgrade when the delay is over (sv_stream_service). */
 	sv_lock(&s->lock);
-	s->sw.upgrade_at = sv_now_us() + (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
+	s->up.upgrade_at = sv_now_us() + (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
 	sv_unlock(&s->lock);
 	sv_dbg("fd %d connected: its upgrade starts in %u ms", s->fd, sv_cfg.upgrade_delay_ms);
 	sv_helper_watch(s);
@@ -252,7 +254,7 @@ void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l)
 	/* The helper starts it once the predecessor's calls are over
 	 * (sv_stream_redo_ready). */
 	sv_lock(&s->lock);
-	s->sw.upgrade_at = sv_now_us();
+	s->up.upgrade_at = sv_now_us();
 	sv_unlock(&s->lock);
 	sv_helper_watch(s);
 }
@@ -262,7 +264,7 @@ void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, 
 	if (port_unprivileged(s, to) || no_rdma(s))
 		return;
 	sv_lock(&s->lock);
-	s->sw.connect_pending = true;
+	s->up.connect_pending = true;
 	/* The kernel names the peer once connected; the address asked for
 	 * tells meanwhile whether its first writes wait for RDMA. */
 	if (len <= sizeof(s->tuple.peer) && s->tuple.peer.ss_family == AF_UNSPEC)
@@ -284,52 +286,23 @@ void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l)
 	sv_stream_cm_accepted(s, l);
 }
 
-struct sv_stream *sv_stream_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx)
+bool sv_stream_start_pending(const struct sv_stream *s)
 {
-	struct sv_stream *s = sv_stream_new(fd, false);
-	if (!s)
-		return NULL;
-	s->tcp_tx = tx;
-	s->tcp_rx = rx;
-	s->hand = *hand;
-	s->holders = hand->h;
-	s->adopted = true;
-	atomic_store(&s->adopt_pending, true);
-	return s;
+	return atomic_load_explicit(&((struct sv_stream *)s)->start_pending, memory_order_relaxed);
 }
 
-bool sv_stream_adopt_pending(const struct sv_stream *s)
+bool sv_stream_take_start(struct sv_stream *s)
 {
-	return atomic_load_explicit(&((struct sv_stream *)s)->adopt_pending, memory_order_relaxed);
+	return atomic_exchange(&s->start_pending, false);
 }
 
 void sv_stream_start_at_use(struct sv_stream *s)
 {
-	atomic_store(&s->adopt_pending, true);
+	atomic_store(&s->start_pending, true);
 }
 
-void sv_stream_start_adopted(struct sv_stream *s)
+void sv_stream_start_handed(struct sv_stream *s)
 {
-	if (!atomic_exchange(&s->adopt_pending, false))
-		return;
-	if (s->is_client) {
-		sv_stream_start_revived(s, NULL); /* continued after an exec */
-		return;
-	}
-	sv_lock(&s->lock);
-	bool exposed = s->std_exposed;
-	if (exposed) {
-		/* stdio may have moved bytes our counts miss: no upgrade here,
-		 * and the owner redirects nobody to us. */
-		sv_holders_drop(&s->hand);
-		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
-	}
-	sv_unlock(&s->lock);
-	if (exposed) {
-		sv_info("fd %d: used on stdin, stdout or stderr before an exec: it stays on TCP",
-			s->fd);
-		return;
-	}
 	if (no_rdma(s))
 		return;
 	sv_dbg("fd %d: handed to us by the parent at %llu bytes out, %llu in: its upgrade "
@@ -338,78 +311,122 @@ void sv_stream_start_adopted(struct sv_stream *s)
 	sv_stream_cm_adopted(s);
 }
 
-/* Handed to us and untouched: no upgrade began, nothing of ours is in the
- * connection, and the holders' table still has it as ours. With the lock. */
-static bool untouched_hand(struct sv_stream *s)
+/* ---- For the copies (src/share) --------------------------------------------------- */
+
+void sv_stream_serve_copies(const struct sv_stream_copies *copies)
 {
-	return s->adopted && s->hand.h && atomic_load(&s->adopt_pending) &&
-	       s->state == SV_CONN_TCP && !s->id && !s->proto && !sv_stream_tcpbuf_held(s) &&
-	       !s->sw.room_wait && !s->cl.tx_shut && !s->cl.app_closed &&
-	       sv_holders_check(&s->hand, &s->tuple.local, &s->tuple.peer);
+	sv_copies = copies;
 }
 
-bool sv_stream_expose_std(struct sv_stream *s)
+void *sv_stream_copies_state(struct sv_stream *s)
+{
+	return s->share;
+}
+
+int sv_stream_fd(const struct sv_stream *s)
+{
+	return s->fd;
+}
+
+struct sv_kcalls *sv_stream_kcalls(struct sv_stream *s)
+{
+	return &s->kc;
+}
+
+void sv_stream_lock(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
-	bool ok = untouched_hand(s);
-	if (ok)
-		s->std_exposed = true;
-	sv_unlock(&s->lock);
-	return ok;
 }
 
-bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand)
+void sv_stream_unlock(struct sv_stream *s)
 {
-	sv_lock(&s->lock);
-	bool ok = untouched_hand(s);
-	if (ok)
-		*hand = s->hand;
 	sv_unlock(&s->lock);
-	return ok;
 }
 
-bool sv_stream_exec_client(struct sv_stream *s, uint64_t *dtx, uint64_t *drx)
+void sv_stream_facts(struct sv_stream *s, struct sv_stream_facts *f)
 {
-	uint64_t ktx, krx;
-	sv_lock(&s->lock);
-	/* No process but this one holds it (not a fork's child's copy, kept
-	 * or handed on), nothing read ahead. */
-	bool ok = s->is_client && !s->error && !s->cl.tx_shut && !s->cl.app_closed &&
-		  !s->keep.ref.t && !s->keep.letting_go && !sv_stream_tcpbuf_held(s) &&
-		  sv_tcp_app_counts(s->fd, &ktx, &krx) == 0;
-	if (ok && s->state == SV_CONN_DETACHED && s->redo.ok) {
-		/* Back from RDMA: as a successor counts (stream_redo.c). */
-		*dtx = s->redo.tx - s->redo.ktx;
-		*drx = s->redo.rx - s->redo.krx;
-	} else if (ok && s->state == SV_CONN_FALLBACK && s->fallback == SV_FB_UNSUPPORTED &&
-		   !s->pred.pending && !s->sw.echo_sent && !s->sw.chal_len) {
-		/* Never switched, its upgrade called off by this exec (any
-		 * other fallback is for good: its fd is the kernel's, or its
-		 * peer said no): nothing of ours went on TCP, so the kernel's
-		 * counts are the offsets, past where a second life's began,
-		 * less our SYN, which a client's counts as acknowledged (a
-		 * successor's difference has it already). */
-		*dtx = s->redo.ok ? s->redo.tx - s->redo.ktx : (uint64_t)-1;
-		*drx = s->redo.ok ? s->redo.rx - s->redo.krx : 0;
-	} else {
-		ok = false;
-	}
-	sv_unlock(&s->lock);
-	return ok;
+	sv_lock_assert_held(&s->lock);
+	enum sv_tx_state tx = s->proto ? sv_proto_tx_state(s->proto) : SV_TX_TCP;
+	*f = (struct sv_stream_facts){
+		.state = s->state,
+		.fallback = s->fallback,
+		.fd = s->fd,
+		.error = s->error,
+		.opens = s->opens,
+		.is_client = s->is_client,
+		.fd_private = s->fd_private,
+		.app_closed = s->cl.app_closed,
+		.tx_shut = s->cl.tx_shut,
+		.escaped = s->escaped,
+		.read_ahead = sv_stream_tcpbuf_held(s),
+		.has_id = s->id != NULL,
+		.has_core = s->proto != NULL,
+		.room_wait = s->up.room_wait != 0,
+		.switch_seen = s->sw.echo_sent || s->sw.chal_len,
+		.switch_pending = s->sw.tx_held || s->sw.echo_owed,
+		.core_back_ready = s->proto && sv_proto_back_ready(s->proto),
+		.off_qp = s->proto && (tx == SV_TX_TCP || tx == SV_TX_RESET) &&
+			  !sv_proto_rx_on_qp(s->proto),
+		.holders = s->holders,
+		.local = s->tuple.local,
+		.peer = s->tuple.peer,
+		.tcp_tx = s->tcp_tx,
+		.tcp_rx = s->tcp_rx,
+	};
 }
 
-struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
-					const struct sockaddr_storage *peer)
+void sv_stream_want_back(struct sv_stream *s, bool on)
 {
-	/* One that may revive first; else any (a predecessor, one that went
-	 * back for good), which sv_stream_revive_parked then refuses. */
+	s->back_wanted = on;
+}
+
+void sv_stream_escape(struct sv_stream *s)
+{
+	s->escaped = true;
+}
+
+void sv_stream_announce_end(struct sv_stream *s)
+{
+	sv_stream_resume_announce(s);
+}
+
+void sv_stream_back_points(struct sv_stream *s, uint64_t *tx, uint64_t *rx)
+{
+	sv_proto_back_points(s->proto, tx, rx);
+}
+
+void sv_stream_set_offsets(struct sv_stream *s, uint64_t tx, uint64_t rx)
+{
+	s->tcp_tx = tx;
+	s->tcp_rx = rx;
+}
+
+void sv_stream_set_holders(struct sv_stream *s, struct sv_holders *h)
+{
+	s->holders = h;
+}
+
+void sv_stream_mark_revived(struct sv_stream *s)
+{
+	s->revived = true;
+}
+
+void sv_stream_mark_used(struct sv_stream *s)
+{
+	atomic_store(&s->app_used, true);
+}
+
+struct sv_stream *sv_stream_find(const struct sockaddr_storage *local,
+				 const struct sockaddr_storage *peer,
+				 bool (*pick)(struct sv_stream *s))
+{
 	struct sv_stream *found = NULL, *other = NULL;
 	sv_lock(&all_lock);
-	for (struct sv_stream *s = all_streams; s && !found; s = s->next_all) {
+	for (struct sv_stream *s = all_streams; s && !found; s = s->all.next) {
 		if (s->is_client || !sv_addr_equal(&s->tuple.local, local) ||
 		    !sv_addr_equal(&s->tuple.peer, peer))
 			continue;
-		if (atomic_load(&s->parked) || atomic_load(&s->going_back))
+		if (pick(s))
 			found = sv_stream_try_get(s) ? s : NULL;
 		else if (!other && sv_stream_try_get(s))
 			other = s;
@@ -429,10 +446,10 @@ void sv_stream_view_all(void (*fn)(const struct sv_conn_view *v, void *arg), voi
 	size_t n = 0, cap = 0;
 	struct sv_stream **all = NULL;
 	sv_lock(&all_lock);
-	for (struct sv_stream *s = all_streams; s; s = s->next_all)
+	for (struct sv_stream *s = all_streams; s; s = s->all.next)
 		cap++;
 	all = cap ? malloc(cap * sizeof(*all)) : NULL;
-	for (struct sv_stream *s = all_streams; all && s; s = s->next_all)
+	for (struct sv_stream *s = all_streams; all && s; s = s->all.next)
 		if (sv_stream_try_get(s))
 			all[n++] = s;
 	sv_unlock(&all_lock);
@@ -454,14 +471,12 @@ void sv_stream_atfork_child(void)
 	sv_helper_atfork_child();
 	sv_upgrade_atfork_child();
 	sv_pinned_atfork_child();
-	sv_stream_keep_atfork_child();
-	sv_stream_redo_atfork_child();
 	if (sv_cm->atfork_child)
 		sv_cm->atfork_child();
 	sv_lock_reinit(&all_lock);
 	/* The parent's private copies of its sockets would keep its
 	 * connections open as long as this child lives. */
-	for (struct sv_stream *s = all_streams; s; s = s->next_all)
+	for (struct sv_stream *s = all_streams; s; s = s->all.next)
 		if (s->fd_private && s->fd >= 0)
 			sv_ownfd_close(s->fd);
 	all_streams = NULL; /* never flushed nor freed here */
@@ -478,10 +493,10 @@ void sv_stream_exit_flush_all(void)
 		struct sv_stream *batch[64];
 		size_t n = 0, seen = 0;
 		sv_lock(&all_lock);
-		for (struct sv_stream *s = all_streams; s && n < 64; s = s->next_all) {
-			if (s->exit_listed)
+		for (struct sv_stream *s = all_streams; s && n < 64; s = s->all.next) {
+			if (s->all.exit_listed)
 				continue;
-			s->exit_listed = true;
+			s->all.exit_listed = true;
 			seen++;
 			/* A stream whose last reference is being dropped right
 			 * now (it is still listed until its release takes this

@@ -18,15 +18,83 @@
 #include <sys/types.h>
 
 #include "helper.h"
-
-struct sv_share_ref;
-struct sv_share_redo;
+#include "upgrade.h"
 
 struct sv_stream;
 struct sv_listener;
 struct sv_hand;
 struct pollfd;
 struct sv_marks;
+
+/* ---- State ------------------------------------------------------------------ */
+
+/* The connection's state. Every change goes through sv_stream_set_state,
+ * which checks it against the table of allowed transitions in
+ * stream_state.c (docs/design.md has the table). */
+enum sv_conn_state {
+	SV_CONN_TCP,        /* connected on TCP; no upgrade under way */
+	SV_CONN_RESOLVING,  /* client: rdma_cm resolving the peer */
+	SV_CONN_REQUESTED,  /* client: rdma_connect sent / server: accepting */
+	SV_CONN_SWITCHING,  /* QP up: exchanging TO_RDMA and the challenges */
+	SV_CONN_RDMA,       /* both directions moved to the QP */
+	SV_CONN_FALLBACK,   /* stays on TCP for good (see the fallback reason) */
+	SV_CONN_BROKEN,     /* the QP failed after data moved to it: see error */
+	SV_CONN_DETACHING,  /* BACK/RETURN under way: going back to plain TCP */
+	SV_CONN_DETACHED,   /* plain TCP again, nothing held: the fd is the kernel's */
+	SV_CONN_RESUMING,   /* the QP was lost: the ends agree on TCP where each
+			     * direction goes on (stream_resume.c), then broken */
+	SV_CONN_NSTATES
+};
+
+/* Why a connection stayed on TCP. */
+enum sv_fallback {
+	SV_FB_NONE,
+	SV_FB_DISABLED,     /* SOVIA_DISABLE or no RDMA support in this process */
+	SV_FB_NO_ROUTE,     /* rdma_cm could not resolve the peer (no RDMA path) */
+	SV_FB_REJECTED,     /* no libsovia listener at the peer, or it refused */
+	SV_FB_UNREACHABLE,  /* the request got no answer */
+	SV_FB_VERSION,      /* the peer speaks another protocol version */
+	SV_FB_TIMEOUT,      /* the upgrade took longer than SOVIA_UPGRADE_TIMEOUT_MS */
+	SV_FB_NO_MATCH,     /* server: no accepted TCP connection for the request */
+	SV_FB_CHALLENGE,    /* the RDMA peer failed to prove it is the TCP peer */
+	SV_FB_RESOURCES,    /* creating the QP or its buffers failed */
+	SV_FB_UNSUPPORTED,  /* a call libsovia cannot serve moved it back */
+	SV_FB_SHUTDOWN,     /* a sender finished on TCP before it could switch */
+	SV_FB_QP_LOST,      /* the QP died before any data went over it */
+	SV_FB_CALLED_OFF,   /* the QP was disconnected before any data went over
+			     * it: the peer's client had finished on TCP (or
+			     * the RDMA device went away) */
+	SV_FB_CREDENTIALS,  /* the kernel refuses our RDMA files to this process's
+			     * credentials (changed since they were opened, or
+			     * opened by the parent before a fork) */
+	SV_FB_MEMLOCK,      /* its buffers do not fit the locked-memory budget
+			     * (pinned.h) */
+	SV_FB_UNPRIVILEGED, /* SOVIA_PRIVILEGED_PORTS, and the server's port is
+			     * 1024 or above */
+	SV_FB_HANDED,       /* server: handed to a fork's child before its upgrade
+			     * (the child may take it to RDMA: holders.h) */
+	SV_FB_UNVOUCHED,    /* client: the server host's sovia-warden knows no
+			     * libsovia listener for it, or (with
+			     * SOVIA_WARDEN_REQUIRED) the host has no warden */
+};
+
+/* Why a connection on RDMA resumed over TCP (its statistics say it). */
+enum sv_failover {
+	SV_FO_NONE,
+	SV_FO_QP_ERROR,   /* a work request failed: the QP is in the error state */
+	SV_FO_DISCONNECT, /* rdma_cm: the connection was disconnected */
+	SV_FO_DEVICE,     /* rdma_cm: the RDMA device was removed */
+	SV_FO_PEER,       /* the peer's resume record came first, on TCP */
+};
+
+const char *sv_conn_state_name(enum sv_conn_state s);
+const char *sv_failover_name(enum sv_failover f);
+const char *sv_fallback_name(enum sv_fallback f);
+
+/* Stay on TCP for good, for `why` (kept if a reason was given before),
+ * unless the connection is past its upgrade (on RDMA, broken, going back
+ * or back). Wakes waiters. */
+void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why);
 
 /* ---- Life ----------------------------------------------------------------- */
 
@@ -51,6 +119,10 @@ void sv_stream_upgrades_off(void);
 void sv_stream_start_client(struct sv_stream *s);
 void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, socklen_t len);
 void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l);
+/* Its upgrade starts at its first use, not now: a connection an exec'd
+ * image continues, or one handed to a fork's child (src/share), so that a
+ * process that only execs or closes it starts no helper nor rdma_cm. */
+void sv_stream_start_at_use(struct sv_stream *s);
 
 /* ---- What a program or sovia-stat sees of it ---------------------------- */
 
@@ -109,74 +181,6 @@ void sv_stream_opened(struct sv_stream *s);
  * gone), -ETIMEDOUT, or the connection's error: the stream stays
  * libsovia's. */
 int sv_stream_detach(struct sv_stream *s);
-/* The same before a fork, except for a server connection whose upgrade has
- * not begun (no request matched yet): it is handed to the fork's child
- * (holders.h), which may take it to RDMA once it holds it alone. *hand
- * says so (hand->h NULL otherwise), with the bytes TCP carried each way.
- * 1: the fd stays the stream's, kept on RDMA (sv_stream_keep_for_fork) or
- * a client's shared with the child (sv_stream_share_for_fork). */
-int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_t *tx,
-			      uint64_t *rx);
-/* A fork keeps the parent's QP (shares.h): a connection settled on RDMA
- * is entered as kept, with a copy about to be given, instead of going
- * back to TCP (sv_stream_detach_for_fork's first step, which then returns
- * 1). Needs SOVIA_FORK_KEEP and a kernel that copies pinned pages at a
- * fork. Takes the lock. */
-bool sv_stream_keep_for_fork(struct sv_stream *s);
-/* A client's connection the fork took back to TCP instead (no kernel
- * support, bytes unread), DETACHED and parked: entered as shared, with a
- * copy about to be given, as after a child's claim. The parent moves it
- * to RDMA again once it holds it alone, or hands it to the child left
- * holding it when it lets go. True: the fd stays the stream's (then
- * sv_stream_keep_forked as above). With the lock. */
-bool sv_stream_share_for_fork(struct sv_stream *s);
-/* After that fork, in the parent: its outcome (the child's pid, or -1). */
-void sv_stream_keep_forked(struct sv_stream *s, pid_t pid);
-/* In the fork's child, for each of s's fds: true when the fork kept s,
- * whose copy here is then *ref's (the parent's entry). */
-bool sv_stream_kept_for_child(const struct sv_stream *s, struct sv_share_ref *ref);
-/* The helper's part: claims that came for this process's kept streams
- * start their way back, and shared ones it holds alone again move to RDMA
- * again. When to call it again (0: at the next wake-up). */
-uint64_t sv_stream_keep_service(uint64_t now);
-/* The owner lets go of a kept stream: its last fd closed, the process
- * exits, an exec replaces the image (every kept stream). A copy still
- * held elsewhere gets the connection back on plain TCP first. Without
- * the lock. */
-void sv_stream_keep_close(struct sv_stream *s);
-void sv_stream_keep_exit(struct sv_stream *s);
-void sv_stream_keep_exec_all(void);
-void sv_stream_keep_atfork_child(void);
-/* In the fork's child: a server stream on fd for the connection handed to
- * it, TCP having carried tx and rx bytes. Start it with
- * sv_stream_start_adopted once it is fd's. NULL on ENOMEM. */
-struct sv_stream *sv_stream_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx);
-/* An adopted stream whose upgrade has not started: its first use starts it
- * (sv_stream_start_adopted, once), so a child that only execs or closes it
- * starts no helper nor rdma_cm. Read without the lock. */
-bool sv_stream_adopt_pending(const struct sv_stream *s);
-void sv_stream_start_adopted(struct sv_stream *s);
-/* The same for a client connection an exec'd image continues
- * (sv_stream_adopted): its first use starts its upgrade, not the
- * constructor. */
-void sv_stream_start_at_use(struct sv_stream *s);
-/* A copy of adopted stream s goes on fd 0, 1 or 2 (inetd's child before
- * its exec), where glibc's stdio reads and writes past the interposer.
- * True when s may take it: handed to us and untouched, it then never
- * upgrades in this image, and only an exec hands it on
- * (sv_stream_exec_hand). False: it must go back to plain TCP. */
-bool sv_stream_expose_std(struct sv_stream *s);
-/* An exec keeps an fd of s: true when s can be handed on to the new image
- * (an adopted connection still untouched, nothing of ours in it), with
- * *hand its entry in the holders' table. The kernel's counts say what TCP
- * carried (sv_tcp_app_counts); the new image adopts it. */
-bool sv_stream_exec_hand(struct sv_stream *s, struct sv_hand *hand);
-/* A client connection back on plain TCP (sv_stream_detach) that an exec'd
- * image may continue: no other process holds it, nothing of ours in it,
- * its offsets known (*dtx, *drx: what they exceed the kernel's counts by,
- * each way). The caller sees that one fd of the application's survives
- * the exec. */
-bool sv_stream_exec_client(struct sv_stream *s, uint64_t *dtx, uint64_t *drx);
 /* What the application of accepted socket fd has sent and received over
  * TCP in its life, from the kernel's counters; -ENOTCONN past
  * ESTABLISHED, where the kernel counts a FIN too. A connecting socket's
@@ -195,31 +199,14 @@ bool sv_stream_kernel_only(struct sv_stream *s);
  * stays so; false may be late. */
 bool sv_stream_kernel_only_seen(const struct sv_stream *s);
 
-/* ---- A second life (stream_redo.c) --------------------------------------------- */
+/* ---- Calls in the kernel (stream_kcalls.c) ------------------------------------ */
 
-/* A connection back on plain TCP (the way back) whose application holds
- * one fd for it may move to RDMA again, as a new stream that takes that
- * fd: when this process holds it alone again after a fork's child used it
- * (stream_keep.c), or a server's when its client asks again. The preload
- * layer makes it (the hook, true when it did): the fd's entry becomes the
- * stream sv_stream_successor gives, started with sv_stream_start_revived
- * (l: the listener a request came to; NULL for a client).
- * sv_stream_revive: 1 when it did; 0: not now (a fork's child of ours may
- * still hold it, and we look again, or it is on its way back), ask again;
- * -1: it cannot. */
-typedef bool (*sv_revive_fn)(struct sv_stream *s, int fd, struct sv_listener *l);
-void sv_stream_set_revive(sv_revive_fn fn);
-int sv_stream_revive(struct sv_stream *s, struct sv_listener *l);
-/* s's successor, or NULL (s cannot have one: not back on TCP with its
- * counts known, closed, dup'd, or it has one already): a new stream for
- * s's fd. `entry` is the fd's entry for s, a reference the successor
- * keeps (dropped with put) until its switch is over, asking `idle` whether
- * a call is under way on it. Once the successor is the fd's entry,
- * sv_stream_successor_took: the calls that reach s from then on go on to
- * it. */
-struct sv_stream *sv_stream_successor(struct sv_stream *s, void *entry, bool (*idle)(void *),
-				      void (*put)(void *));
-void sv_stream_successor_took(struct sv_stream *s, struct sv_stream *n);
+/* Start a second life's upgrade (a successor made by src/share): l is the
+ * listener a request came to; NULL for a client, or a server's handed to
+ * us. */
+void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l);
+
+
 /* The data calls of an fd entry that go to the kernel's socket while its
  * connection may get a successor: a successor takes its counts only once
  * none is under way (such a read could take a switch's echo for data),
@@ -232,36 +219,129 @@ struct sv_kcalls {
 	_Atomic(struct sv_stream *) next;
 };
 struct sv_stream *sv_kcalls_enter(struct sv_kcalls *k);
+/* The stream's own: the calls of its fd entries in the kernel. */
+struct sv_kcalls *sv_stream_kcalls(struct sv_stream *s);
 void sv_kcalls_leave(struct sv_kcalls *k);
 void sv_kcalls_took(struct sv_kcalls *k, struct sv_stream *n);
 void sv_kcalls_forget(struct sv_kcalls *k);
-/* A fork's child holds alone a connection its parent handed to the copies
- * (sv_shares_adopt): a new stream for fd, from where the connection stood
- * then (redo), in the parent's role. `entry`, `idle`, `put` as for
- * sv_stream_successor; kc: the entry's kernel calls. NULL on ENOMEM, or
- * for a server's end without a holders' table. */
-struct sv_stream *sv_stream_adopted(int fd, const struct sv_share_redo *redo, void *entry,
-				    bool (*idle)(void *), void (*put)(void *),
-				    struct sv_kcalls *kc);
-void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l);
-/* s gets no successor, and is not handed to a fork's children: the
- * application has another fd for its socket, which libsovia does not
- * follow (a dup of a connection back on TCP), or its fd became the
- * kernel's (a hand-over: exec, spawn, SCM_RIGHTS, ...; a fork that took
- * it back first). */
-void sv_stream_unpark(struct sv_stream *s);
-/* The helper, holding no lock: predecessors whose successors' switch is
- * over (or their upgrade) are let go. */
-void sv_stream_redo_reap(void);
-/* A server connection of this process for the four-tuple of a request (a
- * reference), one back on TCP (or on its way back) first, or NULL. */
-struct sv_stream *sv_stream_find_parked(const struct sockaddr_storage *local,
-					const struct sockaddr_storage *peer);
-/* ... revived (sv_stream_revive) for the request that came to l; -1: none;
- * -2: it went back to TCP here and never moves again (its fd became the
- * kernel's, or it was closed): the request is refused at once. */
-int sv_stream_revive_parked(const struct sockaddr_storage *local,
-			    const struct sockaddr_storage *peer, struct sv_listener *l);
+/* ---- For the copies of a connection (src/share) -------------------------------- */
+
+/* What the copies of a connection across fork, exec and fd passing
+ * (src/share) hear from it. The stream calls them only through this
+ * table, which sv_share_init gives (sv_stream_serve_copies); a stream
+ * made without it has no copies. Each is called with the stream's lock
+ * held unless it says otherwise. */
+struct sv_stream_copies {
+	/* Life: a new stream's state for them (NULL: none, e.g. no memory),
+	 * and its last reference gone (without the lock). */
+	void *(*born)(struct sv_stream *s);
+	void (*died)(struct sv_stream *s, void *state);
+	/* Every change of its state (sv_stream_set_state). */
+	void (*state)(struct sv_stream *s, enum sv_conn_state to);
+	/* The owner lets go of it: its last fd closed (the copies hear it
+	 * first, without the lock), then closed (with it); its exit
+	 * (without). */
+	void (*let_go)(struct sv_stream *s, bool exiting);
+	void (*closed)(struct sv_stream *s);
+	/* fork: a server's connection whose upgrade has not begun is handed
+	 * to the child (true), before its way back. */
+	bool (*fork_hand)(struct sv_stream *s);
+	/* Its upgrade is called off (a call libsovia does not serve). */
+	void (*called_off)(struct sv_stream *s);
+	/* The way back: our BACK went (peer_first: the peer's came first),
+	 * then plain TCP again. */
+	void (*back)(struct sv_stream *s, bool peer_first);
+	void (*detached)(struct sv_stream *s);
+	/* A second life: may its upgrade go on (a successor's counts are
+	 * taken once its predecessor's calls are over)? May it read TCP
+	 * ahead of the application (no call sleeps on the predecessor's fd
+	 * entry)? Back on TCP while a call waited, and it may get a
+	 * successor or has one (the call goes on through the kernel's
+	 * branch)? */
+	bool (*may_upgrade)(struct sv_stream *s);
+	bool (*may_pump)(struct sv_stream *s);
+	bool (*superseded)(struct sv_stream *s);
+	/* Bytes moved on TCP by this process (without the lock): a
+	 * connection handed to a fork's child is spoiled for it. */
+	void (*moved)(struct sv_stream *s);
+	/* Whose an accepted connection is, for the holders' table; is a
+	 * connection handed to us still held by another process too? */
+	enum sv_conn_holding (*holding)(struct sv_stream *s, struct sv_hand *hand);
+	bool (*others_hold)(struct sv_stream *s);
+};
+void sv_stream_serve_copies(const struct sv_stream_copies *copies);
+/* The copies' state of s (what `born` gave; NULL: none). */
+void *sv_stream_copies_state(struct sv_stream *s);
+
+/* What the copies decide by, read with the stream's lock held. */
+struct sv_stream_facts {
+	enum sv_conn_state state;
+	enum sv_fallback fallback;
+	int fd;
+	int error;           /* -errno once broken */
+	unsigned opens;      /* the application's fds for it */
+	bool is_client;
+	bool fd_private;     /* fd is libsovia's own copy */
+	bool app_closed, tx_shut;
+	bool escaped;        /* the application's fd became the kernel's */
+	size_t read_ahead;   /* the peer's TCP bytes read ahead of the application */
+	bool has_id, has_core;
+	bool room_wait;      /* its buffers wait for room in the budget */
+	bool switch_seen;    /* a switch's echo went, or the peer's was read */
+	bool switch_pending; /* our data waits for the peer's proof, or our
+			      * echo is owed */
+	bool core_back_ready; /* the core could take the way back now */
+	bool off_qp;         /* neither direction on the QP any more */
+	struct sv_holders *holders;
+	struct sockaddr_storage local, peer;
+	uint64_t tcp_tx, tcp_rx;
+};
+/* The application's fd (libsovia's own copy after a dup or a close), for
+ * what the copies say of it. */
+int sv_stream_fd(const struct sv_stream *s);
+void sv_stream_lock(struct sv_stream *s);
+void sv_stream_unlock(struct sv_stream *s);
+void sv_stream_facts(struct sv_stream *s, struct sv_stream_facts *f);
+/* What the copies do to it, with its lock held: stay on TCP for good;
+ * send our BACK as soon as it may; its fd became the kernel's; our
+ * record after the QP's normal end (sv_stream_resume_announce); the
+ * offsets where our BACK left each direction (on: or not any more, the
+ * copies being settled); its offsets now, and the
+ * family's holders' table; a second life (its counts continue another's:
+ * it holds nothing first, is used, and asks once more). */
+void sv_stream_want_back(struct sv_stream *s, bool on);
+void sv_stream_escape(struct sv_stream *s);
+void sv_stream_announce_end(struct sv_stream *s);
+void sv_stream_back_points(struct sv_stream *s, uint64_t *tx, uint64_t *rx);
+void sv_stream_set_offsets(struct sv_stream *s, uint64_t tx, uint64_t rx);
+void sv_stream_set_holders(struct sv_stream *s, struct sv_holders *h);
+void sv_stream_mark_revived(struct sv_stream *s);
+/* A reference to a live stream, unless its last is being dropped right
+ * now. */
+bool sv_stream_try_get(struct sv_stream *s);
+/* The server's stream of this process for (local, peer) that pick()
+ * chooses, else any other of them, or NULL: a reference. pick() is called
+ * under the list of streams' lock: it reads what it may without the
+ * stream's. */
+struct sv_stream *sv_stream_find(const struct sockaddr_storage *local,
+				 const struct sockaddr_storage *peer,
+				 bool (*pick)(struct sv_stream *s));
+/* The way back for the copies: the connection is taken back to plain TCP
+ * while its fd stays the application's (a copy elsewhere, not a
+ * hand-over, gets it); for a fork (away: the fd becomes the kernel's).
+ * As sv_stream_detach. */
+int sv_stream_detach_for_copies(struct sv_stream *s);
+int sv_stream_detach_for_fork(struct sv_stream *s, bool away);
+/* Its upgrade starts at its first use (sv_stream_start_at_use), not now:
+ * is it to start (one load), and take that start (true once). */
+bool sv_stream_start_pending(const struct sv_stream *s);
+bool sv_stream_take_start(struct sv_stream *s);
+/* Start the upgrade of a server's connection handed to this process: its
+ * request comes to a listener of ours, the parent's redirects it. */
+void sv_stream_start_handed(struct sv_stream *s);
+/* The application used it (a successor's predecessor was): no wait for a
+ * first use. */
+void sv_stream_mark_used(struct sv_stream *s);
 
 /* ---- Readiness: poll, select, epoll (stream_poll.c) -------------------------- */
 

@@ -19,7 +19,7 @@
  * at `now`; else 0. With s->lock. */
 static uint64_t use_wait_end(const struct sv_stream *s, uint64_t now)
 {
-	return !sv_stream_app_used(s) && now < s->sw.use_wait_until ? s->sw.use_wait_until : 0;
+	return !sv_stream_app_used(s) && now < s->up.use_wait_until ? s->up.use_wait_until : 0;
 }
 
 /* Attach the QP of request `id` to stream s and accept. */
@@ -31,7 +31,7 @@ enum sv_accept_result sv_stream_cm_accept(struct sv_stream *s, struct rdma_cm_id
 		sv_unlock(&s->lock);
 		return SV_NOT_HERE;
 	}
-	if (s->hand.h && !sv_holders_sole(&s->hand)) {
+	if (s->share && sv_copies->others_hold(s)) {
 		/* Our parent (or another copy) may still use the connection:
 		 * our counts would not be the stream's. The owner redirects
 		 * only once we hold it alone; this request came too soon. */
@@ -52,14 +52,14 @@ enum sv_accept_result sv_stream_cm_accept(struct sv_stream *s, struct rdma_cm_id
 		 * not be handed to the child. The first use wakes the helper
 		 * (sv_stream_app_uses), which asks again; so does the end of
 		 * the wait (sv_upgrade_timers). */
-		if (!s->sw.use_wait_told)
+		if (!s->up.use_wait_told)
 			sv_dbg("fd %d: upgrade request waits for the application's first use",
 			       s->fd);
-		s->sw.use_wait_told = true;
+		s->up.use_wait_told = true;
 		sv_unlock(&s->lock);
 		return SV_ACCEPT_LATER;
 	}
-	if (!sv_stream_redo_ready(s)) {
+	if (!sv_copies_may_upgrade(s)) {
 		/* A successor (stream_redo.c): its predecessor's calls first. */
 		bool later = s->state == SV_CONN_TCP;
 		sv_unlock(&s->lock);
@@ -90,7 +90,7 @@ enum sv_accept_result sv_stream_cm_accept(struct sv_stream *s, struct rdma_cm_id
 		memcpy(rep.challenge, s->sw.my_challenge, SV_CHALLENGE_SIZE);
 		qp_num = s->qp->ops->num(s->qp);
 		sv_stream_set_state(s, SV_CONN_REQUESTED);
-		s->sw.deadline_us = sv_upgrade_deadline(sv_now_us());
+		s->up.deadline_us = sv_upgrade_deadline(sv_now_us());
 	}
 	sv_unlock(&s->lock);
 	sv_dbg("upgrade request matched fd %d", s->fd);
@@ -129,12 +129,8 @@ enum sv_conn_wait sv_stream_cm_waiting(struct sv_stream *s, uint64_t now, uint64
 
 enum sv_conn_holding sv_stream_cm_holding(struct sv_stream *s, struct sv_hand *hand)
 {
-	/* Set before the stream was listed (adopted), or by a fork that
-	 * handed it on (hand.h): read as the upgrade's lock orders it. */
 	sv_lock(&s->lock);
-	enum sv_conn_holding h = s->adopted ? SV_HOLD_ADOPTED : s->hand.h ? SV_HOLD_GIVEN
-									: SV_HOLD_OWN;
-	*hand = s->hand;
+	enum sv_conn_holding h = s->share ? sv_copies->holding(s, hand) : SV_HOLD_OWN;
 	sv_unlock(&s->lock);
 	return h;
 }
@@ -144,8 +140,8 @@ void sv_stream_cm_accepted(struct sv_stream *s, struct sv_listener *l)
 {
 	sv_lock(&s->lock);
 	uint64_t now = sv_now_us(), deadline = sv_upgrade_deadline(now);
-	s->sw.deadline_us = deadline;
-	s->sw.use_wait_until = now + sv_upgrade_first_use_wait(sv_upgrade_listener_holders(l));
+	s->up.deadline_us = deadline;
+	s->up.use_wait_until = now + sv_upgrade_first_use_wait(sv_upgrade_listener_holders(l));
 	if (!s->holders)
 		s->holders = sv_upgrade_listener_holders(l);
 	struct sockaddr_storage local = s->tuple.local, peer = s->tuple.peer;
@@ -164,9 +160,9 @@ void sv_stream_cm_adopted(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
 	uint64_t now = sv_now_us(), deadline = sv_upgrade_deadline(now);
-	s->sw.deadline_us = deadline;
+	s->up.deadline_us = deadline;
 	struct sv_holders *h = s->holders;
-	s->sw.use_wait_until = now + sv_upgrade_first_use_wait(h);
+	s->up.use_wait_until = now + sv_upgrade_first_use_wait(h);
 	struct sockaddr_storage local = s->tuple.local, peer = s->tuple.peer;
 	sv_unlock(&s->lock);
 	if (!sv_upgrade_adopted(s, &local, &peer, h, deadline)) {

@@ -86,19 +86,19 @@ static void start_connect(struct sv_stream *s)
 	}
 	s->id = id;
 	sv_stream_set_state(s, SV_CONN_RESOLVING);
-	if ((s->sw.connect_retries || s->sw.later_retries) && s->fallback == SV_FB_REJECTED)
+	if ((s->up.connect_retries || s->up.later_retries) && s->fallback == SV_FB_REJECTED)
 		s->fallback = SV_FB_NONE; /* asked again (retry_connect) */
-	s->sw.deadline_us = sv_upgrade_deadline(sv_now_us());
+	s->up.deadline_us = sv_upgrade_deadline(sv_now_us());
 	struct sockaddr_storage src = s->tuple.local, dst = s->tuple.peer;
-	uint16_t redirected = s->sw.redirect_port;
+	uint16_t redirected = s->up.redirect_port;
 	/* Where the server's libsovia listens is the warden's to say, if its
 	 * host has one: the server's own port in rdma_cm's space may be held
 	 * by anyone (warden.h). A redirect comes from the warden, or from the
 	 * listener it sent us to. */
-	if (!s->sw.no_warden && !sv_cfg.warden_required && sv_upgrade_no_warden_known(&dst, sv_now_us()))
-		s->sw.no_warden = true;
-	bool warden = !redirected && sv_cfg.warden_port && !s->sw.no_warden;
-	s->sw.at_warden = warden;
+	if (!s->up.no_warden && !sv_cfg.warden_required && sv_upgrade_no_warden_known(&dst, sv_now_us()))
+		s->up.no_warden = true;
+	bool warden = !redirected && sv_cfg.warden_port && !s->up.no_warden;
+	s->up.at_warden = warden;
 	sv_unlock(&s->lock);
 	/* The same interface as the TCP connection, any port; the warden's,
 	 * the one we were sent to, or the server's. */
@@ -126,12 +126,12 @@ static void start_connect(struct sv_stream *s)
 void sv_stream_cm_route_resolved(struct sv_stream *s)
 {
 	sv_lock(&s->lock);
-	bool was_waiting = s->sw.room_wait;
+	bool was_waiting = s->up.room_wait;
 	/* Asking the warden: no QP and no buffers, and the connection stays
 	 * RESOLVING (where a connection waiting for room has none either). A
 	 * QP made for a request that is only ever rejected cost the warden's
 	 * round trip most of its time (docs/benchmarks.md). */
-	bool warden = s->sw.at_warden;
+	bool warden = s->up.at_warden;
 	int r = s->state != SV_CONN_RESOLVING ? -ECANCELED : warden ? 0 : sv_stream_cm_attach_qp(s);
 	struct sv_cm_req req = {
 		.version = SV_CM_VERSION,
@@ -208,12 +208,12 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 	bool no_warden = said == SV_CM_REJ_NO_WARDEN;
 	sv_lock(&s->lock);
 	bool asked = s->state == SV_CONN_REQUESTED ||
-		     (s->sw.at_warden && s->state == SV_CONN_RESOLVING);
+		     (s->up.at_warden && s->state == SV_CONN_RESOLVING);
 	bool go = s->is_client && asked && !s->cl.app_closed &&
 		  !s->error && !s->cl.tx_shut &&
-		  (later       ? s->sw.later_retries < SV_LATER_RETRIES
+		  (later       ? s->up.later_retries < SV_LATER_RETRIES
 		   : no_warden ? true
-			       : s->sw.connect_retries < SV_CONNECT_RETRIES);
+			       : s->up.connect_retries < SV_CONNECT_RETRIES);
 	if (go) {
 		sv_stream_cm_release_qp(s);
 		s->id = NULL;
@@ -221,21 +221,21 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		if (!no_warden)
 			s->fallback = SV_FB_REJECTED;
 		/* A redirect: that port's listener is up already. */
-		uint32_t ms = to || no_warden ? 0 : SV_CONNECT_RETRY_MS << s->sw.connect_retries;
+		uint32_t ms = to || no_warden ? 0 : SV_CONNECT_RETRY_MS << s->up.connect_retries;
 		if (no_warden) {
-			s->sw.no_warden = true;
+			s->up.no_warden = true;
 		} else if (later) {
-			unsigned n = s->sw.later_retries < 5 ? s->sw.later_retries : 5;
+			unsigned n = s->up.later_retries < 5 ? s->up.later_retries : 5;
 			ms = SV_LATER_RETRY_MS << n;
 			if (ms > SV_LATER_RETRY_MAX_MS)
 				ms = SV_LATER_RETRY_MAX_MS;
-			s->sw.later_retries++;
+			s->up.later_retries++;
 		} else {
-			s->sw.connect_retries++;
+			s->up.connect_retries++;
 		}
-		bool was_redirected = s->sw.redirect_port != 0;
-		s->sw.redirect_port = to;
-		s->sw.upgrade_at = sv_now_us() + (uint64_t)ms * 1000u;
+		bool was_redirected = s->up.redirect_port != 0;
+		s->up.redirect_port = to;
+		s->up.upgrade_at = sv_now_us() + (uint64_t)ms * 1000u;
 		/* "No listener": a plain server, or one that has just called
 		 * listen() (a passive FTP data port in a fresh session
 		 * process), whose RDMA listener comes up with its rdma_cm,
@@ -248,11 +248,11 @@ static bool retry_connect(struct sv_stream *s, int said, uint16_t to)
 		if (write_first) {
 			sv_stream_end_hold(s, UINT64_MAX);
 		} else {
-			sv_stream_hold_past(s, s->sw.upgrade_at);
+			sv_stream_hold_past(s, s->up.upgrade_at);
 			/* Not for a second life's ask: a server that closed its
 			 * listening socket; nor for a host without a warden. */
 			if (!busy && !later && !to && !no_warden && !was_redirected &&
-			    !s->redo.ok)
+			    !s->revived)
 				sv_peers_plain_port(&s->tuple.peer);
 		}
 		sv_info("fd %d: %s: asking again in %u ms", s->fd,
@@ -330,7 +330,7 @@ void sv_stream_cm_rejected(struct sv_stream *s, struct rdma_cm_event *ev,
 			      ? sv_cm_rej_port(ev->param.conn.private_data,
 					       ev->param.conn.private_data_len)
 			      : 0;
-	bool warden = s->sw.at_warden;
+	bool warden = s->up.at_warden;
 	if (warden && ev->status == SV_REJ_NO_LISTENER) {
 		/* No warden on the server's host: what the server's port
 		 * says, unless only a warden's word will do. */
@@ -350,8 +350,8 @@ void sv_stream_cm_rejected(struct sv_stream *s, struct rdma_cm_event *ev,
 	}
 	/* No listener after the retries, or another version: no libsovia
 	 * of ours at that port. */
-	if ((ev->status == SV_REJ_NO_LISTENER && !s->sw.redirect_port && !s->redo.ok) ||
-	    (said == SV_CM_REJ_UNKNOWN && !s->redo.ok) || said == -EPROTONOSUPPORT)
+	if ((ev->status == SV_REJ_NO_LISTENER && !s->up.redirect_port && !s->revived) ||
+	    (said == SV_CM_REJ_UNKNOWN && !s->revived) || said == -EPROTONOSUPPORT)
 		sv_peers_plain_port(&s->tuple.peer);
 	sv_stream_cm_drop_qp(s, said == -EPROTONOSUPPORT    ? SV_FB_VERSION
 				: said == SV_CM_REJ_UNKNOWN ? SV_FB_UNVOUCHED

@@ -39,17 +39,17 @@ static int send_back(struct sv_stream *s)
 	 * back first. */
 	struct sv_clock clk = SV_CLOCK_INIT;
 	bool peer_first = sv_proto_back_wanted(s->proto);
-	int r = sv_proto_send_back(s->proto, s->tcpbuf ? s->tcpbuf + s->tcpbuf_off : NULL,
+	int r = sv_proto_send_back(s->proto, s->tcpbuf.buf ? s->tcpbuf.buf + s->tcpbuf.off : NULL,
 				   sv_stream_tcpbuf_held(s), &clk);
 	if (r < 0)
 		return r;
-	s->tcpbuf_off = s->tcpbuf_len = 0;
+	s->tcpbuf.off = s->tcpbuf.len = 0;
+	s->back_wanted = false;
+	sv_stream_set_state(s, SV_CONN_DETACHING);
 	/* From here on the kernel's socket carries both directions' next
 	 * bytes: its counts now are where a second life counts from. */
-	sv_stream_redo_snapshot(s, peer_first);
-	s->keep.want_back = false;
-	sv_stream_set_state(s, SV_CONN_DETACHING);
-	atomic_store(&s->going_back, !s->keep.escaped);
+	if (s->share)
+		sv_copies->back(s, peer_first);
 	s->cl.back_deadline_us = sv_clock_now(&clk) + SV_PEER_SILENCE_US;
 	s->st.switches_to_tcp++;
 	sv_helper_watch(s); /* it finishes the exchange if nobody calls in */
@@ -100,7 +100,7 @@ void sv_stream_back_progress(struct sv_stream *s)
 	struct sv_proto *p = s->proto;
 	if (!p || s->error)
 		return;
-	if ((sv_proto_back_wanted(p) || s->keep.want_back) && back_ready(s)) {
+	if ((sv_proto_back_wanted(p) || s->back_wanted) && back_ready(s)) {
 		int r = send_back(s);
 		if (r < 0 && r != -EAGAIN) {
 			sv_stream_break(s, r);
@@ -117,9 +117,9 @@ void sv_stream_back_progress(struct sv_stream *s)
 	}
 	if (!sv_stream_write_owed(s) || !sv_proto_back_done(p))
 		return;
-	sv_stream_redo_detached(s);
+	if (s->share)
+		sv_copies->detached(s);
 	sv_stream_set_state(s, SV_CONN_DETACHED);
-	atomic_store(&s->going_back, false);
 	s->cl.linger_deadline_us = sv_clock_now(&clk) + SV_DETACH_GRACE_US;
 	sv_stream_kernel_shut(s);
 	const struct sv_proto_stats *st = sv_proto_stats(p);
@@ -142,58 +142,6 @@ bool sv_stream_back_overdue(struct sv_stream *s, uint64_t now)
 	return true;
 }
 
-/* Before a fork: a server connection still waiting for its upgrade
- * request, held by one fd with nothing read ahead, is entered as handed to
- * the child (holders.h). The request is then answered by the child, once
- * it holds the connection alone; the counts it starts from are ours now,
- * and our copy is plain TCP meanwhile. */
-static bool hand_to_child(struct sv_stream *s)
-{
-	/* Not on 0, 1 or 2, where stdio may use it past the interposer. */
-	if (s->is_client || !s->holders || s->hand.h || s->state != SV_CONN_TCP || s->id ||
-	    s->fd <= STDERR_FILENO ||
-	    s->opens != 1 || s->fd_private || sv_stream_tcpbuf_held(s) || s->sw.room_wait ||
-	    s->cl.tx_shut)
-		return false;
-	if (sv_holders_hand(s->holders, &s->tuple.local, &s->tuple.peer, &s->hand) < 0) {
-		sv_info("fd %d: the holders' table is full: the fork's child keeps it on TCP",
-			s->fd);
-		return false;
-	}
-	atomic_store_explicit(&s->handed, true, memory_order_release);
-	return true;
-}
-
-/* Before a fork, once back on TCP: a server connection that was on RDMA
- * (the fork could not leave it there: bytes the application had not read
- * yet) is handed to the child as above, from where each direction stands:
- * our BACK's offsets plus what the kernel's socket carried since (as a
- * successor counts them, stream_redo.c). With the lock. */
-static bool hand_detached_to_child(struct sv_stream *s, uint64_t *tx, uint64_t *rx)
-{
-	uint64_t ktx, krx;
-	/* Not one an earlier fork's child holds too (kept, then shared):
-	 * that child would still use the socket. */
-	if (s->is_client || !s->holders || s->hand.h || s->state != SV_CONN_DETACHED ||
-	    !s->redo.ok || s->error || s->fd <= STDERR_FILENO || s->opens != 1 ||
-	    s->fd_private || sv_stream_tcpbuf_held(s) || s->cl.tx_shut || s->cl.app_closed ||
-	    s->keep.ref.t || s->keep.handed.t || sv_tcp_app_counts(s->fd, &ktx, &krx) < 0)
-		return false;
-	if (sv_holders_hand(s->holders, &s->tuple.local, &s->tuple.peer, &s->hand) < 0) {
-		sv_info("fd %d: the holders' table is full: the fork's child keeps it on TCP",
-			s->fd);
-		return false;
-	}
-	s->hand.dtx = s->redo.tx - s->redo.ktx;
-	s->hand.drx = s->redo.rx - s->redo.krx;
-	*tx = ktx + s->hand.dtx;
-	*rx = krx + s->hand.drx;
-	/* A call of ours under way at the fork spoils it (as above). */
-	atomic_store_explicit(&s->handed, true, memory_order_release);
-	sv_info("fd %d: handed to the fork's child, which may move it to RDMA again", s->fd);
-	return true;
-}
-
 /* One step of the way back in the current state. 1: done (r says how),
  * 0: wait and look again. */
 static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool fork)
@@ -204,7 +152,7 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool for
 	case SV_CONN_REQUESTED:
 		if (s->proto)
 			return 0; /* a QP exists: let the switch settle first */
-		if (fork && hand_to_child(s)) {
+		if (fork && s->share && sv_copies->fork_hand(s)) {
 			sv_info("fd %d: handed to the fork's child before its upgrade", s->fd);
 			s->fallback = SV_FB_HANDED;
 			sv_stream_fall_back(s, SV_FB_HANDED);
@@ -213,8 +161,8 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool for
 		/* No QP yet: the upgrade is simply called off (a request that
 		 * comes later finds no TCP stream). A connection handed to us
 		 * leaves the holders' table: the owner redirects no more. */
-		if (s->adopted)
-			sv_holders_drop(&s->hand);
+		if (s->share)
+			sv_copies->called_off(s);
 		sv_info("fd %d: upgrade called off (a call libsovia does not serve)", s->fd);
 		s->fallback = SV_FB_UNSUPPORTED;
 		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
@@ -265,12 +213,11 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool for
 static int detach(struct sv_stream *s, bool fork, bool away)
 {
 	sv_lock(&s->lock);
-	bool escaped = s->keep.escaped;
+	bool escaped = s->escaped;
 	/* Before the BACK: a request that comes once it is detached, before
 	 * our caller returns, must not revive it, nor be refused for good
 	 * before a fork could hand it to its child. */
-	s->keep.escaped = escaped || away;
-	s->fork_back = s->fork_back || fork;
+	s->escaped = escaped || away;
 	struct sv_clock clk = SV_CLOCK_INIT;
 	uint64_t deadline = sv_upgrade_deadline(sv_clock_now(&clk));
 	int r = 0;
@@ -296,7 +243,7 @@ static int detach(struct sv_stream *s, bool fork, bool away)
 		(void)sv_stream_wait(s, &clk, wait_tcp_out ? POLLOUT : 0, clk.us + 10000, 0);
 	}
 	if (r < 0) {
-		s->keep.escaped = escaped;
+		s->escaped = escaped;
 		sv_warn("fd %d: cannot go back to plain TCP (%s, state %s): libsovia keeps it",
 			s->fd, strerror(-r), sv_conn_state_name(s->state));
 	}
@@ -314,34 +261,9 @@ int sv_stream_detach_for_copies(struct sv_stream *s)
 	return detach(s, false, false);
 }
 
-int sv_stream_detach_for_fork(struct sv_stream *s, struct sv_hand *hand, uint64_t *tx,
-			      uint64_t *rx)
+int sv_stream_detach_for_fork(struct sv_stream *s, bool away)
 {
-	if (sv_stream_keep_for_fork(s)) {
-		*hand = (struct sv_hand){.h = NULL, .slot = -1};
-		*tx = *rx = 0;
-		return 1;
-	}
-	/* A client's end stays the application's (parked) if it can be
-	 * shared with the child; otherwise the caller makes the fd the
-	 * kernel's. */
-	int r = detach(s, true, !s->is_client);
-	sv_lock(&s->lock);
-	if (r == 0 && sv_stream_share_for_fork(s)) {
-		sv_unlock(&s->lock);
-		*hand = (struct sv_hand){.h = NULL, .slot = -1};
-		*tx = *rx = 0;
-		sv_info("fd %d: plain TCP for the fork; back to RDMA once one process holds it",
-			s->fd);
-		return 1;
-	}
-	*tx = s->tcp_tx;
-	*rx = s->tcp_rx;
-	bool handed = r == 0 && ((s->fallback == SV_FB_HANDED && s->hand.h) ||
-				 hand_detached_to_child(s, tx, rx));
-	*hand = handed ? s->hand : (struct sv_hand){.h = NULL, .slot = -1};
-	sv_unlock(&s->lock);
-	return r;
+	return detach(s, true, away);
 }
 
 uint64_t sv_stream_detached_service(struct sv_stream *s, uint64_t now, bool *done)

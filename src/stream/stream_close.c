@@ -56,7 +56,7 @@ static int close_now(struct sv_stream *s, int r)
 	 * under it. */
 	bool helper_part = s->id || s->state == SV_CONN_RESOLVING ||
 			   s->state == SV_CONN_REQUESTED || s->state == SV_CONN_DETACHED ||
-			   s->sw.connect_pending;
+			   s->up.connect_pending;
 	sv_unlock(&s->lock);
 	if (helper_part)
 		sv_helper_watch(s); /* let the helper drop its part */
@@ -98,14 +98,15 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 		return r;
 	}
 	s->opens = 0;
-	if (s->keep.ref.t) {
+	if (s->share) {
 		/* A fork's child may hold a copy: it gets the connection. */
 		sv_unlock(&s->lock);
-		sv_stream_keep_close(s);
+		sv_copies->let_go(s, false);
 		sv_lock(&s->lock);
 	}
 	s->cl.app_closed = true;
-	sv_stream_pred_done(s);
+	if (s->share)
+		sv_copies->closed(s);
 	if (!s->proto || s->state == SV_CONN_FALLBACK || s->state == SV_CONN_DETACHED)
 		return close_now(s, r);
 	if (s->fd == appfd) {
@@ -243,7 +244,8 @@ static void exit_finish_tx(struct sv_stream *s, struct sv_clock *clk)
 
 void sv_stream_exit_flush(struct sv_stream *s)
 {
-	sv_stream_keep_exit(s);
+	if (s->share)
+		sv_copies->let_go(s, true);
 	sv_lock(&s->lock);
 	struct sv_clock clk = SV_CLOCK_INIT;
 	exit_finish_switch(s, &clk);
@@ -257,7 +259,7 @@ void sv_stream_exit_flush(struct sv_stream *s)
 		if (s->state == SV_CONN_DETACHING || s->state == SV_CONN_RESUMING)
 			sv_stream_wait(s, &clk, POLLOUT, clk.us + 10000, 0);
 	}
-	if (sv_cfg.stats && !s->stats_printed)
+	if (sv_cfg.stats && !s->st.printed)
 		sv_stream_print_stats(s, "exit");
 	sv_unlock(&s->lock);
 }

@@ -101,13 +101,13 @@ int sv_stream_cm_attach_qp(struct sv_stream *s)
 				     sv_proto_start_size(&prm));
 	r = sv_pinned_take(pin);
 	if (r < 0 && sv_pinned_fits_ever(pin)) {
-		if (!s->sw.room_wait)
+		if (!s->up.room_wait)
 			sv_info("fd %d: its buffers wait for room in the locked-memory budget",
 				s->fd);
-		s->sw.room_wait = pin;
+		s->up.room_wait = pin;
 		return -EAGAIN;
 	}
-	s->sw.room_wait = 0;
+	s->up.room_wait = 0;
 	if (r < 0) {
 		sv_pinned_tell(pin);
 		return r;

@@ -11,6 +11,7 @@
 
 #include "stream.h"
 
+#include "bytebuf.h"
 #include "clock.h"
 #include "holders.h"
 #include "hub.h"
@@ -33,77 +34,9 @@ struct rdma_conn_param;
 
 /* ---- State ---------------------------------------------------------------- */
 
-/* The connection's state. Every change goes through sv_stream_set_state,
- * which checks it against the table of allowed transitions in
- * stream_state.c (docs/design.md has the table). */
-enum sv_conn_state {
-	SV_CONN_TCP,        /* connected on TCP; no upgrade under way */
-	SV_CONN_RESOLVING,  /* client: rdma_cm resolving the peer */
-	SV_CONN_REQUESTED,  /* client: rdma_connect sent / server: accepting */
-	SV_CONN_SWITCHING,  /* QP up: exchanging TO_RDMA and the challenges */
-	SV_CONN_RDMA,       /* both directions moved to the QP */
-	SV_CONN_FALLBACK,   /* stays on TCP for good (see the fallback reason) */
-	SV_CONN_BROKEN,     /* the QP failed after data moved to it: see error */
-	SV_CONN_DETACHING,  /* BACK/RETURN under way: going back to plain TCP */
-	SV_CONN_DETACHED,   /* plain TCP again, nothing held: the fd is the kernel's */
-	SV_CONN_RESUMING,   /* the QP was lost: the ends agree on TCP where each
-			     * direction goes on (stream_resume.c), then broken */
-	SV_CONN_NSTATES
-};
-
-/* Why a connection stayed on TCP. */
-enum sv_fallback {
-	SV_FB_NONE,
-	SV_FB_DISABLED,     /* SOVIA_DISABLE or no RDMA support in this process */
-	SV_FB_NO_ROUTE,     /* rdma_cm could not resolve the peer (no RDMA path) */
-	SV_FB_REJECTED,     /* no libsovia listener at the peer, or it refused */
-	SV_FB_UNREACHABLE,  /* the request got no answer */
-	SV_FB_VERSION,      /* the peer speaks another protocol version */
-	SV_FB_TIMEOUT,      /* the upgrade took longer than SOVIA_UPGRADE_TIMEOUT_MS */
-	SV_FB_NO_MATCH,     /* server: no accepted TCP connection for the request */
-	SV_FB_CHALLENGE,    /* the RDMA peer failed to prove it is the TCP peer */
-	SV_FB_RESOURCES,    /* creating the QP or its buffers failed */
-	SV_FB_UNSUPPORTED,  /* a call libsovia cannot serve moved it back */
-	SV_FB_SHUTDOWN,     /* a sender finished on TCP before it could switch */
-	SV_FB_QP_LOST,      /* the QP died before any data went over it */
-	SV_FB_CALLED_OFF,   /* the QP was disconnected before any data went over
-			     * it: the peer's client had finished on TCP (or
-			     * the RDMA device went away) */
-	SV_FB_CREDENTIALS,  /* the kernel refuses our RDMA files to this process's
-			     * credentials (changed since they were opened, or
-			     * opened by the parent before a fork) */
-	SV_FB_MEMLOCK,      /* its buffers do not fit the locked-memory budget
-			     * (pinned.h) */
-	SV_FB_UNPRIVILEGED, /* SOVIA_PRIVILEGED_PORTS, and the server's port is
-			     * 1024 or above */
-	SV_FB_HANDED,       /* server: handed to a fork's child before its upgrade
-			     * (the child may take it to RDMA: holders.h) */
-	SV_FB_UNVOUCHED,    /* client: the server host's sovia-warden knows no
-			     * libsovia listener for it, or (with
-			     * SOVIA_WARDEN_REQUIRED) the host has no warden */
-};
-
-/* Why a connection on RDMA resumed over TCP (its statistics say it). */
-enum sv_failover {
-	SV_FO_NONE,
-	SV_FO_QP_ERROR,   /* a work request failed: the QP is in the error state */
-	SV_FO_DISCONNECT, /* rdma_cm: the connection was disconnected */
-	SV_FO_DEVICE,     /* rdma_cm: the RDMA device was removed */
-	SV_FO_PEER,       /* the peer's resume record came first, on TCP */
-};
-
-const char *sv_conn_state_name(enum sv_conn_state s);
-const char *sv_failover_name(enum sv_failover f);
-const char *sv_fallback_name(enum sv_fallback f);
-
 /* Move to state `to` (a no-op when already there). A transition the table
  * does not allow is a bug: fatal in checked builds (SOVIA_CHECKS). */
 void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to);
-/* Stay on TCP for good, for `why` (kept if a reason was given before),
- * unless the connection is past its upgrade (on RDMA, broken, going back
- * or back). Wakes waiters. */
-void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why);
-
 /* Is an upgrade or a switch still possible, so TCP reads must watch for a
  * TO_RDMA? */
 bool sv_stream_may_switch(const struct sv_stream *s);
@@ -150,6 +83,11 @@ struct sv_switch {
 			      * found within what TCP can hold
 			      * (sv_stream_switch_point_ok) */
 	uint64_t point_seq;
+};
+
+/* The upgrade's request and its retries (stream_ask.c, stream_accept.c;
+ * docs/protocol.md, section 3, steps 1 to 3). */
+struct sv_asking {
 	uint64_t deadline_us; /* the upgrade gives up at this time */
 	uint64_t upgrade_at;  /* client: when the helper starts the upgrade
 			       * (SOVIA_UPGRADE_DELAY_MS, or a retry after "no
@@ -169,30 +107,34 @@ struct sv_switch {
 	 * unanswered. 0: not waiting. */
 	size_t room_wait;
 	/* Server: until then a request waits for the application's first
-	 * use of the connection (upgrade_server.c). */
+	 * use of the connection (stream_accept.c). */
 	uint64_t use_wait_until;
 	bool use_wait_told; /* a request waited for it (logged once) */
 	/* Client: its non-blocking connect() was in progress when the stream
 	 * was made. The connection is plain TCP meanwhile (bytes may move);
 	 * the helper schedules the upgrade once the connect is done. */
 	bool connect_pending;
+};
+
+/* Our first writes held for the QP (stream_switch.c). */
+struct sv_hold {
 	/* The peer's host is known to speak libsovia (peers.h): our first
 	 * writes wait for the QP until this time rather than go on TCP
 	 * (0: no hold). Only while nothing of ours went on TCP. */
-	uint64_t hold_until;
-	/* What a hold lasts (hold_until's distance from its start), and the
+	uint64_t until;
+	/* What a hold lasts (until's distance from its start), and the
 	 * latest it may end (SOVIA_PEER_HOLD_MS from its start): a hold whose
 	 * peer could not ask yet is moved on by that span (sv_stream_end_hold,
 	 * sv_stream_hold_past). */
-	uint64_t hold_span_us, hold_cap_at;
+	uint64_t span_us, cap_at;
 	/* Server: that hold is a first contact's (an unknown client on an
 	 * RDMA link): if no request came in it, the client is plain. */
-	bool hold_first_contact;
+	bool first_contact;
 	/* A write was refused (EAGAIN) or waited for that hold: from then on
 	 * poll says "not writable" until it ends. Until then the kernel
 	 * answers, so that a program that polls for POLLOUT to learn that its
 	 * non-blocking connect completed is told at once. */
-	bool hold_refused;
+	bool refused;
 };
 
 /* Waiting: what a wait and the readiness calls share with other threads
@@ -264,56 +206,6 @@ struct sv_resume {
 	int outcome;         /* 0 while resuming or resumed; -errno when it failed */
 };
 
-/* Kept across a fork on the parent's QP (stream_keep.c, shares.h). */
-struct sv_keep {
-	struct sv_share_ref ref; /* .t NULL: not kept */
-	unsigned forking;        /* forks under way that give a copy */
-	bool claimed;            /* a copy's holder wants it: going back */
-	bool want_back;          /* our BACK goes as soon as it may */
-	bool shared;             /* back on TCP for the copies, which the entry
-				  * still follows: alone again, we upgrade anew */
-	bool letting_go;         /* our last close, exit or exec takes it back */
-	bool alone;              /* shared, and no copy is held any more */
-	bool escaped;            /* the application's fd for it became the
-				  * kernel's (a dup, a hand-over, a fork that
-				  * took it back): a process the entry does not
-				  * list may hold it, so it is never handed */
-	/* A server's end handed on (.t NULL: not): while its entry waits
-	 * for an adopter, its client's requests hear "later". */
-	struct sv_share_ref handed;
-};
-
-/* A connection back on plain TCP may move to RDMA again, as a new stream
- * (stream_redo.c): where each direction stood on TCP when our BACK went,
- * and the kernel's counts then (sv_tcp_app_counts). Every byte the socket
- * carried since is the stream's next, whichever process moved it. */
-struct sv_redo {
-	bool ok;            /* the counts below are known */
-	bool peer_first;    /* the peer's BACK came before ours: it went back
-			     * (a fork's child of its used its copy), and its
-			     * end may move to RDMA again: a client asks */
-	uint64_t tx, rx;    /* stream offsets where TCP took over */
-	uint64_t ktx, krx;  /* the kernel's counts at our BACK */
-};
-
-/* A stream made from one back on TCP, its predecessor: its counts are
- * taken, and its upgrade goes on, only once no data call of the
- * predecessor's is in the kernel (such a read could take a switch's echo
- * for data). Calls that reach the predecessor later go on to its
- * successor. A poll or select that began on the predecessor's fd entry
- * sleeps in the kernel: it must see the peer's bytes and echo arrive on
- * TCP, so nothing of ours reads them ahead (the pump) while one may
- * sleep there. Both are held until the switch is over (or the upgrade). */
-struct sv_pred {
-	struct sv_stream *s;        /* held until done */
-	void *entry;                /* the preload layer's, held until done */
-	bool (*idle)(void *entry);  /* no call of any kind under way on it */
-	void (*put)(void *entry);
-	struct sv_kcalls *kc;       /* the predecessor's (or the entry's) calls */
-	void *node;                 /* to let them go later, without a lock */
-	bool pending;               /* counts not taken yet */
-};
-
 /* Socket options that shape the protocol or the waits. */
 struct sv_options {
 	bool nodelay, cork;
@@ -335,6 +227,7 @@ struct sv_stream_stats {
 	 * after that its first application byte went on, or came off, the QP
 	 * (0: none yet). */
 	uint64_t born_us, to_rdma_us;
+	bool printed; /* its SOVIA_STATS line went out */
 };
 
 struct sv_stream {
@@ -350,21 +243,24 @@ struct sv_stream {
 	int error;           /* -errno once broken */
 	bool error_told;     /* the application was given `error` once */
 
-	/* Server: the holders' table of the listener that accepted it (NULL:
-	 * none); and the entry of a connection handed to a fork's child
-	 * (holders.h): the parent's before the fork, the child's after. */
+	/* Server: the holders' table of the listener family that accepted
+	 * it (holders.h; NULL: none). */
 	struct sv_holders *holders;
-	struct sv_hand hand;
-	bool adopted;              /* hand is ours: a fork's child took it */
-	atomic_bool handed;        /* we handed it: bytes we move spoil the hand */
-	bool fork_back;            /* a fork took it back to TCP (it may be
-				    * handed to the child: holders.h) */
-	atomic_bool adopt_pending; /* sv_stream_adopt_pending */
 	atomic_bool app_used;      /* sv_stream_app_uses */
-	/* A copy of it is on fd 0, 1 or 2 of this image, where glibc's stdio
-	 * may move bytes past us: it never upgrades here; only an exec may
-	 * hand it on (sv_stream_expose_std). */
-	bool std_exposed;
+	/* Its upgrade starts at its first use (sv_stream_start_at_use). */
+	atomic_bool start_pending;
+	/* A second life: its offsets continue a connection that went back
+	 * to TCP (its predecessor's, or its parent's). */
+	bool revived;
+	/* Its copies across fork, exec and fd passing: src/share's own,
+	 * spoken to through its events only (sv_stream_copies; NULL: none). */
+	struct sv_share *share;
+	/* The application's fd for it became the kernel's (a dup, a
+	 * hand-over, a fork that took it back): a process nobody follows may
+	 * hold it. */
+	bool escaped;
+	/* Our BACK goes as soon as it may (a fork's child claimed its copy). */
+	bool back_wanted;
 
 	/* The media. tcp_tx and tcp_rx count each direction's bytes TCP
 	 * carried; with the core's offsets they give every switch point. */
@@ -375,46 +271,32 @@ struct sv_stream {
 	size_t pinned;           /* the QP's buffers' share of the budget (pinned.h) */
 	/* The peer's TCP bytes read before the application asked for them
 	 * (the pump, or a failed challenge's would-be echo). */
-	uint8_t *tcpbuf;
-	size_t tcpbuf_len, tcpbuf_off, tcpbuf_cap;
+	struct sv_bytebuf tcpbuf;
 
 	struct sv_switch sw;
+	struct sv_asking up;
+	struct sv_hold hold;
 	struct sv_waiting wt;
 	struct sv_closing cl;
 	struct sv_resume fo;
 	struct sv_options opt;
-	struct sv_keep keep;
-	struct sv_redo redo;
-	struct sv_pred pred;
 	/* Our calls in the kernel, and the stream that took the
-	 * application's fd over (stream_redo.c). */
+	 * application's fd over (a successor: src/share/redo.c). */
 	struct sv_kcalls kc;
-	/* Back on TCP with known counts, a successor not made yet: a server's
-	 * request may revive it (sv_stream_find_parked). Read without the lock. */
-	atomic_bool parked;
-	/* A successor was made (parked no more): a call of ours that wakes
-	 * on plain TCP goes on through the kernel's branch, counted or passed
-	 * to it. Under the lock. */
-	bool succeeded;
-	/* On its way back (our BACK went, not detached yet): a request for it
-	 * is told "later" (it will be parked). Read without the lock. */
-	atomic_bool going_back;
 	struct sv_watch *watch; /* the helper's, under its lock */
 
-	bool stats_printed;
 	/* A call saw it TCP for good with nothing held, which it stays
 	 * (sv_stream_note_kernel_only): read without the lock. */
 	atomic_bool kernel_only;
 	struct sv_stream_stats st;
-	struct sv_stream *next_all; /* every live stream (stream.c) */
-	bool exit_listed;           /* taken by the exit flush (under stream.c's list lock) */
+	/* Every live stream, under stream.c's list lock. */
+	struct {
+		struct sv_stream *next;
+		bool exit_listed; /* taken by the exit flush */
+	} all;
 };
 
 
-/* A reference, unless the last one is being dropped right now (a stream
- * still found in a list its release has not taken it out of yet): false,
- * and it must not be revived. */
-bool sv_stream_try_get(struct sv_stream *s);
 
 /* ---- Waiting (stream_wait.c) --------------------------------------------------- */
 
@@ -550,18 +432,9 @@ void sv_stream_first_on_qp(struct sv_stream *s, struct sv_clock *clk);
 long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt, int flags);
 /* Append bytes to the TCP bytes waiting for the application. */
 int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len);
-/* Bytes this process moved on a connection it handed to a fork's child
- * (a call that was under way at the fork): the child's counts miss them,
- * so it must stay on TCP. */
-static inline void sv_stream_moved_after_hand(struct sv_stream *s)
-{
-	if (atomic_load_explicit(&s->handed, memory_order_acquire))
-		sv_holders_spoil(&s->hand);
-}
-
 static inline size_t sv_stream_tcpbuf_held(const struct sv_stream *s)
 {
-	return s->tcpbuf_len - s->tcpbuf_off;
+	return s->tcpbuf.len - s->tcpbuf.off;
 }
 
 /* ---- Resuming over TCP (stream_resume.c) ----------------------------------------------- */
@@ -606,15 +479,7 @@ void sv_stream_resume_peek(struct sv_stream *s);
 
 /* ---- The way back and closing (stream_back.c, stream_close.c) ------------------------ */
 
-/* A kept stream's state changed to `to`: settled for its copies once
- * TCP carries all of it (stream_keep.c). */
-void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to);
-/* Its last reference is going (without the lock). */
-void sv_stream_keep_forget(struct sv_stream *s);
 
-/* sv_stream_detach for a connection whose copies, not a new holder, get
- * it on TCP (the owner lets go): it may still be handed (stream_keep.c). */
-int sv_stream_detach_for_copies(struct sv_stream *s);
 /* Detaching: answer the peer's BACK, give back, write what came back. */
 void sv_stream_back_progress(struct sv_stream *s);
 /* TCP's shutdown(SHUT_WR), held back while TCP may still have to carry
@@ -641,29 +506,34 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when);
 void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool timeout,
 			   bool chan, bool kick);
 
-/* ---- A second life (stream_redo.c) ---------------------------------------------- */
+/* ---- The copies' events (src/share; stream.h) ------------------------------------------ */
 
-/* At our BACK: the kernel's counts (redo.ok says whether they were had);
- * peer_first: the peer's BACK came first. */
-void sv_stream_redo_snapshot(struct sv_stream *s, bool peer_first);
-/* At detached: where each direction went on TCP; a server's may be revived
- * by a request from now on (parked). */
-void sv_stream_redo_detached(struct sv_stream *s);
-/* A successor may go on with its upgrade: no call of its predecessor is
- * under way, and its counts are taken (tcp_tx, tcp_rx). False: not yet, or
- * never (it fell back). */
-bool sv_stream_redo_ready(struct sv_stream *s);
-/* In a fork's child: the parent's predecessors waiting to go are the
- * parent's. */
-void sv_stream_redo_atfork_child(void);
-/* The switch is over, the upgrade failed, or the application closed
- * it: the predecessor and its entry go (by the helper). */
-void sv_stream_pred_done(struct sv_stream *s);
-/* A call may sleep on the predecessor's fd entry (a poll that began
- * before the successor took the fd): nothing of ours reads TCP ahead. */
-bool sv_stream_pred_busy(const struct sv_stream *s);
-/* The stream is freed: its predecessor and successor, if still held, go. */
-void sv_stream_pred_forget(struct sv_stream *s);
+/* The table sv_stream_serve_copies gave (NULL: none). A stream whose
+ * `share` is set has it. */
+extern const struct sv_stream_copies *sv_copies;
+
+static inline void sv_copies_state(struct sv_stream *s, enum sv_conn_state to)
+{
+	if (s->share)
+		sv_copies->state(s, to);
+}
+static inline bool sv_copies_may_upgrade(struct sv_stream *s)
+{
+	return !s->share || sv_copies->may_upgrade(s);
+}
+static inline bool sv_copies_may_pump(struct sv_stream *s)
+{
+	return !s->share || sv_copies->may_pump(s);
+}
+static inline bool sv_copies_superseded(struct sv_stream *s)
+{
+	return s->share && sv_copies->superseded(s);
+}
+static inline void sv_copies_moved(struct sv_stream *s)
+{
+	if (s->share)
+		sv_copies->moved(s);
+}
 
 /* ---- The stream's rdma_cm half (stream_cm.c) ------------------------------------------ */
 
@@ -673,7 +543,7 @@ void sv_stream_cm_init(void);
  * SOVIA_UPGRADE_DELAY_MS first). Without the lock. */
 void sv_stream_cm_connect_now(struct sv_stream *s);
 /* Client: a stream waiting for room in the locked-memory budget
- * (sw.room_wait) asks again. Without the lock. */
+ * (up.room_wait) asks again. Without the lock. */
 void sv_stream_cm_retry_room(struct sv_stream *s);
 /* Server: the application accepted this connection on l's socket; a
  * request may match it. Without the lock. */
@@ -693,7 +563,7 @@ void sv_stream_cm_forget(struct sv_stream *s);
  * (the server's). Create the QP, its buffers and the core on s->id
  * (receives are posted before the connection is established) and a
  * challenge. With s->lock. -EAGAIN: the buffers do not fit the
- * locked-memory budget now, but may later (s->sw.room_wait set: ask
+ * locked-memory budget now, but may later (s->up.room_wait set: ask
  * again); -ENOBUFS: they never could (said on stderr). */
 int sv_stream_cm_attach_qp(struct sv_stream *s);
 /* Free the core and the QP of an attempt that is over. With s->lock. */

@@ -33,7 +33,7 @@ static bool tx_ours(const struct sv_stream *s)
 {
 	if (s->state == SV_CONN_DETACHING || s->state == SV_CONN_RESUMING)
 		return true; /* writable once the bytes given back (or resent) are out */
-	if (sv_stream_holding_first(s) && s->sw.hold_refused)
+	if (sv_stream_holding_first(s) && s->hold.refused)
 		return true; /* writable once the QP or the hold's end says so */
 	return s->proto && sv_stream_may_switch(s) && sv_proto_tx_state(s->proto) != SV_TX_TCP;
 }

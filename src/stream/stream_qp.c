@@ -80,7 +80,7 @@ int sv_stream_progress(struct sv_stream *s, struct sv_clock *clk, unsigned flags
 		sv_stream_resume_progress(s);
 		return s->error;
 	}
-	if (s->state == SV_CONN_DETACHING || sv_proto_back_wanted(s->proto) || s->keep.want_back) {
+	if (s->state == SV_CONN_DETACHING || sv_proto_back_wanted(s->proto) || s->back_wanted) {
 		sv_stream_back_progress(s);
 		if (s->error)
 			return s->error;

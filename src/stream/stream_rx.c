@@ -14,7 +14,7 @@
 
 int sv_stream_tcpbuf_append(struct sv_stream *s, const void *data, size_t len)
 {
-	return sv_bytes_append(&s->tcpbuf, &s->tcpbuf_len, &s->tcpbuf_cap, data, len);
+	return sv_bytes_append(&s->tcpbuf.buf, &s->tcpbuf.len, &s->tcpbuf.cap, data, len);
 }
 
 /* TCP read while no switch can come any more. */
@@ -25,7 +25,7 @@ static long plain_read(struct sv_stream *s, const struct iovec *iov, int iovcnt,
 	if (r > 0 && !(flags & MSG_PEEK)) {
 		s->tcp_rx += (uint64_t)r;
 		s->st.tcp_rx_bytes += (uint64_t)r;
-		sv_stream_moved_after_hand(s);
+		sv_copies_moved(s);
 	}
 	return r < 0 ? -errno : r;
 }
@@ -116,7 +116,7 @@ long sv_stream_tcp_read(struct sv_stream *s, const struct iovec *iov, int iovcnt
 		s->tcp_rx += (uint64_t)r;
 		s->st.tcp_rx_bytes += (uint64_t)r;
 		if (r > 0)
-			sv_stream_moved_after_hand(s);
+			sv_copies_moved(s);
 	}
 	return r ? r : -EAGAIN;
 }
@@ -127,13 +127,13 @@ static long from_tcpbuf(struct sv_stream *s, const struct iovec *iov, int iovcnt
 	size_t avail = sv_stream_tcpbuf_held(s), done = 0;
 	for (int i = 0; i < iovcnt && done < avail; i++) {
 		size_t n = iov[i].iov_len < avail - done ? iov[i].iov_len : avail - done;
-		memcpy(iov[i].iov_base, s->tcpbuf + s->tcpbuf_off + done, n);
+		memcpy(iov[i].iov_base, s->tcpbuf.buf + s->tcpbuf.off + done, n);
 		done += n;
 	}
 	if (!(flags & MSG_PEEK)) {
-		s->tcpbuf_off += done;
-		if (s->tcpbuf_off == s->tcpbuf_len)
-			s->tcpbuf_off = s->tcpbuf_len = 0;
+		s->tcpbuf.off += done;
+		if (s->tcpbuf.off == s->tcpbuf.len)
+			s->tcpbuf.off = s->tcpbuf.len = 0;
 	}
 	return (long)done;
 }
@@ -226,7 +226,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 		errno = err;
 		if (n > 0 && !(flags & MSG_PEEK)) {
 			__atomic_fetch_add(&s->st.tcp_rx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
-			sv_stream_moved_after_hand(s);
+			sv_copies_moved(s);
 		}
 		return n < 0 ? -errno : n;
 	}
@@ -256,7 +256,7 @@ static long recv_some(struct sv_stream *s, struct msghdr *msg, int flags)
 			break;
 		}
 		progress = w > 0 ? SV_PROGRESS_DRAINED : 0;
-		if ((atomic_load(&s->parked) || s->succeeded) &&
+		if (sv_copies_superseded(s) &&
 		    sv_stream_rx_medium(s) == SV_MEDIUM_KERNEL) {
 			/* Back on TCP while we waited, and it may get a
 			 * successor or has one: the kernel's socket is read as

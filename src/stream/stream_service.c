@@ -26,7 +26,7 @@
 static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 {
 	if (s->state != SV_CONN_TCP || s->cl.app_closed || s->error || s->fd < 0) {
-		s->sw.connect_pending = false;
+		s->up.connect_pending = false;
 		sv->done = true;
 		return;
 	}
@@ -38,7 +38,7 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 		sv->timed = true;
 		return;
 	}
-	s->sw.connect_pending = false;
+	s->up.connect_pending = false;
 	socklen_t pl = sizeof(s->tuple.peer);
 	if (getpeername(s->fd, (struct sockaddr *)&s->tuple.peer, &pl) < 0) {
 		/* Not connected: the connect failed, or the connection already
@@ -56,10 +56,10 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 	}
 	/* sv_now_us() is never 0: upgrade_at 0 would mean "not waiting". A
 	 * peer known to speak libsovia: at once, and the first writes wait. */
-	s->sw.upgrade_at = sv->now;
-	if (!s->sw.hold_until)
-		s->sw.upgrade_at += (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
-	sv->next = s->sw.upgrade_at;
+	s->up.upgrade_at = sv->now;
+	if (!s->hold.until)
+		s->up.upgrade_at += (uint64_t)sv_cfg.upgrade_delay_ms * 1000u;
+	sv->next = s->up.upgrade_at;
 	sv->timed = true;
 }
 
@@ -74,12 +74,12 @@ static void service_connecting(struct sv_stream *s, struct sv_service *sv)
 static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 {
 	bool go = s->state == SV_CONN_TCP && !s->cl.app_closed && !s->error;
-	if (go && sv->now < s->sw.upgrade_at) {
-		sv->next = s->sw.upgrade_at;
+	if (go && sv->now < s->up.upgrade_at) {
+		sv->next = s->up.upgrade_at;
 		sv->timed = true;
 		return false;
 	}
-	if (go && !sv_stream_redo_ready(s)) {
+	if (go && !sv_copies_may_upgrade(s)) {
 		/* A successor (stream_redo.c): its predecessor's calls in the
 		 * kernel first. The last of them wakes the helper; a look now
 		 * and then all the same. */
@@ -90,7 +90,7 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 			return false;
 		}
 	}
-	s->sw.upgrade_at = 0;
+	s->up.upgrade_at = 0;
 	sv->done = true; /* the upgrade watches it again */
 	if (!go)
 		return false;
@@ -105,11 +105,11 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
  * True when it let go of the lock. */
 static bool service_room(struct sv_stream *s, struct sv_service *sv)
 {
-	sv->next = s->sw.deadline_us;
-	if (sv_stream_holding_first(s) && s->sw.hold_until < sv->next)
-		sv->next = s->sw.hold_until; /* its end is judged at each look */
+	sv->next = s->up.deadline_us;
+	if (sv_stream_holding_first(s) && s->hold.until < sv->next)
+		sv->next = s->hold.until; /* its end is judged at each look */
 	if (s->cl.app_closed || s->error || s->fd < 0) {
-		s->sw.room_wait = 0;
+		s->up.room_wait = 0;
 		sv_stream_fall_back(s, SV_FB_MEMLOCK);
 		sv->done = true;
 		return false;
@@ -194,7 +194,7 @@ static void service_on_qp(struct sv_stream *s, struct sv_service *sv, struct sv_
 	sv_stream_wake(s);
 	sv_stream_pump_tcp(s); /* the switch completes even if nobody reads */
 	sv_stream_hold_check_peer(s, clk);
-	uint64_t dl = s->sw.deadline_us;
+	uint64_t dl = s->up.deadline_us;
 	if (s->sw.tx_held && dl && sv->now >= dl && !s->sw.echo_owed)
 		sv_stream_unhold(s, "timeout", SV_FB_CHALLENGE);
 	if (s->state == SV_CONN_SWITCHING && dl && sv->now >= dl && s->proto &&
@@ -270,10 +270,10 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 	struct sv_clock clk = {.us = sv->now, .read = sv_now_us};
 	/* A known peer's first writes: end the hold when its time is up. */
 	sv_stream_hold_due(s, &clk);
-	uint64_t hold = sv_stream_holding_first(s) ? s->sw.hold_until : 0;
-	if (s->sw.connect_pending) {
+	uint64_t hold = sv_stream_holding_first(s) ? s->hold.until : 0;
+	if (s->up.connect_pending) {
 		service_connecting(s, sv);
-	} else if (s->sw.upgrade_at) {
+	} else if (s->up.upgrade_at) {
 		if (service_upgrade_at(s, sv))
 			return;
 	} else {
@@ -281,19 +281,19 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 		case SV_CONN_TCP:
 		case SV_CONN_RESOLVING:
 		case SV_CONN_REQUESTED:
-			if (s->sw.deadline_us && sv->now >= s->sw.deadline_us) {
-				bool room = s->sw.room_wait;
+			if (s->up.deadline_us && sv->now >= s->up.deadline_us) {
+				bool room = s->up.room_wait;
 				if (room)
-					sv_pinned_tell(s->sw.room_wait);
+					sv_pinned_tell(s->up.room_wait);
 				sv_stream_fall_back(s, room ? SV_FB_MEMLOCK : SV_FB_TIMEOUT);
-				s->sw.room_wait = 0;
+				s->up.room_wait = 0;
 				sv->done = true;
-			} else if (s->sw.room_wait && s->state == SV_CONN_RESOLVING) {
+			} else if (s->up.room_wait && s->state == SV_CONN_RESOLVING) {
 				if (service_room(s, sv))
 					return;
 				break;
 			}
-			sv->next = s->sw.deadline_us;
+			sv->next = s->up.deadline_us;
 			/* rdma_cm's events move it on; a server's wait for room
 			 * is the upgrade's (its requests are retried). */
 			sv->timed = true;

@@ -122,10 +122,7 @@ void sv_stream_set_state(struct sv_stream *s, enum sv_conn_state to)
 			 sv_conn_state_name(from), sv_conn_state_name(to));
 	sv_dbg("fd %d: %s -> %s", s->fd, sv_conn_state_name(from), sv_conn_state_name(to));
 	s->state = to;
-	if (s->keep.ref.t)
-		sv_stream_keep_state(s, to);
-	if (to == SV_CONN_RDMA || to == SV_CONN_FALLBACK || to == SV_CONN_BROKEN)
-		sv_stream_pred_done(s); /* the switch is over, or the upgrade */
+	sv_copies_state(s, to);
 }
 
 /* What a fallback says of the peer, for its next connections (peers.h).

@@ -32,9 +32,9 @@ void sv_stream_count_sleep(struct sv_stream *s, uint64_t from, uint64_t to, bool
 
 void sv_stream_print_stats(struct sv_stream *s, const char *when)
 {
-	if (s->stats_printed)
+	if (s->st.printed)
 		return;
-	s->stats_printed = true;
+	s->st.printed = true;
 	char local[64], peer[64], line[1536];
 	sv_addr_str(&s->tuple.local, local, sizeof(local));
 	sv_addr_str(&s->tuple.peer, peer, sizeof(peer));

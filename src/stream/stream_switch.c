@@ -49,7 +49,7 @@ bool sv_stream_hold_first(struct sv_stream *s)
 {
 	uint32_t setup;
 	/* Not a successor (stream_redo.c): the connection moved bytes. */
-	if (!sv_cfg.peer_hold_ms || s->tcp_tx || s->cl.tx_shut || s->redo.ok)
+	if (!sv_cfg.peer_hold_ms || s->tcp_tx || s->cl.tx_shut || s->revived)
 		return false;
 	bool first = false;
 	if (!sv_peers_expect(&s->tuple.peer, s->is_client, &setup)) {
@@ -61,10 +61,10 @@ bool sv_stream_hold_first(struct sv_stream *s)
 	}
 	uint64_t cap = (uint64_t)sv_cfg.peer_hold_ms * 1000u, want = 50000u + 4u * (uint64_t)setup;
 	uint64_t now = sv_now_us();
-	s->sw.hold_span_us = want < cap ? want : cap;
-	s->sw.hold_until = now + s->sw.hold_span_us;
-	s->sw.hold_cap_at = now + cap;
-	s->sw.hold_first_contact = first;
+	s->hold.span_us = want < cap ? want : cap;
+	s->hold.until = now + s->hold.span_us;
+	s->hold.cap_at = now + cap;
+	s->hold.first_contact = first;
 	sv_dbg("fd %d: %s: its first writes wait up to %llu ms for RDMA", s->fd,
 	       first ? "a first contact on an RDMA link" : "the peer speaks libsovia",
 	       (unsigned long long)((want < cap ? want : cap) / 1000));
@@ -73,13 +73,13 @@ bool sv_stream_hold_first(struct sv_stream *s)
 
 bool sv_stream_holding_first(const struct sv_stream *s)
 {
-	return s->sw.hold_until && !s->tcp_tx && !s->cl.tx_shut && sv_stream_may_switch(s) &&
+	return s->hold.until && !s->tcp_tx && !s->cl.tx_shut && sv_stream_may_switch(s) &&
 	       (!s->proto || sv_proto_tx_state(s->proto) == SV_TX_TCP);
 }
 
 void sv_stream_hold_due(struct sv_stream *s, struct sv_clock *clk)
 {
-	if (s->sw.hold_until)
+	if (s->hold.until)
 		sv_stream_end_hold(s, sv_stream_holding_first(s) ? sv_clock_now(clk) : 0);
 }
 
@@ -90,17 +90,17 @@ void sv_stream_hold_due(struct sv_stream *s, struct sv_clock *clk)
  * connection (ftpd's PASV) has its RDMA listener only then. */
 static bool hold_moved_on(struct sv_stream *s, uint64_t now)
 {
-	if (now >= s->sw.hold_cap_at || sv_helper_rdma_state() < 0)
+	if (now >= s->hold.cap_at || sv_helper_rdma_state() < 0)
 		return false;
 	uint64_t ready = sv_helper_rdma_ready_us();
-	uint64_t until = (ready ? ready : now) + s->sw.hold_span_us;
-	if (until > s->sw.hold_cap_at)
-		until = s->sw.hold_cap_at;
+	uint64_t until = (ready ? ready : now) + s->hold.span_us;
+	if (until > s->hold.cap_at)
+		until = s->hold.cap_at;
 	if (now >= until)
 		return false;
 	if (!ready)
 		sv_dbg("fd %d: rdma_cm is still starting: the hold goes on", s->fd);
-	s->sw.hold_until = until;
+	s->hold.until = until;
 	return true;
 }
 
@@ -108,26 +108,26 @@ void sv_stream_hold_past(struct sv_stream *s, uint64_t at)
 {
 	if (!sv_stream_holding_first(s))
 		return;
-	uint64_t until = at + s->sw.hold_span_us;
-	if (until > s->sw.hold_cap_at)
-		until = s->sw.hold_cap_at;
-	if (until > s->sw.hold_until)
-		s->sw.hold_until = until;
+	uint64_t until = at + s->hold.span_us;
+	if (until > s->hold.cap_at)
+		until = s->hold.cap_at;
+	if (until > s->hold.until)
+		s->hold.until = until;
 }
 
 void sv_stream_end_hold(struct sv_stream *s, uint64_t now)
 {
-	if (!s->sw.hold_until)
+	if (!s->hold.until)
 		return;
 	bool holding = sv_stream_holding_first(s);
-	if (holding && now < s->sw.hold_until)
+	if (holding && now < s->hold.until)
 		return;
 	if (holding && now != UINT64_MAX && hold_moved_on(s, now))
 		return;
-	s->sw.hold_until = 0;
-	if (holding && s->sw.hold_first_contact && s->state == SV_CONN_TCP)
+	s->hold.until = 0;
+	if (holding && s->hold.first_contact && s->state == SV_CONN_TCP)
 		sv_peers_plain_client(&s->tuple.peer); /* it never asked */
-	s->sw.hold_first_contact = false;
+	s->hold.first_contact = false;
 	if (holding) {
 		sv_info("fd %d: RDMA is not ready: the first writes go on TCP", s->fd);
 		sv_stream_wake(s);
@@ -174,7 +174,7 @@ void sv_stream_established(struct sv_stream *s)
 			 * can be under way or done before ESTABLISHED reaches us */
 	sv_stream_set_state(s, SV_CONN_SWITCHING);
 	struct sv_clock clk = SV_CLOCK_INIT;
-	s->sw.deadline_us = sv_upgrade_deadline(sv_clock_now(&clk));
+	s->up.deadline_us = sv_upgrade_deadline(sv_clock_now(&clk));
 	if (s->is_client) {
 		/* The client moves first: TCP carried [0, tcp_tx); its data then
 		 * waits until the server proves it is the TCP peer. */
@@ -410,7 +410,7 @@ void sv_stream_pump_tcp(struct sv_stream *s)
 {
 	uint64_t seq;
 	if (!s->proto || !sv_proto_peer_switch(s->proto, &seq) || s->error ||
-	    !sv_stream_switch_point_ok(s, seq) || sv_stream_pred_busy(s))
+	    !sv_stream_switch_point_ok(s, seq) || !sv_copies_may_pump(s))
 		return;
 	/* Only while a switch waits for its point: a buffer of the moment,
 	 * not 64 KiB in every thread of every process. */
@@ -422,17 +422,17 @@ void sv_stream_pump_tcp(struct sv_stream *s)
 	}
 	for (;;) {
 		struct iovec iov = {chunk, CHUNK};
-		size_t before = s->tcpbuf_len;
+		size_t before = s->tcpbuf.len;
 		long n = sv_stream_tcp_read(s, &iov, 1, 0);
 		if (n <= 0)
 			break;
 		/* A failed challenge may have queued the would-be echo, which
 		 * comes after these bytes in the stream. */
-		size_t echo = s->tcpbuf_len - before;
+		size_t echo = s->tcpbuf.len - before;
 		uint8_t held[SV_CHALLENGE_SIZE];
 		if (echo)
-			memcpy(held, s->tcpbuf + before, echo);
-		s->tcpbuf_len = before;
+			memcpy(held, s->tcpbuf.buf + before, echo);
+		s->tcpbuf.len = before;
 		if (sv_stream_tcpbuf_append(s, chunk, (size_t)n) < 0 ||
 		    sv_stream_tcpbuf_append(s, held, echo) < 0) {
 			sv_stream_break(s, -ENOMEM);

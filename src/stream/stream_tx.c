@@ -61,7 +61,7 @@ static bool send_tcp(struct sv_stream *s, struct send_call *c, struct iovec *res
 		s->tcp_tx += (uint64_t)n;
 		s->st.tcp_tx_bytes += (uint64_t)n;
 		if (n > 0)
-			sv_stream_moved_after_hand(s);
+			sv_copies_moved(s);
 		c->done += (size_t)n;
 		c->r = 0;
 		return c->total != 0;
@@ -154,7 +154,7 @@ static bool send_pass(struct sv_stream *s, struct send_call *c, enum sv_medium *
 	case SV_MEDIUM_HELD:
 		c->r = -EAGAIN; /* until the peer proves itself, or the bytes given back are out */
 		if (sv_stream_holding_first(s))
-			s->sw.hold_refused = true;
+			s->hold.refused = true;
 		return true;
 	}
 	return false;
@@ -176,8 +176,8 @@ static bool send_wait(struct sv_stream *s, struct send_call *c, enum sv_medium m
 	uint64_t at = sv_clock_update(&c->clk), until = c->timeout_at;
 	if (detaching && (!until || until > at + 10000))
 		until = at + 10000;
-	if (sv_stream_holding_first(s) && (!until || until > s->sw.hold_until))
-		until = s->sw.hold_until; /* then it goes on TCP */
+	if (sv_stream_holding_first(s) && (!until || until > s->hold.until))
+		until = s->hold.until; /* then it goes on TCP */
 	bool tcp = m == SV_MEDIUM_TCP || m == SV_MEDIUM_KERNEL || detaching;
 	int w = sv_stream_wait(s, &c->clk, tcp ? POLLOUT : 0, until, SV_WAIT_APP);
 	c->polled = false;
@@ -264,7 +264,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 		errno = err;
 		if (n > 0) {
 			__atomic_fetch_add(&s->st.tcp_tx_bytes, (uint64_t)n, __ATOMIC_RELAXED);
-			sv_stream_moved_after_hand(s);
+			sv_copies_moved(s);
 		}
 		if (n < 0 && errno == EAGAIN)
 			atomic_fetch_add_explicit(&s->wt.tx_eagain, 1, memory_order_relaxed);
@@ -279,7 +279,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			continue; /* moved some, or look again */
 		if (!send_wait(s, &c, m))
 			break;
-		if ((atomic_load(&s->parked) || s->succeeded) &&
+		if (sv_copies_superseded(s) &&
 		    sv_stream_tx_medium(s) == SV_MEDIUM_KERNEL && !s->cl.tx_shut) {
 			/* Back on TCP while we waited, and it may get a
 			 * successor or has one: the rest is written as the

@@ -5,6 +5,7 @@
  * that never uses its copy costs the parent nothing. The interposed fork()
  * runs here, over the fake network, whose QPs a fork leaves to the parent
  * (fake_net_fork_keeps). */
+#include "share.h"
 #include "kept_util.h"
 #include "preload_harness.h"
 
@@ -190,13 +191,13 @@ Test(kept, a_claim_answered_during_another_fork_is_settled_when_it_ends)
 {
 	struct pair p;
 	pair_with_bytes_unread(&p);
-	cr_assert(sv_stream_keep_for_fork(p.s)); /* the other fork, prepared */
+	cr_assert(sv_share_keep_for_fork(p.s)); /* the other fork, prepared */
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0)
 		child_reads_the_rest(p.sfd, -1);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_DETACHED, 10000), SV_CONN_DETACHED);
-	sv_stream_keep_forked(p.s, -1); /* the other fork failed */
+	sv_share_forked(p.s, -1); /* the other fork failed */
 	child_ok(pid);
 	ph_pair_close(&p);
 }

@@ -2,6 +2,7 @@
  * interposed fork() does), the child gets none of the parent's threads or
  * queue pairs, uses the inherited socket as plain TCP, and upgrades the
  * connections it makes itself. */
+#include "share.h"
 #include "harness.h"
 
 #include <criterion/criterion.h>
@@ -16,7 +17,7 @@ TestSuite(fork, .init = h_setup, .fini = h_teardown, .timeout = 60);
 
 static void child(int inherited_fd)
 {
-	sv_stream_atfork_child();
+	sv_share_atfork_child();
 	/* The inherited socket is plain TCP: the kernel's own calls. */
 	CHILD_CHECK(10, send(inherited_fd, "child", 5, 0) == 5);
 	/* A connection of its own moves to RDMA with a helper of its own. */

@@ -4,8 +4,10 @@
  * (holders.h); the port's owner redirects the client's request to the
  * child's RDMA listener only once the child holds the connection alone.
  * Here the "child" is a second stream on a copy of the socket in the same
- * process, made as the fork's child makes it (sv_stream_adopt with the
+ * process, made as the fork's child makes it (sv_share_adopt with the
  * parent's counts); the parent's release is its close's. */
+#include "share.h"
+#include "share_int.h"
 #include "harness.h"
 
 #include "config.h"
@@ -56,7 +58,7 @@ static void fork_and_hand(struct handed *t, uint64_t want_tx, uint64_t want_rx)
 {
 	struct pair *p = &t->p;
 	uint64_t tx, rx;
-	cr_assert_eq(sv_stream_detach_for_fork(p->s, &t->hand, &tx, &rx), 0);
+	cr_assert_eq(sv_share_detach_for_fork(p->s, &t->hand, &tx, &rx), 0);
 	cr_assert_not_null(t->hand.h, "not handed: fallback %s", sv_fallback_name(h_fallback(p->s)));
 	if (h_state(p->s) != SV_CONN_DETACHED) /* else it was on RDMA */
 		cr_assert_eq(h_fallback(p->s), SV_FB_HANDED);
@@ -65,7 +67,7 @@ static void fork_and_hand(struct handed *t, uint64_t want_tx, uint64_t want_rx)
 	cr_assert(sv_holders_adopt(&t->hand), "the child could not adopt it");
 	t->child_fd = dup(p->sfd);
 	cr_assert_geq(t->child_fd, 0);
-	t->child = sv_stream_adopt(t->child_fd, &t->hand, tx, rx);
+	t->child = sv_share_adopt(t->child_fd, &t->hand, tx, rx);
 	cr_assert_not_null(t->child);
 }
 
@@ -73,7 +75,7 @@ static void fork_and_hand(struct handed *t, uint64_t want_tx, uint64_t want_rx)
 static void fork_and_adopt(struct handed *t, uint64_t want_tx, uint64_t want_rx)
 {
 	fork_and_hand(t, want_tx, want_rx);
-	sv_stream_start_adopted(t->child);
+	sv_share_start_at_first_use(t->child);
 	child_uses(t);
 }
 
@@ -123,7 +125,7 @@ static void released_to_rdma(struct handed *t)
 		     sv_conn_state_name(h_state(p->c)), sv_fallback_name(h_fallback(p->c)));
 	cr_assert_eq(h_wait_state(t->child, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "child: %s (%s)",
 		     sv_conn_state_name(h_state(t->child)), sv_fallback_name(h_fallback(t->child)));
-	cr_assert_neq(p->c->sw.redirect_port, 0, "the client was not redirected");
+	cr_assert_neq(p->c->up.redirect_port, 0, "the client was not redirected");
 	echo_over_rdma(t);
 	struct h_counts c = h_counts(p->c);
 	cr_assert_eq(c.rdma_tx, 20000, "the client sent %llu over RDMA, %llu over TCP",
@@ -247,11 +249,11 @@ Test(handed, a_copy_on_stdio_never_upgrades_before_the_exec)
 	struct sv_hand on;
 	accept_and_talk(&t);
 	fork_and_hand(&t, 300, 700);
-	cr_assert(sv_stream_exec_hand(t.child, &on), "untouched: an exec may hand it on");
-	cr_assert(sv_stream_expose_std(t.child));
-	sv_stream_start_adopted(t.child); /* its first use */
+	cr_assert(sv_share_exec_hand(t.child, &on), "untouched: an exec may hand it on");
+	cr_assert(sv_share_expose_std(t.child));
+	sv_share_start_at_first_use(t.child); /* its first use */
 	cr_assert_eq(h_state(t.child), SV_CONN_FALLBACK);
-	cr_assert_not(sv_stream_exec_hand(t.child, &on), "used: an exec takes it back to TCP");
+	cr_assert_not(sv_share_exec_hand(t.child, &on), "used: an exec takes it back to TCP");
 	sv_holders_release_first(&t.hand);
 	cr_assert_eq(h_wait_state(t.p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
 		     sv_conn_state_name(h_state(t.p.c)));
@@ -270,24 +272,25 @@ Test(handed, the_exec_image_continues_from_the_kernels_counts)
 	struct sv_hand on;
 	accept_and_talk(&t);
 	fork_and_hand(&t, 300, 700);
-	cr_assert(sv_stream_expose_std(t.child));
+	cr_assert(sv_share_expose_std(t.child));
 	cr_assert_eq(SV_REAL(write)(t.child_fd, "stdio", 5), 5);
-	cr_assert(sv_stream_exec_hand(t.child, &on));
+	cr_assert(sv_share_exec_hand(t.child, &on));
 	cr_assert_eq(on.slot, t.hand.slot);
 
 	/* The exec: the image before leaves its stream behind, untouched. */
 	int img_fd = dup(t.child_fd);
 	cr_assert_geq(img_fd, 0);
-	t.child->adopted = false; /* its memory is gone, not its hand */
+	/* Its memory is gone, not its hand. */
+	atomic_store(&sv_share_of(t.child)->role, SV_HAND_NONE);
 	sv_stream_close(t.child, t.child_fd);
 	uint64_t tx, rx;
 	cr_assert_eq(sv_tcp_app_counts(img_fd, &tx, &rx), 0);
 	cr_assert(tx == 305 && rx == 700, "kernel counts %llu out, %llu in",
 		  (unsigned long long)tx, (unsigned long long)rx);
 	t.child_fd = img_fd;
-	t.child = sv_stream_adopt(img_fd, &on, tx, rx);
+	t.child = sv_share_adopt(img_fd, &on, tx, rx);
 	cr_assert_not_null(t.child);
-	sv_stream_start_adopted(t.child);
+	sv_share_start_at_first_use(t.child);
 	child_uses(&t);
 
 	char b[5];
@@ -304,10 +307,10 @@ static struct sv_stream *successor;
 static bool revive_for_test(struct sv_stream *s, int fd, struct sv_listener *l)
 {
 	(void)fd;
-	struct sv_stream *n = sv_stream_successor(s, NULL, NULL, NULL);
+	struct sv_stream *n = sv_share_successor(s, NULL, NULL, NULL);
 	if (!n)
 		return false;
-	sv_stream_successor_took(s, n);
+	sv_share_successor_took(s, n);
 	successor = n;
 	sv_stream_start_revived(n, l);
 	return true;
@@ -323,7 +326,7 @@ static bool revive_for_test(struct sv_stream *s, int fd, struct sv_listener *l)
  * counts). */
 Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands)
 {
-	sv_stream_set_revive(revive_for_test);
+	sv_share_set_revive(revive_for_test);
 	struct handed t;
 	struct pair *p = &t.p;
 	connect_pair(p);
@@ -350,9 +353,9 @@ Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands
 		  (unsigned long long)t.hand.drx);
 	cr_assert_neq(t.hand.dtx, 0, "the QP's bytes are not the kernel's");
 	struct sv_hand on;
-	cr_assert(sv_stream_exec_hand(t.child, &on), "untouched: an exec may hand it on");
+	cr_assert(sv_share_exec_hand(t.child, &on), "untouched: an exec may hand it on");
 	cr_assert(on.dtx == t.hand.dtx && on.drx == t.hand.drx);
-	sv_stream_start_adopted(t.child);
+	sv_share_start_at_first_use(t.child);
 	/* The child reads what the parent had not (given back at the fork). */
 	cr_assert_eq(h_read_all(t.child, b, SENT - READ, &end), SENT - READ);
 	cr_assert(h_pattern_ok(b, SENT - READ, 7, READ), "the child's first bytes");
@@ -365,7 +368,7 @@ Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands
 		     sv_conn_state_name(h_state(successor)), sv_fallback_name(h_fallback(successor)));
 	cr_assert_eq(h_wait_state(t.child, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "child: %s (%s)",
 		     sv_conn_state_name(h_state(t.child)), sv_fallback_name(h_fallback(t.child)));
-	cr_assert_neq(successor->sw.redirect_port, 0, "the client was not redirected");
+	cr_assert_neq(successor->up.redirect_port, 0, "the client was not redirected");
 	h_pattern(b, SENT, 9, 0);
 	cr_assert_eq(h_write_all(t.child, b, SENT), SENT);
 	cr_assert_eq(h_read_all(successor, b, SENT, &end), SENT);
@@ -380,5 +383,5 @@ Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands
 	sv_stream_put(successor);
 	successor = NULL;
 	h_pair_free(p);
-	sv_stream_set_revive(NULL);
+	sv_share_set_revive(NULL);
 }

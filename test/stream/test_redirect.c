@@ -46,7 +46,7 @@ Test(redirect, a_prefork_childs_connection_goes_to_rdma)
 		     sv_conn_state_name(h_state(p.c)), sv_fallback_name(h_fallback(p.c)));
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s",
 		     sv_conn_state_name(h_state(p.s)));
-	cr_assert_neq(p.c->sw.redirect_port, 0, "the client was not redirected");
+	cr_assert_neq(p.c->up.redirect_port, 0, "the client was not redirected");
 	uint8_t out[20000], in[20000];
 	h_pattern(out, sizeof(out), 9, 0);
 	cr_assert_eq(h_write_all(p.c, out, sizeof(out)), (long)sizeof(out));
@@ -97,7 +97,7 @@ Test(redirect, nobody_holds_it_the_client_stays_on_tcp)
 	sv_stream_start_client(p.c);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 5000), SV_CONN_FALLBACK, "client: %s",
 		     sv_conn_state_name(h_state(p.c)));
-	cr_assert_eq(p.c->sw.redirect_port, 0);
+	cr_assert_eq(p.c->up.redirect_port, 0);
 	uint8_t b[5] = "hello", r[5];
 	cr_assert_eq(h_write_all(p.c, b, sizeof(b)), 5);
 	cr_assert_eq(read(p.sfd, r, sizeof(r)), 5);

@@ -237,8 +237,8 @@ Test(warden, the_warden_sends_the_client_past_the_rogue_to_the_server)
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
 	cr_assert_eq(atomic_load(&rogue_cm.requests), 0, "the rogue got a request");
 	cr_assert_geq(atomic_load(&warden_cm.requests), 1);
-	cr_assert_neq(p.c->sw.redirect_port, 0);
-	cr_assert_neq(p.c->sw.redirect_port, port, "the server's listener is elsewhere");
+	cr_assert_neq(p.c->up.redirect_port, 0);
+	cr_assert_neq(p.c->up.redirect_port, port, "the server's listener is elsewhere");
 	h_exchange(&p, 31, true);
 	pair_done(&p);
 }
@@ -274,8 +274,8 @@ Test(warden, without_a_warden_the_servers_port_is_asked)
 	pair_up(&p, true, 0);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
 		     sv_conn_state_name(h_state(p.c)), sv_fallback_name(h_fallback(p.c)));
-	cr_assert(p.c->sw.no_warden);
-	cr_assert_eq(p.c->sw.connect_retries, 0, "asking the server's port is not a retry");
+	cr_assert(p.c->up.no_warden);
+	cr_assert_eq(p.c->up.connect_retries, 0, "asking the server's port is not a retry");
 	h_exchange(&p, 32, true);
 	pair_done(&p);
 }
@@ -289,7 +289,7 @@ Test(warden, a_host_without_a_warden_is_remembered)
 	struct pair p;
 	pair_up(&p, true, 0);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
-	cr_assert(p.c->sw.no_warden);
+	cr_assert(p.c->up.no_warden);
 	pair_done(&p);
 
 	/* A warden now (it would answer "unknown": no listener registered). */

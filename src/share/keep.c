@@ -2,21 +2,21 @@
  * on carrying it while children hold copies of its socket, until one of
  * them claims its copy or the parent lets go of the connection (its close,
  * its exit, an exec). Then the connection takes the way back (BACK/RETURN,
- * stream_back.c), and the copies share the kernel's socket. */
-#include "stream_int.h"
+ * the stream's), and the copies share the kernel's socket. */
+#include "share_int.h"
 
 #include "cm.h"
 #include "config.h"
 #include "helper.h"
+#include "lock.h"
 #include "log.h"
-#include "shares.h"
 
 #include <sys/stat.h>
 
 /* The owner's kept streams, by their entry in its table. No reference:
- * a stream leaves it before it is freed (sv_stream_keep_forget), and a
- * look takes one only while the stream still has some. Ranked below a
- * stream's lock: settling takes it under that. */
+ * a stream leaves it before it is freed (sv_keep_forget), and a look takes
+ * one only while the stream still has some. Ranked below a stream's lock:
+ * settling takes it under that. */
 static struct sv_lock keep_lock = SV_LOCK_INIT(SV_RANK_STREAMS);
 static struct sv_stream *kept[SV_SHARES_SLOTS];
 
@@ -25,65 +25,71 @@ static bool fork_keeps_qp(void)
 	return sv_cfg.fork_keep && sv_cm->fork_keeps_qp && sv_cm->fork_keeps_qp();
 }
 
-/* Under s->lock. */
-static bool enter_kept(struct sv_stream *s)
+/* Under the stream's lock. */
+static bool enter_kept(struct sv_stream *s, struct sv_share *c, int fd)
 {
 	struct sv_shares *t = sv_shares_own(sv_helper_wake_fd());
 	struct stat st;
-	if (!t || fstat(s->fd, &st) < 0)
+	if (!t || fstat(fd, &st) < 0)
 		return false;
-	if (sv_shares_keep(t, (uint64_t)st.st_ino, &s->keep.ref) < 0) {
+	if (sv_shares_keep(t, (uint64_t)st.st_ino, &c->keep.ref) < 0) {
 		sv_info("fd %d: too many connections kept across forks: this one goes back to "
-			"TCP first", s->fd);
+			"TCP first", fd);
 		return false;
 	}
 	sv_lock(&keep_lock);
-	kept[s->keep.ref.slot] = s;
+	kept[c->keep.ref.slot] = s;
 	sv_unlock(&keep_lock);
 	return true;
 }
 
-bool sv_stream_keep_for_fork(struct sv_stream *s)
+bool sv_share_keep_for_fork(struct sv_stream *s)
 {
-	if (!fork_keeps_qp())
+	struct sv_share *c = sv_share_of(s);
+	if (!c || !fork_keeps_qp())
 		return false;
-	sv_lock(&s->lock);
+	sv_stream_lock(s);
+	struct sv_stream_facts f;
+	sv_stream_facts(s, &f);
 	/* Only a connection settled on RDMA (any other state's bytes may sit
 	 * in the TCP stream, a switch's echo, which the child shares) that
 	 * can still take the way back when a copy claims it (not after the
 	 * QP's normal end, nor with the peer's sending moved to TCP). */
-	bool ok = s->state == SV_CONN_RDMA && s->proto && !s->error && s->fd >= 0 &&
-		  !s->cl.app_closed && !s->sw.tx_held && !s->sw.echo_owed &&
-		  !sv_stream_tcpbuf_held(s) && sv_proto_back_ready(s->proto) &&
-		  (s->keep.ref.t || enter_kept(s)) && sv_shares_fork_begin(&s->keep.ref);
+	bool ok = f.state == SV_CONN_RDMA && f.has_core && !f.error && f.fd >= 0 &&
+		  !f.app_closed && !f.switch_pending && !f.read_ahead && f.core_back_ready &&
+		  (c->keep.ref.t || enter_kept(s, c, f.fd)) && sv_shares_fork_begin(&c->keep.ref);
 	if (ok)
-		s->keep.forking++;
-	sv_unlock(&s->lock);
+		c->keep.forking++;
+	sv_stream_unlock(s);
 	return ok;
 }
 
-static void settle_if_due(struct sv_stream *s);
+static void settle_if_due(struct sv_stream *s, struct sv_share *c);
 
-void sv_stream_keep_forked(struct sv_stream *s, pid_t pid)
+void sv_share_forked(struct sv_stream *s, pid_t pid)
 {
-	sv_lock(&s->lock);
-	if (s->keep.forking) {
-		s->keep.forking--;
-		sv_shares_fork_end(&s->keep.ref, pid);
+	struct sv_share *c = sv_share_of(s);
+	if (!c)
+		return;
+	sv_stream_lock(s);
+	if (c->keep.forking) {
+		c->keep.forking--;
+		sv_shares_fork_end(&c->keep.ref, pid);
 		/* It may have left the QP meanwhile (a claim answered while
 		 * this fork was under way): settled now. */
-		settle_if_due(s);
+		settle_if_due(s, c);
 	}
-	sv_unlock(&s->lock);
+	sv_stream_unlock(s);
 }
 
-bool sv_stream_kept_for_child(const struct sv_stream *s, struct sv_share_ref *ref)
+bool sv_share_kept_for_child(struct sv_stream *s, struct sv_share_ref *ref)
 {
 	/* In the child, without the lock (the parent's, not ours): the fork
-	 * happened between sv_stream_keep_for_fork and sv_stream_keep_forked. */
-	if (!s->keep.forking || !s->keep.ref.t)
+	 * happened between sv_share_keep_for_fork and sv_share_forked. */
+	struct sv_share *c = sv_share_of(s);
+	if (!c || !c->keep.forking || !c->keep.ref.t)
 		return false;
-	*ref = s->keep.ref;
+	*ref = c->keep.ref;
 	return true;
 }
 
@@ -95,32 +101,33 @@ static uint64_t shared_look_at, shared_look_us;
 #define SV_SHARED_LOOK_US 200000u
 #define SV_SHARED_LOOK_MAX_US 3200000u
 
-/* The entry is no longer ours to follow. Under s->lock. */
-static void leave_entry(struct sv_stream *s)
+/* The entry is no longer ours to follow. Under the stream's lock. */
+static void leave_entry(struct sv_share *c)
 {
-	struct sv_share_ref ref = s->keep.ref;
-	s->keep.ref.t = NULL;
-	s->keep.want_back = false;
+	struct sv_share_ref ref = c->keep.ref;
+	c->keep.ref.t = NULL;
+	sv_stream_want_back(c->s, false);
 	sv_lock(&keep_lock);
-	if (kept[ref.slot] == s)
+	if (kept[ref.slot] == c->s)
 		kept[ref.slot] = NULL;
-	if (s->keep.shared)
+	if (c->keep.shared)
 		nshared--;
 	sv_unlock(&keep_lock);
-	s->keep.shared = s->keep.alone = false;
+	c->keep.shared = c->keep.alone = false;
 }
 
-/* The owner is done with the entry: released or lost. Under s->lock. */
-static void settle(struct sv_stream *s, bool lost)
+/* The owner is done with the entry: released or lost. Under the stream's
+ * lock. */
+static void settle(struct sv_share *c, bool lost)
 {
-	struct sv_share_ref ref = s->keep.ref;
-	if (!ref.t || s->keep.forking)
+	struct sv_share_ref ref = c->keep.ref;
+	if (!ref.t || c->keep.forking)
 		return; /* a fork under way still counts on it */
 	sv_shares_settle(&ref, lost);
-	if (s->keep.claimed && !s->keep.shared)
-		sv_info("fd %d: %s to the fork's child that claimed it", s->fd,
+	if (c->keep.claimed && !c->keep.shared)
+		sv_info("fd %d: %s to the fork's child that claimed it", sv_stream_fd(c->s),
 			lost ? "lost (the connection failed)" : "plain TCP again, given");
-	leave_entry(s);
+	leave_entry(c);
 }
 
 /* We let go of a connection back on plain TCP that copies may still
@@ -129,73 +136,76 @@ static void settle(struct sv_stream *s, bool lost)
  * server's end goes only where a holder can be found by its client: the
  * accepting listener has a holders' table (our listener then redirects
  * the client's request to the adopter's; until it adopts, "later"). Not
- * one shut down, nor one whose fd here became the kernel's
- * (keep.escaped): a process the entry does not list may hold it. Under
- * s->lock. */
-static void hand(struct sv_stream *s)
+ * one shut down, nor one whose fd here became the kernel's (escaped): a
+ * process the entry does not list may hold it. Under the stream's lock. */
+static void hand(struct sv_stream *s, struct sv_share *c)
 {
-	if (!s->keep.ref.t || s->keep.forking)
+	if (!c->keep.ref.t || c->keep.forking)
 		return;
+	struct sv_stream_facts f;
+	sv_stream_facts(s, &f);
 	/* A server's child finds the process's own table (sv_holders_get),
 	 * not one an exec handed this image (which its owner reads). */
-	if ((!s->is_client && (!s->holders || s->holders != sv_holders_get())) || !s->redo.ok ||
-	    s->state != SV_CONN_DETACHED ||
-	    s->error || s->cl.tx_shut || s->keep.escaped) {
-		settle(s, false);
+	if ((!f.is_client && (!f.holders || f.holders != sv_holders_get())) || !c->redo.ok ||
+	    f.state != SV_CONN_DETACHED || f.error || f.tx_shut || f.escaped) {
+		settle(c, false);
 		return;
 	}
-	struct sv_share_redo r = {.tx = s->redo.tx, .rx = s->redo.rx, .ktx = s->redo.ktx,
-				  .krx = s->redo.krx, .server = !s->is_client};
-	sv_shares_hand(&s->keep.ref, &r);
+	struct sv_share_redo r = {.tx = c->redo.tx, .rx = c->redo.rx, .ktx = c->redo.ktx,
+				  .krx = c->redo.krx, .server = !f.is_client};
+	sv_shares_hand(&c->keep.ref, &r);
 	sv_info("fd %d: plain TCP again, handed to the fork's children that hold it: the "
-		"last one moves it to RDMA again%s", s->fd,
-		s->is_client ? "" : " when the client asks");
-	struct sv_share_ref ref = s->keep.ref;
-	leave_entry(s);
-	atomic_store(&s->parked, false); /* the copies' now, not a successor's */
-	if (!s->is_client)
-		s->keep.handed = ref;
+		"last one moves it to RDMA again%s", f.fd,
+		f.is_client ? "" : " when the client asks");
+	struct sv_share_ref ref = c->keep.ref;
+	leave_entry(c);
+	if (sv_share_life(c) == SV_LIFE_PARKED)
+		sv_share_set_life(c, SV_LIFE_NONE); /* the copies' now, not a successor's */
+	if (!f.is_client)
+		c->keep.handed = ref;
 }
 
 /* Back on plain TCP for a copy's holder, while we still hold it: the
- * entry follows the copies until we hold it alone (sv_stream_keep_service),
- * and the connection then moves to RDMA again (stream_redo.c). Under
- * s->lock. */
-static void share(struct sv_stream *s)
+ * entry follows the copies until we hold it alone (sv_keep_service), and
+ * the connection then moves to RDMA again (redo.c). Under the stream's
+ * lock. */
+static void share(struct sv_stream *s, struct sv_share *c)
 {
-	if (!s->keep.ref.t || s->keep.forking || s->keep.shared)
+	if (!c->keep.ref.t || c->keep.forking || c->keep.shared)
 		return;
-	sv_shares_share(&s->keep.ref);
-	s->keep.shared = true;
-	s->keep.want_back = false;
+	sv_shares_share(&c->keep.ref);
+	c->keep.shared = true;
+	sv_stream_want_back(s, false);
 	sv_lock(&keep_lock);
 	nshared++;
 	shared_look_at = 0;
 	shared_look_us = SV_SHARED_LOOK_US;
 	sv_unlock(&keep_lock);
-	if (s->keep.claimed)
+	if (c->keep.claimed)
 		sv_info("fd %d: plain TCP again, given to the fork's child that claimed it; "
-			"back to RDMA once we hold it alone", s->fd);
+			"back to RDMA once we hold it alone", sv_stream_fd(s));
 	sv_helper_watch(s); /* its next round sees nshared */
 }
 
-bool sv_stream_share_for_fork(struct sv_stream *s)
+bool sv_keep_share_for_fork(struct sv_stream *s, struct sv_share *c)
 {
+	struct sv_stream_facts f;
+	sv_stream_facts(s, &f);
 	/* Parked: its one fd is the application's, which a successor may
-	 * take over (stream_redo.c). */
-	if (!s->is_client || s->state != SV_CONN_DETACHED || !atomic_load(&s->parked) ||
-	    !s->redo.ok || s->error || s->keep.letting_go || s->keep.escaped ||
-	    (!s->keep.ref.t && !enter_kept(s)))
+	 * take over (redo.c). */
+	if (!f.is_client || f.state != SV_CONN_DETACHED ||
+	    sv_share_life(c) != SV_LIFE_PARKED || !c->redo.ok || f.error ||
+	    c->keep.letting_go || f.escaped || (!c->keep.ref.t && !enter_kept(s, c, f.fd)))
 		return false;
-	share(s);
-	if (!s->keep.shared)
+	share(s, c);
+	if (!c->keep.shared)
 		return false; /* another fork under way holds it as kept */
-	s->keep.alone = false; /* the child will hold it */
-	if (!sv_shares_fork_begin(&s->keep.ref)) {
-		settle(s, false);
+	c->keep.alone = false; /* the child will hold it */
+	if (!sv_shares_fork_begin(&c->keep.ref)) {
+		settle(c, false);
 		return false;
 	}
-	s->keep.forking++;
+	c->keep.forking++;
 	return true;
 }
 
@@ -209,43 +219,47 @@ static struct sv_stream *kept_get(unsigned i)
 	return got ? s : NULL;
 }
 
-void sv_stream_keep_forget(struct sv_stream *s)
+void sv_keep_forget(struct sv_stream *s, struct sv_share *c)
 {
 	/* Its last reference went: its fds were closed (which let it go), or
 	 * it never got one. */
-	if (s->keep.ref.t) {
-		s->keep.forking = 0;
-		sv_lock(&s->lock);
-		settle(s, false);
-		sv_unlock(&s->lock);
+	if (c->keep.ref.t) {
+		c->keep.forking = 0;
+		sv_stream_lock(s);
+		settle(c, false);
+		sv_stream_unlock(s);
 	}
 }
 
-void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to)
+void sv_keep_state(struct sv_stream *s, struct sv_share *c, enum sv_conn_state to)
 {
+	if (!c->keep.ref.t)
+		return;
+	struct sv_stream_facts f;
+	sv_stream_facts(s, &f);
 	switch (to) {
 	case SV_CONN_RDMA:
-		if (s->error)
-			settle(s, true);
+		if (f.error)
+			settle(c, true);
 		break;
 	case SV_CONN_DETACHED:
 		/* Back on TCP (a copy claimed it, or the peer went back)
 		 * while we keep ours: a successor may move it to RDMA again
-		 * (stream_redo.c), once we hold it alone; the copies are
-		 * followed until then. */
-		if (s->keep.letting_go)
-			hand(s);
-		else if (atomic_load(&s->parked))
-			share(s);
+		 * (redo.c), once we hold it alone; the copies are followed
+		 * until then. */
+		if (c->keep.letting_go)
+			hand(s, c);
+		else if (sv_share_life(c) == SV_LIFE_PARKED)
+			share(s, c);
 		else
-			settle(s, false);
+			settle(c, false);
 		break;
 	case SV_CONN_BROKEN:
 	case SV_CONN_FALLBACK:
 		/* TCP carries both directions now. What the QP brought and the
 		 * application has not read is ours, as bytes a read took from
 		 * the kernel's socket would be. */
-		settle(s, s->error != 0);
+		settle(c, f.error != 0);
 		break;
 	case SV_CONN_TCP:
 	case SV_CONN_RESOLVING:
@@ -258,27 +272,33 @@ void sv_stream_keep_state(struct sv_stream *s, enum sv_conn_state to)
 	}
 }
 
-static void settle_if_due(struct sv_stream *s)
+static void settle_if_due(struct sv_stream *s, struct sv_share *c)
 {
-	if (s->keep.ref.t)
-		sv_stream_keep_state(s, s->state);
+	if (!c->keep.ref.t)
+		return;
+	struct sv_stream_facts f;
+	sv_stream_facts(s, &f);
+	sv_keep_state(s, c, f.state);
 }
 
-/* A copy's holder claimed it: the way back starts. Under s->lock. */
-static void claimed(struct sv_stream *s)
+/* A copy's holder claimed it: the way back starts. Under the stream's
+ * lock. */
+static void claimed(struct sv_stream *s, struct sv_share *c)
 {
-	if (!s->keep.ref.t || !sv_shares_claimed(&s->keep.ref))
+	if (!c->keep.ref.t || !sv_shares_claimed(&c->keep.ref))
 		return;
-	if (!s->keep.claimed)
+	struct sv_stream_facts f;
+	sv_stream_facts(s, &f);
+	if (!c->keep.claimed)
 		sv_info("fd %d: a fork's child uses its copy: the connection goes back to plain "
-			"TCP", s->fd);
-	s->keep.claimed = true;
-	if (s->error) {
-		settle(s, true);
-	} else if (s->state == SV_CONN_DETACHED || s->state == SV_CONN_BROKEN ||
-		   s->state == SV_CONN_FALLBACK) {
-		settle(s, false);
-	} else if (s->state == SV_CONN_RDMA && !sv_proto_back_ready(s->proto)) {
+			"TCP", f.fd);
+	c->keep.claimed = true;
+	if (f.error) {
+		settle(c, true);
+	} else if (f.state == SV_CONN_DETACHED || f.state == SV_CONN_BROKEN ||
+		   f.state == SV_CONN_FALLBACK) {
+		settle(c, false);
+	} else if (f.state == SV_CONN_RDMA && !f.core_back_ready) {
 		/* No way back any more. With both directions off the QP (the
 		 * QP's normal end: our sending goes on over TCP behind our
 		 * resume record, which must go before any byte of a copy's)
@@ -286,57 +306,57 @@ static void claimed(struct sv_stream *s)
 		 * application has not read is ours, as after a break. With a
 		 * direction still on the QP the copy cannot be given a right
 		 * stream. */
-		enum sv_tx_state tx = sv_proto_tx_state(s->proto);
-		bool off = (tx == SV_TX_TCP || tx == SV_TX_RESET) && !sv_proto_rx_on_qp(s->proto);
-		if (off)
-			sv_stream_resume_announce(s);
-		settle(s, !off);
+		if (f.off_qp)
+			sv_stream_announce_end(s);
+		settle(c, !f.off_qp);
 	} else {
-		s->keep.want_back = true; /* sv_stream_back_progress sends it */
+		sv_stream_want_back(s, true); /* the way back sends it */
 	}
 }
 
 /* A shared stream we hold alone now: the entry is settled, and a client
  * moves to RDMA again at once (a server's client asks again when it will:
- * stream_redo.c). Without the lock. */
-static void alone_again(struct sv_stream *s)
+ * redo.c). Without the lock. */
+static void alone_again(struct sv_stream *s, struct sv_share *c)
 {
-	sv_lock(&s->lock);
-	struct sv_share_ref ref = s->keep.ref;
-	bool shared = s->keep.shared, client = s->is_client;
-	sv_unlock(&s->lock);
+	sv_stream_lock(s);
+	struct sv_share_ref ref = c->keep.ref;
+	bool shared = c->keep.shared;
+	struct sv_stream_facts f;
+	sv_stream_facts(s, &f);
+	sv_stream_unlock(s);
 	/* It looks into /proc: not under the lock the application's calls
 	 * take. A fork of ours that begins meanwhile (a client's end stays
-	 * ours across it: sv_stream_share_for_fork) counts in the entry's
+	 * ours across it: sv_keep_share_for_fork) counts in the entry's
 	 * forks. */
 	uint32_t forks = shared ? sv_shares_forks(&ref) : 0;
 	if (!shared || sv_shares_others_hold(&ref))
 		return;
-	sv_lock(&s->lock);
-	bool current = s->keep.shared && s->keep.ref.gen == ref.gen && !s->keep.forking &&
+	sv_stream_lock(s);
+	bool current = c->keep.shared && c->keep.ref.gen == ref.gen && !c->keep.forking &&
 		       sv_shares_forks(&ref) == forks;
 	if (current) /* until a fork of ours gives a copy again */
-		s->keep.alone = true;
-	sv_unlock(&s->lock);
+		c->keep.alone = true;
+	sv_stream_unlock(s);
 	if (!current)
 		return;
-	int r = client ? sv_stream_revive(s, NULL) : -1;
-	sv_lock(&s->lock);
-	if (s->keep.shared && s->keep.ref.gen == ref.gen)
-		settle(s, false);
-	sv_unlock(&s->lock);
+	int r = f.is_client ? sv_share_revive(s, NULL) : -1;
+	sv_stream_lock(s);
+	if (c->keep.shared && c->keep.ref.gen == ref.gen)
+		settle(c, false);
+	sv_stream_unlock(s);
 	if (r == 1)
 		sv_info("fd %d: the fork's children that used it are gone: it moves to RDMA "
-			"again", s->fd);
-	else if (client)
+			"again", f.fd);
+	else if (f.is_client)
 		sv_info("fd %d: the fork's children that used it are gone, but it stays on TCP",
-			s->fd);
+			f.fd);
 	else
 		sv_dbg("fd %d: the fork's children that used it are gone: it moves to RDMA "
-		       "again if its client asks", s->fd);
+		       "again if its client asks", f.fd);
 }
 
-uint64_t sv_stream_keep_service(uint64_t now)
+uint64_t sv_keep_service(uint64_t now)
 {
 	struct sv_shares *t = sv_shares_own(-1);
 	int slots[32];
@@ -346,9 +366,9 @@ uint64_t sv_stream_keep_service(uint64_t now)
 			struct sv_stream *s = kept_get((unsigned)slots[i]);
 			if (!s)
 				continue;
-			sv_lock(&s->lock);
-			claimed(s);
-			sv_unlock(&s->lock);
+			sv_stream_lock(s);
+			claimed(s, sv_share_of(s));
+			sv_stream_unlock(s);
 			sv_helper_watch(s);
 			sv_stream_put(s);
 		}
@@ -366,7 +386,7 @@ uint64_t sv_stream_keep_service(uint64_t now)
 		struct sv_stream *s = kept_get(i);
 		if (!s)
 			continue;
-		alone_again(s);
+		alone_again(s, sv_share_of(s));
 		sv_stream_put(s);
 	}
 	return next;
@@ -375,53 +395,44 @@ uint64_t sv_stream_keep_service(uint64_t now)
 /* The owner lets go of the connection (its last close, its exit, an
  * exec): copies that others still hold get it back on plain TCP; with none
  * left, it is ours to end. Without the lock. */
-static void let_go(struct sv_stream *s, const char *why)
+void sv_keep_let_go(struct sv_stream *s, const char *why)
 {
-	sv_lock(&s->lock);
-	struct sv_share_ref ref = s->keep.ref;
-	s->keep.letting_go = true;
-	if (s->keep.shared) {
-		hand(s); /* the copies have it on TCP already */
+	struct sv_share *c = sv_share_of(s);
+	sv_stream_lock(s);
+	struct sv_share_ref ref = c->keep.ref;
+	c->keep.letting_go = true;
+	if (c->keep.shared) {
+		hand(s, c); /* the copies have it on TCP already */
 		ref.t = NULL;
 	}
-	sv_unlock(&s->lock);
+	sv_stream_unlock(s);
 	if (!ref.t)
 		return;
 	if (sv_shares_others_hold(&ref)) {
 		sv_info("fd %d: %s while a fork's child holds a copy: back to plain TCP for it",
-			s->fd, why);
+			sv_stream_fd(s), why);
 		int r = sv_stream_detach_for_copies(s);
 		if (r == 0)
 			return; /* DETACHED settled it */
 	}
-	sv_lock(&s->lock);
-	if (s->keep.ref.t && s->keep.ref.gen == ref.gen)
-		settle(s, sv_shares_others_hold(&ref));
-	sv_unlock(&s->lock);
+	sv_stream_lock(s);
+	if (c->keep.ref.t && c->keep.ref.gen == ref.gen)
+		settle(c, sv_shares_others_hold(&ref));
+	sv_stream_unlock(s);
 }
 
-void sv_stream_keep_close(struct sv_stream *s)
-{
-	let_go(s, "closed here");
-}
-
-void sv_stream_keep_exit(struct sv_stream *s)
-{
-	let_go(s, "the process exits");
-}
-
-void sv_stream_keep_exec_all(void)
+void sv_share_exec_all(void)
 {
 	for (unsigned i = 0; i < SV_SHARES_SLOTS; i++) {
 		struct sv_stream *s = kept_get(i);
 		if (!s)
 			continue;
-		let_go(s, "an exec replaces this image");
+		sv_keep_let_go(s, "an exec replaces this image");
 		sv_stream_put(s);
 	}
 }
 
-void sv_stream_keep_atfork_child(void)
+void sv_keep_atfork_child(void)
 {
 	/* The parent's kept streams and their references are the parent's. */
 	sv_lock_reinit(&keep_lock);
