@@ -1,9 +1,11 @@
 #include "real.h"
 
-#include "log.h"
-
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
 
 struct sv_real sv_real;
 atomic_bool sv_real_ready;
@@ -19,14 +21,28 @@ static void *self_base(void)
 	return info.dli_fbase;
 }
 
+/* The process cannot go on without libc's own call: say so on stderr,
+ * with the raw write (the log's calls come through this table), and
+ * abort. */
+_Noreturn static void cannot(const char *name, const char *why, const char *what)
+{
+	char msg[512];
+	int n = snprintf(msg, sizeof(msg), "libsovia: fatal: the real %s() %s (%s)\n", name, why,
+			 what ? what : "?");
+	long (*sc)(long, ...) = sv_real_syscall();
+	if (sc && n > 0)
+		(void)sc(SYS_write, 2, msg, (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
+	abort();
+}
+
 static void *resolve_one(const char *name, void *self)
 {
 	void *fn = dlsym(RTLD_NEXT, name);
 	if (!fn)
-		sv_fatal("cannot resolve the real %s(): %s", name, dlerror());
+		cannot(name, "cannot be resolved", dlerror());
 	Dl_info info;
 	if (self && dladdr(fn, &info) && info.dli_fbase == self)
-		sv_fatal("the real %s() resolves back into libsovia (%s)", name, info.dli_fname);
+		cannot(name, "resolves back into libsovia", info.dli_fname);
 	return fn;
 }
 
@@ -49,7 +65,7 @@ long (*sv_real_syscall(void))(long, ...)
 	typedef long (*syscall_fn)(long, ...);
 	if (atomic_load_explicit(&sv_real_ready, memory_order_acquire))
 		return sv_real.syscall;
-	/* Not through sv_real_resolve: this may run inside it (sv_fatal). */
+	/* Not through sv_real_resolve: this may run inside it (cannot()). */
 	static _Atomic(syscall_fn) early;
 	syscall_fn fn = atomic_load_explicit(&early, memory_order_acquire);
 	if (!fn) {

@@ -42,7 +42,7 @@ void sv_share_set_life(struct sv_share *c, enum sv_life to)
 
 /* ---- The stream's events ------------------------------------------------------------ */
 
-static void *born(struct sv_stream *s)
+static void *on_born(struct sv_stream *s)
 {
 	struct sv_share *c = calloc(1, sizeof(*c));
 	if (c)
@@ -50,7 +50,7 @@ static void *born(struct sv_stream *s)
 	return c;
 }
 
-static void died(struct sv_stream *s, void *state)
+static void on_died(struct sv_stream *s, void *state)
 {
 	struct sv_share *c = state;
 	sv_redo_pred_forget(c);
@@ -60,7 +60,7 @@ static void died(struct sv_stream *s, void *state)
 	free(c);
 }
 
-static void state(struct sv_stream *s, enum sv_conn_state to)
+static void on_state(struct sv_stream *s, enum sv_conn_state to)
 {
 	struct sv_share *c = sv_share_of(s);
 	sv_keep_state(s, c, to);
@@ -68,7 +68,7 @@ static void state(struct sv_stream *s, enum sv_conn_state to)
 		sv_redo_pred_done(c); /* the switch is over, or the upgrade */
 }
 
-static void let_go(struct sv_stream *s, bool exiting)
+static void on_let_go(struct sv_stream *s, bool exiting)
 {
 	struct sv_share *c = sv_share_of(s);
 	sv_stream_lock(s);
@@ -80,22 +80,22 @@ static void let_go(struct sv_stream *s, bool exiting)
 		sv_keep_let_go(s, exiting ? "the process exits" : "closed here");
 }
 
-static void closed(struct sv_stream *s)
+static void on_closed(struct sv_stream *s)
 {
 	sv_redo_pred_done(sv_share_of(s));
 }
 
-static bool fork_hand(struct sv_stream *s)
+static bool on_fork_hand(struct sv_stream *s)
 {
 	return sv_hand_before_upgrade(s, sv_share_of(s));
 }
 
-static void called_off(struct sv_stream *s)
+static void on_called_off(struct sv_stream *s)
 {
 	sv_hand_called_off(sv_share_of(s));
 }
 
-static void back(struct sv_stream *s, bool peer_first)
+static void on_back(struct sv_stream *s, bool peer_first)
 {
 	struct sv_share *c = sv_share_of(s);
 	struct sv_stream_facts f;
@@ -107,7 +107,7 @@ static void back(struct sv_stream *s, bool peer_first)
 		sv_share_set_life(c, SV_LIFE_GOING);
 }
 
-static void detached(struct sv_stream *s)
+static void on_detached(struct sv_stream *s)
 {
 	struct sv_share *c = sv_share_of(s);
 	sv_redo_detached(s, c);
@@ -115,33 +115,33 @@ static void detached(struct sv_stream *s)
 		sv_share_set_life(c, SV_LIFE_NONE);
 }
 
-static bool may_upgrade(struct sv_stream *s)
+static bool on_may_upgrade(struct sv_stream *s)
 {
 	return sv_redo_ready(s, sv_share_of(s));
 }
 
-static bool may_pump(struct sv_stream *s)
+static bool on_may_pump(struct sv_stream *s)
 {
 	return !sv_redo_pred_busy(sv_share_of(s));
 }
 
-static bool superseded(struct sv_stream *s)
+static bool on_superseded(struct sv_stream *s)
 {
 	enum sv_life l = sv_share_life(sv_share_of(s));
 	return l == SV_LIFE_PARKED || l == SV_LIFE_SUCCEEDED;
 }
 
-static void moved(struct sv_stream *s)
+static void on_moved(struct sv_stream *s)
 {
 	sv_hand_moved(sv_share_of(s));
 }
 
-static enum sv_conn_holding holding(struct sv_stream *s, struct sv_hand *hand)
+static enum sv_conn_holding on_holding(struct sv_stream *s, struct sv_hand *hand)
 {
 	return sv_hand_holding(sv_share_of(s), hand);
 }
 
-static bool others_hold(struct sv_stream *s)
+static bool on_others_hold(struct sv_stream *s)
 {
 	return sv_hand_others_hold(sv_share_of(s));
 }
@@ -160,21 +160,21 @@ static uint64_t copies_round(uint64_t now)
 void sv_share_init(void)
 {
 	static const struct sv_stream_copies events = {
-		.born = born,
-		.died = died,
-		.state = state,
-		.let_go = let_go,
-		.closed = closed,
-		.fork_hand = fork_hand,
-		.called_off = called_off,
-		.back = back,
-		.detached = detached,
-		.may_upgrade = may_upgrade,
-		.may_pump = may_pump,
-		.superseded = superseded,
-		.moved = moved,
-		.holding = holding,
-		.others_hold = others_hold,
+		.born = on_born,
+		.died = on_died,
+		.state = on_state,
+		.let_go = on_let_go,
+		.closed = on_closed,
+		.fork_hand = on_fork_hand,
+		.called_off = on_called_off,
+		.back = on_back,
+		.detached = on_detached,
+		.may_upgrade = on_may_upgrade,
+		.may_pump = on_may_pump,
+		.superseded = on_superseded,
+		.moved = on_moved,
+		.holding = on_holding,
+		.others_hold = on_others_hold,
 	};
 	sv_stream_init();
 	sv_stream_serve_copies(&events);

@@ -108,7 +108,7 @@ enum sv_accept_result sv_stream_cm_accept(struct sv_stream *s, struct rdma_cm_id
 		.rnr_retry_count = SV_RNR_RETRY,
 		.qp_num = qp_num,
 	};
-	if (sv_cm->accept(id, &cp) < 0) {
+	if (sv_cm->accept_id(id, &cp) < 0) {
 		sv_dbg("fd %d: rdma_accept: %s", s->fd, strerror(errno));
 		sv_stream_cm_drop_qp(s, SV_FB_RESOURCES);
 	}

@@ -176,7 +176,7 @@ void sv_stream_cm_route_resolved(struct sv_stream *s)
 		.rnr_retry_count = SV_RNR_RETRY,
 		.qp_num = qp_num,
 	};
-	if (sv_cm->connect(s->id, &cp) < 0) {
+	if (sv_cm->connect_id(s->id, &cp) < 0) {
 		sv_dbg("fd %d: rdma_connect: %s", s->fd, strerror(errno));
 		sv_stream_cm_drop_qp(s, SV_FB_UNREACHABLE);
 	}

@@ -274,7 +274,7 @@ void sv_stream_cm_init(void)
 		.get = sv_stream_get,
 		.put = sv_stream_put,
 		.event = stream_event,
-		.accept = sv_stream_cm_accept,
+		.take_request = sv_stream_cm_accept,
 		.waiting = sv_stream_cm_waiting,
 		.holding = sv_stream_cm_holding,
 	};

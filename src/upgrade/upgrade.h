@@ -55,8 +55,8 @@ struct sv_upgrade_conns {
 		      struct rdma_cm_id **destroy);
 	/* A request matched the accepted connection: attach its QP and
 	 * accept. With the upgrade's lock. */
-	enum sv_accept_result (*accept)(struct sv_stream *s, struct rdma_cm_id *id,
-					const struct sv_cm_req *req);
+	enum sv_accept_result (*take_request)(struct sv_stream *s, struct rdma_cm_id *id,
+					      const struct sv_cm_req *req);
 	/* Where the accepted connection stands at `now`; *use_wait: until
 	 * when its request waits for the application's first use (0: not). */
 	enum sv_conn_wait (*waiting)(struct sv_stream *s, uint64_t now, uint64_t *use_wait);

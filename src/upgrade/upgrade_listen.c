@@ -42,7 +42,7 @@ static int open_listener_id(struct sv_listener *l, struct sockaddr_storage *at)
 		return -errno;
 	int r = 0;
 	if (sv_cm->bind_addr(l->id, (struct sockaddr *)at) < 0 ||
-	    sv_cm->listen(l->id, 128) < 0) {
+	    sv_cm->listen_id(l->id, 128) < 0) {
 		r = -errno;
 		sv_cm->destroy_id(l->id);
 		l->id = NULL;

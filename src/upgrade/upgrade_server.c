@@ -227,7 +227,7 @@ static enum match_result match_request(struct rdma_cm_id *id, const struct sv_cm
 	if (!pp)
 		return NO_MATCH;
 	struct unmatched *u = *pp;
-	enum sv_accept_result r = sv_up_conns.accept(u->s, id, req);
+	enum sv_accept_result r = sv_up_conns.take_request(u->s, id, req);
 	if (r == SV_ACCEPT_LATER)
 		return MATCH_LATER; /* both wait: the stream stays unmatched */
 	if (r == SV_NOT_HERE) {

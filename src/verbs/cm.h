@@ -27,13 +27,13 @@ struct sv_cm_ops {
 	int (*resolve_addr)(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst,
 			    int timeout_ms);
 	int (*resolve_route)(struct rdma_cm_id *id, int timeout_ms);
-	int (*connect)(struct rdma_cm_id *id, struct rdma_conn_param *param);
-	int (*accept)(struct rdma_cm_id *id, struct rdma_conn_param *param);
+	int (*connect_id)(struct rdma_cm_id *id, struct rdma_conn_param *param);
+	int (*accept_id)(struct rdma_cm_id *id, struct rdma_conn_param *param);
 	int (*reject)(struct rdma_cm_id *id, const void *pd, uint8_t len);
 	int (*establish)(struct rdma_cm_id *id);
 	int (*disconnect)(struct rdma_cm_id *id);
 	int (*bind_addr)(struct rdma_cm_id *id, struct sockaddr *addr);
-	int (*listen)(struct rdma_cm_id *id, int backlog);
+	int (*listen_id)(struct rdma_cm_id *id, int backlog);
 	int (*get_event)(struct rdma_event_channel *ch, struct rdma_cm_event **ev);
 	int (*ack_event)(struct rdma_cm_event *ev);
 	struct sockaddr *(*peer_addr)(struct rdma_cm_id *id);

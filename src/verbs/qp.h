@@ -19,7 +19,7 @@ struct sv_qp_ops {
 	/* Take every completion and feed it to the core, in order. The number
 	 * handled, or -errno (a failed work request: the core is aborted;
 	 * every completion is consumed even then). */
-	int (*poll)(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk);
+	int (*poll_cq)(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk);
 	/* Ask for an event at the next completion: the transport's channel
 	 * then fires `node` (hub.h). Poll once more after arming, before
 	 * sleeping. 0 or -errno. */
@@ -53,7 +53,7 @@ struct sv_qp {
 
 static inline int sv_qp_poll(struct sv_qp *q, struct sv_proto *p, struct sv_clock *clk)
 {
-	return q->ops->poll(q, p, clk);
+	return q->ops->poll_cq(q, p, clk);
 }
 
 static inline int sv_qp_arm(struct sv_qp *q)

@@ -778,7 +778,7 @@ static uint64_t q_data_in_flight(const struct sv_qp *q)
 
 static const struct sv_qp_ops qp_ops = {
 	.xport = q_xport,
-	.poll = q_poll,
+	.poll_cq = q_poll,
 	.arm = q_arm,
 	.num = q_num,
 	.connected = q_connected,

@@ -45,7 +45,7 @@ static void request(struct rdma_event_channel *ch, uint16_t port, uint16_t cport
 	int len = sv_cm_req_encode(&req, pd);
 	cr_assert_gt(len, 0);
 	struct rdma_conn_param cp = {.private_data = pd, .private_data_len = (uint8_t)len};
-	cr_assert_eq(sv_cm->connect(id, &cp), 0);
+	cr_assert_eq(sv_cm->connect_id(id, &cp), 0);
 }
 
 /* Rejections that said "busy" within ms milliseconds, until `want`. */

@@ -55,7 +55,7 @@ static bool cm_up(struct cm_side *c, uint16_t port, bool warden)
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
 	if (sv_cm->bind_addr(c->id, (struct sockaddr *)&a) < 0)
 		return false;
-	cr_assert_eq(sv_cm->listen(c->id, 16), 0);
+	cr_assert_eq(sv_cm->listen_id(c->id, 16), 0);
 	return true;
 }
 
