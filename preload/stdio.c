@@ -13,6 +13,7 @@
 #include "real.h"
 #include "stdio_int.h"
 
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -159,7 +160,8 @@ void sv_stdio_exit_flush(void)
 		cookies_take();
 		for (struct cookie *c = cookies; c && n < BATCH; c = c->next) {
 			FILE *fp = c->fp;
-			if (fp->_IO_write_ptr > fp->_IO_write_base && ftrylockfile(fp) == 0)
+			/* Read without its lock, as glibc's exit does. */
+			if (__fpending(fp) > 0 && ftrylockfile(fp) == 0)
 				due[n++] = fp;
 		}
 		cookies_give();

@@ -12,18 +12,17 @@
 #include "real.h"
 #include "stdio_int.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <stdio_ext.h>
 #include <string.h>
 #include <unistd.h>
+#include <wchar.h>
 
 /* The FILE taken for fd 0, 1 or 2, while it is open. */
 static FILE *_Atomic std_files[3];
-
-static const char *const std_names[3] = {"stdin", "stdout", "stderr"};
-/* The FILEs glibc's variables start at (libio/stdfiles.c). */
-static const char *const std_glibc[3] = {"_IO_2_1_stdin_", "_IO_2_1_stdout_", "_IO_2_1_stderr_"};
+/* glibc's FILE it replaced: a direction the cookie lacks gives the fd
+ * back to it (std_give_back). */
+static FILE *replaced[3];
 
 bool sv_stdio_ours(int fd)
 {
@@ -47,18 +46,20 @@ static FILE **std_var(int fd)
 
 /* libc's own variable: not ours when the executable has a copy. glibc
  * 2.33's puts() reads the variable through libc's GOT, so the copy;
- * older ones read their own through a hidden alias (_IO_stdout). RTLD_NEXT looks past libsovia (and past an executable that
- * links the wrappers in, as the tests do): libc's definition. */
+ * older ones read their own through a hidden alias (_IO_stdout). Both are
+ * set. */
 static FILE **libc_var(int fd)
 {
-	return dlsym(RTLD_NEXT, std_names[fd]);
+	return sv_real_std(fd);
 }
 
-/* Nothing has used fp: no buffer, nothing buffered, no orientation. */
-static bool pristine(const FILE *fp)
+/* Nothing has used fp, as <stdio_ext.h> and fwide() tell: stdio gives a
+ * FILE its buffer at its first read or write (an unbuffered one a
+ * one-byte buffer), so no buffer means nothing was read ahead, written
+ * or pending; and no orientation was chosen. */
+static bool pristine(FILE *fp)
 {
-	return fp->_IO_buf_base == NULL && fp->_IO_read_ptr == fp->_IO_read_end &&
-	       fp->_IO_write_ptr == fp->_IO_write_base && fp->_mode == 0;
+	return __fbufsize(fp) == 0 && __fpending(fp) == 0 && fwide(fp, 0) == 0;
 }
 
 int sv_stdio_take_std(int fd)
@@ -67,13 +68,13 @@ int sv_stdio_take_std(int fd)
 		return -EINVAL;
 	if (sv_stdio_ours(fd))
 		return 0;
-	FILE *glibc = dlsym(RTLD_NEXT, std_glibc[fd]);
 	FILE **ours = std_var(fd), **libcs = libc_var(fd);
-	if (!glibc || !libcs)
+	if (!libcs || !*libcs)
 		return -ENOENT;
-	/* Bytes an earlier constructor left in glibc's FILE, or a FILE it
-	 * put there, would be lost or bypass us. */
-	if (*ours != glibc || *libcs != glibc || !pristine(glibc))
+	FILE *glibc = *libcs;
+	/* Bytes an earlier constructor left in glibc's FILE, or a FILE of
+	 * another file it put there, would be lost or bypass us. */
+	if (*ours != glibc || SV_REAL(fileno)(glibc) != fd || !pristine(glibc))
 		return -EBUSY;
 	FILE *fp = sv_cookie_open(fd, fd == 0 ? "r" : "w");
 	if (!fp)
@@ -87,6 +88,7 @@ int sv_stdio_take_std(int fd)
 		(void)setvbuf(fp, NULL, _IONBF, 0);
 	/* glibc's FILE stays on its list, empty: the exit flush has nothing
 	 * of it to write. */
+	replaced[fd] = glibc;
 	*ours = fp;
 	*libcs = fp;
 	atomic_store(&std_files[fd], fp);
@@ -140,7 +142,7 @@ static int open_at(int fd, const char *path, int flags)
  * whoever kept a pointer to it. */
 static FILE *std_give_back(int fd, const char *path, const char *mode, FILE *fp)
 {
-	FILE *glibc = dlsym(RTLD_NEXT, std_glibc[fd]);
+	FILE *glibc = replaced[fd];
 	FILE **libcs = libc_var(fd);
 	if (!glibc || !libcs) {
 		errno = ENOENT;

@@ -120,6 +120,12 @@ void sv_real_resolve(void);
 	(atomic_load_explicit(&sv_real_ready, memory_order_acquire) ? sv_real.name          \
 								    : (sv_real_resolve(), sv_real.name))
 
+/* libc's own stdin, stdout or stderr variable (fd 0, 1, 2): not the
+ * executable's copy of it, where the executable has one (a copy
+ * relocation, which every caller outside libc then uses). NULL when it
+ * cannot be found. */
+FILE **sv_real_std(int fd);
+
 /* libc's syscall(2), for libsovia's own system calls (futexes, getdents,
  * capget, its log's writes): never the one it exports itself (io_uring's
  * set-up, uring.c). Usable before the table is resolved, and while it is
