@@ -1,7 +1,9 @@
 /* The stream-layer tests' harness: see harness.h. */
 #include "harness.h"
 
+#include "clock.h"
 #include "config.h"
+#include "helper.h"
 #include "log.h"
 #include "peers.h"
 #include "upgrade.h"
@@ -10,6 +12,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +25,58 @@ uint64_t h_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+uint64_t h_now_ms(void)
+{
+	return sv_now_us() / 1000u;
+}
+
+/* The helper's jobs run so far (a count, not a flag on the waiter's
+ * stack: a job may outlive a test that gave up on it). */
+static atomic_uint jobs_run;
+
+static void job_done(void *arg, int rdma_err)
+{
+	(void)arg;
+	(void)rdma_err;
+	atomic_fetch_add(&jobs_run, 1);
+}
+
+/* One job on the helper, waited for. false: no helper to run it. */
+static bool helper_job(void)
+{
+	unsigned before = atomic_load(&jobs_run);
+	if (sv_helper_defer(job_done, NULL) < 0)
+		return false;
+	uint64_t until = h_ms() + 10000;
+	while (atomic_load(&jobs_run) == before && h_ms() < until)
+		usleep(200);
+	cr_assert_neq(atomic_load(&jobs_run), before, "the helper ran no job in 10 s");
+	return true;
+}
+
+void h_helper_round(void)
+{
+	/* The helper takes its jobs as one batch after each sleep, and looks
+	 * at its connections (with a fresh reading of the clock) between
+	 * sleeps: the second job is queued after the first ran, so a look
+	 * begins and ends between the two. */
+	if (helper_job())
+		helper_job();
+}
+
+void h_warp_ms(uint64_t ms)
+{
+	sv_clock_warp(ms * 1000u);
+	h_helper_round();
+}
+
+void h_wake(struct sv_stream *s)
+{
+	sv_lock(&s->lock);
+	sv_stream_wake(s);
+	sv_unlock(&s->lock);
 }
 
 void h_setup(void)

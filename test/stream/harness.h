@@ -94,8 +94,28 @@ struct h_writer {
 void h_writer_start(struct h_writer *w);
 void h_writer_join(struct h_writer *w);
 
-/* Monotonic milliseconds. */
+/* Monotonic milliseconds, real: the bound of a test's own waits for
+ * another thread's progress. */
 uint64_t h_ms(void);
+
+/* Virtual time. The library's clock (sv_now_us) is the real one plus the
+ * warps so far: a test moves it past a timer of seconds instead of
+ * sleeping through it. h_now_ms is that clock, in milliseconds: the
+ * measure of how long the library let something take. */
+uint64_t h_now_ms(void);
+/* Move the library's clock `ms` forward, then wait until the helper has
+ * made a whole round with the new time (h_helper_round): whatever it was
+ * to do by then is done or under way. A thread of the test asleep in a
+ * stream's wait is woken with h_wake. */
+void h_warp_ms(uint64_t ms);
+/* Wait until the helper thread has looked at everything it watches with
+ * the clock as it is now (two of its jobs, one after the other: the second
+ * runs after a round that began after the first). Nothing when the helper
+ * never started. */
+void h_helper_round(void);
+/* Wake the threads asleep in s's waits, so that they read the clock again
+ * (after a warp). */
+void h_wake(struct sv_stream *s);
 /* The descriptors this process has open. */
 int h_open_fds(void);
 /* The helper thread's looks at s so far (its statistics' helper_looks). */
