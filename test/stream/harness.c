@@ -61,8 +61,10 @@ void h_helper_round(void)
 	/* The helper takes its jobs as one batch after each sleep, and looks
 	 * at its connections (with a fresh reading of the clock) between
 	 * sleeps: the second job is queued after the first ran, so a look
-	 * begins and ends between the two. */
-	if (helper_job())
+	 * begins and ends between the two. While rdma_cm still starts (it
+	 * may be held: fake_net_slow_start) the helper runs no job, and looks
+	 * at nothing either. */
+	if (sv_helper_rdma_state() != 0 && helper_job())
 		helper_job();
 }
 
@@ -70,6 +72,19 @@ void h_warp_ms(uint64_t ms)
 {
 	sv_clock_warp(ms * 1000u);
 	h_helper_round();
+}
+
+bool h_wait_asleep(struct sv_stream *s, int ms)
+{
+	uint64_t end = h_ms() + (uint64_t)ms;
+	for (;;) {
+		sv_lock(&s->lock);
+		bool asleep = s->wt.waiters > 0;
+		sv_unlock(&s->lock);
+		if (asleep || h_ms() >= end)
+			return asleep;
+		usleep(1000);
+	}
 }
 
 void h_wake(struct sv_stream *s)
@@ -195,6 +210,33 @@ enum sv_conn_state h_wait_state(struct sv_stream *s, enum sv_conn_state want, in
 	enum sv_conn_state st;
 	while ((st = h_state(s)) != want && h_ms() < end)
 		usleep(1000);
+	return st;
+}
+
+void h_warp_sleeper_ms(uint64_t ms, struct sv_stream *s)
+{
+	h_warp_ms(ms);
+	sv_lock(&s->lock);
+	uint64_t slept = s->st.waits_slept;
+	sv_stream_wake(s);
+	sv_unlock(&s->lock);
+	uint64_t end = h_ms() + 2000;
+	for (;;) {
+		sv_lock(&s->lock);
+		bool again = s->st.waits_slept > slept && s->wt.waiters > 0;
+		sv_unlock(&s->lock);
+		if (again || h_ms() >= end)
+			return;
+		usleep(1000);
+	}
+}
+
+enum sv_conn_state h_wait_state_warp(struct sv_stream *s, enum sv_conn_state want, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+	enum sv_conn_state st;
+	while ((st = h_state(s)) != want && h_now_ms() < end)
+		h_warp_ms(H_WARP_STEP_MS);
 	return st;
 }
 

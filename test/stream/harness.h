@@ -111,11 +111,24 @@ void h_warp_ms(uint64_t ms);
 /* Wait until the helper thread has looked at everything it watches with
  * the clock as it is now (two of its jobs, one after the other: the second
  * runs after a round that began after the first). Nothing when the helper
- * never started. */
+ * never started or rdma_cm still starts on it. */
 void h_helper_round(void);
+/* h_wait_state where the state waits for the library's timers (an
+ * upgrade's retries, its deadline): the clock moves on in steps of
+ * H_WARP_STEP_MS, each after a round of the helper, for at most `ms` of
+ * it. */
+#define H_WARP_STEP_MS 10
+enum sv_conn_state h_wait_state_warp(struct sv_stream *s, enum sv_conn_state want, int ms);
+/* Until a thread sleeps in the kernel in one of s's waits (its spin
+ * over), or ms pass: whether one does. */
+bool h_wait_asleep(struct sv_stream *s, int ms);
 /* Wake the threads asleep in s's waits, so that they read the clock again
  * (after a warp). */
 void h_wake(struct sv_stream *s);
+/* h_warp_ms, then the thread asleep in s's wait looks at the new time:
+ * woken, it judges again and sleeps again (waited for, up to 2 s), or
+ * leaves its wait. */
+void h_warp_sleeper_ms(uint64_t ms, struct sv_stream *s);
 /* The descriptors this process has open. */
 int h_open_fds(void);
 /* The helper thread's looks at s so far (its statistics' helper_looks). */
