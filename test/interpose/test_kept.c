@@ -214,6 +214,10 @@ Test(kept, a_lost_copy_and_its_dup_read_econnreset)
 	if (owner == 0) {
 		struct pair p;
 		pair_with_bytes_unread(&p);
+		/* Open in the owner alone once the copy closed its end: EOF
+		 * there says the owner is dead. */
+		int dead[2];
+		CHILD_CHECK(42, pipe(dead) == 0);
 		pid_t copy = fork();
 		CHILD_CHECK(40, copy >= 0);
 		if (copy == 0) {
@@ -223,7 +227,11 @@ Test(kept, a_lost_copy_and_its_dup_read_econnreset)
 			struct timeval tv = {.tv_sec = 10};
 			CHILD_CHECK(41, setsockopt(p.sfd, SOL_SOCKET, SO_RCVTIMEO, &tv,
 						   sizeof(tv)) == 0);
-			/* The claim waits until the owner is seen dead. */
+			/* The copy is used once the owner is dead: a claim made
+			 * while it lived could be answered (the connection given
+			 * back, its bytes read) before the kill. */
+			close(dead[1]);
+			CHILD_CHECK(43, read(dead[0], b, 1) == 0);
 			if (read(p.sfd, b, sizeof(b)) != -1 || errno != ECONNRESET)
 				v = 1;
 			int d = dup(p.sfd);
