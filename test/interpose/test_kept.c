@@ -254,16 +254,20 @@ Test(kept, a_lost_copy_and_its_dup_read_econnreset)
 
 /* ---- Alone again: back to RDMA ---------------------------------------------------- */
 
-/* Until `ms` pass: fd's stream is a new one (not `old`), on RDMA. */
+/* Until `ms` pass on the library's clock, moved on in steps (each after a
+ * round of the helper, which looks at the holders and asks again by its
+ * timers): fd's stream is a new one (not `old`), on RDMA. */
 static struct sv_stream *wait_successor_on_rdma(int fd, struct sv_stream *old, int ms)
 {
-	for (int waited = 0; waited < ms; waited += 10) {
+	uint64_t end = h_now_ms() + (uint64_t)ms;
+	for (;;) {
 		struct sv_stream *s = ph_stream(fd);
 		if (s && s != old && h_state(s) == SV_CONN_RDMA)
 			return s;
-		usleep(10000);
+		if (h_now_ms() >= end)
+			return NULL;
+		h_warp_ms(H_WARP_STEP_MS);
 	}
-	return NULL;
 }
 
 /* Both ends are new streams (not oc, os) on RDMA again, whose bytes both
@@ -365,7 +369,7 @@ Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
 	pid_t pid = a_writing_child(&p, 10, go);
 	struct sv_stream *oc = p.c, *os = p.s;
 	/* Several of the parent's looks at its holders. */
-	usleep(600000);
+	h_warp_steps_ms(600);
 	cr_assert_eq(ph_stream(p.cfd), oc, "moved while the child holds a copy");
 	cr_assert_eq(h_state(oc), SV_CONN_DETACHED);
 	enum { N = 3000 };
@@ -400,7 +404,7 @@ Test(kept, a_client_the_fork_took_back_is_on_rdma_again_once_the_child_is_gone)
 	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
 	cr_assert_eq(memcmp(b, "child", 5), 0);
 	/* Several of the parent's looks at its holders. */
-	usleep(600000);
+	h_warp_steps_ms(600);
 	cr_assert_eq(ph_stream(p.cfd), oc, "moved while the child holds a copy");
 	let_go_then_both_on_rdma(&p, pid, go, oc, os, 16);
 }
@@ -687,7 +691,8 @@ Test(kept, a_write_asleep_when_the_server_goes_back_is_counted_by_the_successor)
 	struct big_write w = {.fd = p.cfd};
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, write_big, &w), 0);
-	usleep(300000); /* the writer sleeps for credits: nobody reads */
+	/* The writer sleeps for credits: nobody reads. */
+	cr_assert(h_wait_asleep(p.c, 10000), "the writer never slept");
 	cr_assert_eq(write(go[1], "g", 1), 1);
 	uint8_t *in = malloc(BIG);
 	cr_assert_eq(ph_read_all(p.sfd, in, BIG), BIG);

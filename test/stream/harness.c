@@ -240,6 +240,12 @@ enum sv_conn_state h_wait_state_warp(struct sv_stream *s, enum sv_conn_state wan
 	return st;
 }
 
+void h_warp_steps_ms(uint64_t ms)
+{
+	for (uint64_t done = 0; done < ms; done += H_WARP_STEP_MS)
+		h_warp_ms(H_WARP_STEP_MS);
+}
+
 struct h_counts h_counts(struct sv_stream *s)
 {
 	struct h_counts c = {0};

@@ -119,6 +119,9 @@ void h_helper_round(void);
  * it. */
 #define H_WARP_STEP_MS 10
 enum sv_conn_state h_wait_state_warp(struct sv_stream *s, enum sv_conn_state want, int ms);
+/* Move the clock `ms` on in those steps: every look and retry the helper
+ * would make meanwhile, it makes. */
+void h_warp_steps_ms(uint64_t ms);
 /* Until a thread sleeps in the kernel in one of s's waits (its spin
  * over), or ms pass: whether one does. */
 bool h_wait_asleep(struct sv_stream *s, int ms);
