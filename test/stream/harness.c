@@ -61,9 +61,14 @@ void h_helper_round(void)
 	/* The helper takes its jobs as one batch after each sleep, and looks
 	 * at its connections (with a fresh reading of the clock) between
 	 * sleeps: the second job is queued after the first ran, so a look
-	 * begins and ends between the two. While rdma_cm still starts (it
-	 * may be held: fake_net_slow_start) the helper runs no job, and looks
-	 * at nothing either. */
+	 * begins and ends between the two. While rdma_cm starts on it, it
+	 * runs no job and looks at nothing: its round comes once it is ready,
+	 * or never while the test holds the start (fake_net_slow_start). */
+	if (sv_helper_wake_fd() < 0)
+		return; /* not started */
+	uint64_t until = h_ms() + 10000;
+	while (sv_helper_rdma_state() == 0 && !fake_net_start_held() && h_ms() < until)
+		usleep(200);
 	if (sv_helper_rdma_state() != 0 && helper_job())
 		helper_job();
 }

@@ -111,7 +111,7 @@ void h_warp_ms(uint64_t ms);
 /* Wait until the helper thread has looked at everything it watches with
  * the clock as it is now (two of its jobs, one after the other: the second
  * runs after a round that began after the first). Nothing when the helper
- * never started or rdma_cm still starts on it. */
+ * never started, or while the test holds rdma_cm's start on it. */
 void h_helper_round(void);
 /* h_wait_state where the state waits for the library's timers (an
  * upgrade's retries, its deadline): the clock moves on in steps of
