@@ -236,12 +236,22 @@ void h_warp_sleeper_ms(uint64_t ms, struct sv_stream *s)
 	}
 }
 
+bool h_exchanging(struct sv_stream *s)
+{
+	enum sv_conn_state st = h_state(s);
+	return st == SV_CONN_RESOLVING || st == SV_CONN_SWITCHING;
+}
+
 enum sv_conn_state h_wait_state_warp(struct sv_stream *s, enum sv_conn_state want, int ms)
 {
-	uint64_t end = h_now_ms() + (uint64_t)ms;
+	uint64_t end = h_now_ms() + (uint64_t)ms, real_end = h_ms() + 30000;
 	enum sv_conn_state st;
-	while ((st = h_state(s)) != want && h_now_ms() < end)
-		h_warp_ms(H_WARP_STEP_MS);
+	while ((st = h_state(s)) != want && h_now_ms() < end && h_ms() < real_end) {
+		if (h_exchanging(s))
+			usleep(1000);
+		else
+			h_warp_ms(H_WARP_STEP_MS);
+	}
 	return st;
 }
 

@@ -116,9 +116,13 @@ void h_helper_round(void);
 /* h_wait_state where the state waits for the library's timers (an
  * upgrade's retries, its deadline): the clock moves on in steps of
  * H_WARP_STEP_MS, each after a round of the helper, for at most `ms` of
- * it. */
+ * it. It stands still while s is in an exchange (h_exchanging). */
 #define H_WARP_STEP_MS 10
 enum sv_conn_state h_wait_state_warp(struct sv_stream *s, enum sv_conn_state want, int ms);
+/* Is s in an exchange that work ends, not a timer (resolving its peer,
+ * switching to the QP)? Moving the clock meanwhile could only let the
+ * upgrade's deadline win over work that takes real time. */
+bool h_exchanging(struct sv_stream *s);
 /* Move the clock `ms` on in those steps: every look and retry the helper
  * would make meanwhile, it makes. */
 void h_warp_steps_ms(uint64_t ms);
