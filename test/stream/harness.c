@@ -92,13 +92,6 @@ bool h_wait_asleep(struct sv_stream *s, int ms)
 	}
 }
 
-void h_wake(struct sv_stream *s)
-{
-	sv_lock(&s->lock);
-	sv_stream_wake(s);
-	sv_unlock(&s->lock);
-}
-
 void h_setup(void)
 {
 	const char *log = getenv("SOVIA_TEST_LOG");

@@ -106,7 +106,7 @@ uint64_t h_now_ms(void);
 /* Move the library's clock `ms` forward, then wait until the helper has
  * made a whole round with the new time (h_helper_round): whatever it was
  * to do by then is done or under way. A thread of the test asleep in a
- * stream's wait is woken with h_wake. */
+ * stream's wait: h_warp_sleeper_ms. */
 void h_warp_ms(uint64_t ms);
 /* Wait until the helper thread has looked at everything it watches with
  * the clock as it is now (two of its jobs, one after the other: the second
@@ -129,12 +129,10 @@ void h_warp_steps_ms(uint64_t ms);
 /* Until a thread sleeps in the kernel in one of s's waits (its spin
  * over), or ms pass: whether one does. */
 bool h_wait_asleep(struct sv_stream *s, int ms);
-/* Wake the threads asleep in s's waits, so that they read the clock again
- * (after a warp). */
-void h_wake(struct sv_stream *s);
-/* h_warp_ms, then the thread asleep in s's wait looks at the new time:
- * woken, it judges again and sleeps again (waited for, up to 2 s), or
- * leaves its wait. */
+/* h_warp_ms, then the thread asleep in s's wait looks at the new time (a
+ * sleep on a deadline taken before the warp lasts until woken): woken, it
+ * judges again and sleeps again (waited for, up to 2 s), or leaves its
+ * wait. */
 void h_warp_sleeper_ms(uint64_t ms, struct sv_stream *s);
 /* The descriptors this process has open. */
 int h_open_fds(void);
