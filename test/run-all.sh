@@ -5,12 +5,25 @@
 # libibverbs, rdma_cm and rxe in a qemu guest on machines without rdma_rxe).
 #
 #   test/run-all.sh            everything
-#   test/run-all.sh -L unit    only what ctest selects (arguments go to ctest)
+#   test/run-all.sh -L unit    only what ctest selects (arguments go to ctest);
+#                              a label selection without bed tests needs no bed
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=${SOVIA_BUILD_DIR:-$top/build}
-"$top/test/setup-deps.sh"
-"$top/test/bed/sovia-bed" --setup
+"$top/test/setup-deps.sh" # installs only what is missing
+# The test bed (a qemu guest, its kernel) only for a selection that may
+# hold bed tests: `-L unit` selects none.
+labels=""
+for ((i = 1; i <= $#; i++)); do
+	case ${!i} in
+	-LE* | --label-exclude*) ;;
+	-L | --label-regex) j=$((i + 1)); labels=${!j:-} ;;
+	-L?* | --label-regex=*) labels=${!i#-L}; labels=${labels#--label-regex=} ;;
+	esac
+done
+if [[ -z $labels || bed =~ $labels ]]; then
+	"$top/test/bed/sovia-bed" --setup
+fi
 # Warnings are errors; the run-time checks (lock order, state transitions)
 # are on, in the unit tests and in every program the test bed runs.
 cmake -S "$top" -B "$build" -DSOVIA_WERROR=ON -DSOVIA_CHECKS=ON

@@ -18,8 +18,18 @@ struct sv_clock {
 	uint64_t (*read)(void); /* the source: monotonic microseconds, never 0 */
 };
 
-/* Monotonic microseconds (CLOCK_MONOTONIC), never 0: the library's source. */
+/* Monotonic microseconds (CLOCK_MONOTONIC), never 0: the library's source.
+ * It includes the warps so far (sv_clock_warp). */
 uint64_t sv_now_us(void);
+
+/* Move the library's clock forward by `us` microseconds, for every thread
+ * at once: the tests' virtual time, so that a timer of seconds (a peer's
+ * allowed silence, a linger, an idle deadline) expires without the test
+ * sleeping through it. Only a test calls it. A thread asleep on a
+ * deadline computed before the warp sleeps on until woken: the caller
+ * wakes it (the helper: sv_helper_wake; a stream's waiters:
+ * sv_stream_wake). The clock never goes back. */
+void sv_clock_warp(uint64_t us);
 
 /* An unread clock on the library's source. */
 #define SV_CLOCK_INIT ((struct sv_clock){.us = 0, .read = sv_now_us})

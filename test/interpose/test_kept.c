@@ -215,6 +215,10 @@ Test(kept, a_lost_copy_and_its_dup_read_econnreset)
 	if (owner == 0) {
 		struct pair p;
 		pair_with_bytes_unread(&p);
+		/* Open in the owner alone once the copy closed its end: EOF
+		 * there says the owner is dead. */
+		int dead[2];
+		CHILD_CHECK(42, pipe(dead) == 0);
 		pid_t copy = fork();
 		CHILD_CHECK(40, copy >= 0);
 		if (copy == 0) {
@@ -224,7 +228,11 @@ Test(kept, a_lost_copy_and_its_dup_read_econnreset)
 			struct timeval tv = {.tv_sec = 10};
 			CHILD_CHECK(41, setsockopt(p.sfd, SOL_SOCKET, SO_RCVTIMEO, &tv,
 						   sizeof(tv)) == 0);
-			/* The claim waits until the owner is seen dead. */
+			/* The copy is used once the owner is dead: a claim made
+			 * while it lived could be answered (the connection given
+			 * back, its bytes read) before the kill. */
+			close(dead[1]);
+			CHILD_CHECK(43, read(dead[0], b, 1) == 0);
 			if (read(p.sfd, b, sizeof(b)) != -1 || errno != ECONNRESET)
 				v = 1;
 			int d = dup(p.sfd);
@@ -247,16 +255,23 @@ Test(kept, a_lost_copy_and_its_dup_read_econnreset)
 
 /* ---- Alone again: back to RDMA ---------------------------------------------------- */
 
-/* Until `ms` pass: fd's stream is a new one (not `old`), on RDMA. */
+/* Until `ms` pass on the library's clock, moved on in steps (each after a
+ * round of the helper, which looks at the holders and asks again by its
+ * timers): fd's stream is a new one (not `old`), on RDMA. */
 static struct sv_stream *wait_successor_on_rdma(int fd, struct sv_stream *old, int ms)
 {
-	for (int waited = 0; waited < ms; waited += 10) {
+	uint64_t end = h_now_ms() + (uint64_t)ms, real_end = h_ms() + 30000;
+	for (;;) {
 		struct sv_stream *s = ph_stream(fd);
 		if (s && s != old && h_state(s) == SV_CONN_RDMA)
 			return s;
-		usleep(10000);
+		if (h_now_ms() >= end || h_ms() >= real_end)
+			return NULL;
+		if (s && s != old && h_exchanging(s))
+			usleep(1000); /* the clock stands still while it switches */
+		else
+			h_warp_ms(H_WARP_STEP_MS);
 	}
-	return NULL;
 }
 
 /* Both ends are new streams (not oc, os) on RDMA again, whose bytes both
@@ -358,7 +373,7 @@ Test(kept, a_parent_stays_on_tcp_while_the_child_holds_its_copy)
 	pid_t pid = a_writing_child(&p, 10, go);
 	struct sv_stream *oc = p.c, *os = p.s;
 	/* Several of the parent's looks at its holders. */
-	usleep(600000);
+	h_warp_steps_ms(600);
 	cr_assert_eq(ph_stream(p.cfd), oc, "moved while the child holds a copy");
 	cr_assert_eq(h_state(oc), SV_CONN_DETACHED);
 	enum { N = 3000 };
@@ -393,7 +408,7 @@ Test(kept, a_client_the_fork_took_back_is_on_rdma_again_once_the_child_is_gone)
 	cr_assert_eq(ph_read_all(p.sfd, b, 5), 5);
 	cr_assert_eq(memcmp(b, "child", 5), 0);
 	/* Several of the parent's looks at its holders. */
-	usleep(600000);
+	h_warp_steps_ms(600);
 	cr_assert_eq(ph_stream(p.cfd), oc, "moved while the child holds a copy");
 	let_go_then_both_on_rdma(&p, pid, go, oc, os, 16);
 }
@@ -680,7 +695,8 @@ Test(kept, a_write_asleep_when_the_server_goes_back_is_counted_by_the_successor)
 	struct big_write w = {.fd = p.cfd};
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, write_big, &w), 0);
-	usleep(300000); /* the writer sleeps for credits: nobody reads */
+	/* The writer sleeps for credits: nobody reads. */
+	cr_assert(h_wait_asleep(p.c, 10000), "the writer never slept");
 	cr_assert_eq(write(go[1], "g", 1), 1);
 	uint8_t *in = malloc(BIG);
 	cr_assert_eq(ph_read_all(p.sfd, in, BIG), BIG);

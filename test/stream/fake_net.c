@@ -1186,6 +1186,14 @@ void fake_net_slow_start(void)
 	pthread_mutex_unlock(&start_mu);
 }
 
+bool fake_net_start_held(void)
+{
+	pthread_mutex_lock(&start_mu);
+	bool held = start_gated;
+	pthread_mutex_unlock(&start_mu);
+	return held;
+}
+
 void fake_net_start_now(void)
 {
 	pthread_mutex_lock(&start_mu);

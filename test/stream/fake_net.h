@@ -39,6 +39,8 @@ const char *fake_net_why(void);
  * fake_net_start_now(). */
 void fake_net_slow_start(void);
 void fake_net_start_now(void);
+/* Is it held so (fake_net_slow_start, no fake_net_start_now since)? */
+bool fake_net_start_held(void);
 /* The process changes credentials (preload/creds.c's call included). As
  * the kernel does, every rdma_cm call on a channel opened before fails
  * with EACCES (its events stay queued, its fd readable), and a channel

@@ -1,7 +1,9 @@
 /* The stream-layer tests' harness: see harness.h. */
 #include "harness.h"
 
+#include "clock.h"
 #include "config.h"
+#include "helper.h"
 #include "log.h"
 #include "peers.h"
 #include "share.h"
@@ -11,6 +13,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +26,71 @@ uint64_t h_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+uint64_t h_now_ms(void)
+{
+	return sv_now_us() / 1000u;
+}
+
+/* The helper's jobs run so far (a count, not a flag on the waiter's
+ * stack: a job may outlive a test that gave up on it). */
+static atomic_uint jobs_run;
+
+static void job_done(void *arg, int rdma_err)
+{
+	(void)arg;
+	(void)rdma_err;
+	atomic_fetch_add(&jobs_run, 1);
+}
+
+/* One job on the helper, waited for. false: no helper to run it. */
+static bool helper_job(void)
+{
+	unsigned before = atomic_load(&jobs_run);
+	if (sv_helper_defer(job_done, NULL) < 0)
+		return false;
+	uint64_t until = h_ms() + 10000;
+	while (atomic_load(&jobs_run) == before && h_ms() < until)
+		usleep(200);
+	cr_assert_neq(atomic_load(&jobs_run), before, "the helper ran no job in 10 s");
+	return true;
+}
+
+void h_helper_round(void)
+{
+	/* The helper takes its jobs as one batch after each sleep, and looks
+	 * at its connections (with a fresh reading of the clock) between
+	 * sleeps: the second job is queued after the first ran, so a look
+	 * begins and ends between the two. While rdma_cm starts on it, it
+	 * runs no job and looks at nothing: its round comes once it is ready,
+	 * or never while the test holds the start (fake_net_slow_start). */
+	if (sv_helper_wake_fd() < 0)
+		return; /* not started */
+	uint64_t until = h_ms() + 10000;
+	while (sv_helper_rdma_state() == 0 && !fake_net_start_held() && h_ms() < until)
+		usleep(200);
+	if (sv_helper_rdma_state() != 0 && helper_job())
+		helper_job();
+}
+
+void h_warp_ms(uint64_t ms)
+{
+	sv_clock_warp(ms * 1000u);
+	h_helper_round();
+}
+
+bool h_wait_asleep(struct sv_stream *s, int ms)
+{
+	uint64_t end = h_ms() + (uint64_t)ms;
+	for (;;) {
+		sv_lock(&s->lock);
+		bool asleep = s->wt.waiters > 0;
+		sv_unlock(&s->lock);
+		if (asleep || h_ms() >= end)
+			return asleep;
+		usleep(1000);
+	}
 }
 
 void h_setup(void)
@@ -143,6 +211,49 @@ enum sv_conn_state h_wait_state(struct sv_stream *s, enum sv_conn_state want, in
 	while ((st = h_state(s)) != want && h_ms() < end)
 		usleep(1000);
 	return st;
+}
+
+void h_warp_sleeper_ms(uint64_t ms, struct sv_stream *s)
+{
+	h_warp_ms(ms);
+	sv_lock(&s->lock);
+	uint64_t slept = s->st.waits_slept;
+	sv_stream_wake(s);
+	sv_unlock(&s->lock);
+	uint64_t end = h_ms() + 2000;
+	for (;;) {
+		sv_lock(&s->lock);
+		bool again = s->st.waits_slept > slept && s->wt.waiters > 0;
+		sv_unlock(&s->lock);
+		if (again || h_ms() >= end)
+			return;
+		usleep(1000);
+	}
+}
+
+bool h_exchanging(struct sv_stream *s)
+{
+	enum sv_conn_state st = h_state(s);
+	return st == SV_CONN_RESOLVING || st == SV_CONN_SWITCHING;
+}
+
+enum sv_conn_state h_wait_state_warp(struct sv_stream *s, enum sv_conn_state want, int ms)
+{
+	uint64_t end = h_now_ms() + (uint64_t)ms, real_end = h_ms() + 30000;
+	enum sv_conn_state st;
+	while ((st = h_state(s)) != want && h_now_ms() < end && h_ms() < real_end) {
+		if (h_exchanging(s))
+			usleep(1000);
+		else
+			h_warp_ms(H_WARP_STEP_MS);
+	}
+	return st;
+}
+
+void h_warp_steps_ms(uint64_t ms)
+{
+	for (uint64_t done = 0; done < ms; done += H_WARP_STEP_MS)
+		h_warp_ms(H_WARP_STEP_MS);
 }
 
 struct h_counts h_counts(struct sv_stream *s)

@@ -94,8 +94,46 @@ struct h_writer {
 void h_writer_start(struct h_writer *w);
 void h_writer_join(struct h_writer *w);
 
-/* Monotonic milliseconds. */
+/* Monotonic milliseconds, real: the bound of a test's own waits for
+ * another thread's progress. */
 uint64_t h_ms(void);
+
+/* Virtual time. The library's clock (sv_now_us) is the real one plus the
+ * warps so far: a test moves it past a timer of seconds instead of
+ * sleeping through it. h_now_ms is that clock, in milliseconds: the
+ * measure of how long the library let something take. */
+uint64_t h_now_ms(void);
+/* Move the library's clock `ms` forward, then wait until the helper has
+ * made a whole round with the new time (h_helper_round): whatever it was
+ * to do by then is done or under way. A thread of the test asleep in a
+ * stream's wait: h_warp_sleeper_ms. */
+void h_warp_ms(uint64_t ms);
+/* Wait until the helper thread has looked at everything it watches with
+ * the clock as it is now (two of its jobs, one after the other: the second
+ * runs after a round that began after the first). Nothing when the helper
+ * never started, or while the test holds rdma_cm's start on it. */
+void h_helper_round(void);
+/* h_wait_state where the state waits for the library's timers (an
+ * upgrade's retries, its deadline): the clock moves on in steps of
+ * H_WARP_STEP_MS, each after a round of the helper, for at most `ms` of
+ * it. It stands still while s is in an exchange (h_exchanging). */
+#define H_WARP_STEP_MS 10
+enum sv_conn_state h_wait_state_warp(struct sv_stream *s, enum sv_conn_state want, int ms);
+/* Is s in an exchange that work ends, not a timer (resolving its peer,
+ * switching to the QP)? Moving the clock meanwhile could only let the
+ * upgrade's deadline win over work that takes real time. */
+bool h_exchanging(struct sv_stream *s);
+/* Move the clock `ms` on in those steps: every look and retry the helper
+ * would make meanwhile, it makes. */
+void h_warp_steps_ms(uint64_t ms);
+/* Until a thread sleeps in the kernel in one of s's waits (its spin
+ * over), or ms pass: whether one does. */
+bool h_wait_asleep(struct sv_stream *s, int ms);
+/* h_warp_ms, then the thread asleep in s's wait looks at the new time (a
+ * sleep on a deadline taken before the warp lasts until woken): woken, it
+ * judges again and sleeps again (waited for, up to 2 s), or leaves its
+ * wait. */
+void h_warp_sleeper_ms(uint64_t ms, struct sv_stream *s);
 /* The descriptors this process has open. */
 int h_open_fds(void);
 /* The helper thread's looks at s so far (its statistics' helper_looks). */

@@ -3,6 +3,7 @@
 #include "harness.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -84,8 +85,21 @@ Test(back, a_tcp_connection_needs_none)
 /* A peer that never answers our BACK (its messages never arrive: a
  * stopped or hostile process) does not hold the connection detaching,
  * with the application's writes held, for ever: after the peer's
- * allowed silence the connection is reset, and a write says so. */
-Test(back, a_peer_that_never_answers_is_given_up, .timeout = 150)
+ * allowed silence the connection is reset, and a write says so. The
+ * silence passes on the library's clock (h_warp_ms). */
+struct detacher {
+	struct sv_stream *s;
+	int r;
+};
+
+static void *detach_main(void *arg)
+{
+	struct detacher *d = arg;
+	d->r = sv_stream_detach(d->s);
+	return NULL;
+}
+
+Test(back, a_peer_that_never_answers_is_given_up)
 {
 	struct pair p;
 	h_pair_rdma(&p);
@@ -95,13 +109,28 @@ Test(back, a_peer_that_never_answers_is_given_up, .timeout = 150)
 	long end;
 	cr_assert_eq(h_read_all(p.s, out, sizeof(out), &end), sizeof(out));
 	fake_net_hold(FAKE_SERVER);
-	uint64_t t0 = h_ms();
-	int r = sv_stream_detach(p.c);
-	cr_assert_neq(r, 0, "detached without the peer's BACK");
-	enum sv_conn_state st = h_wait_state(p.c, SV_CONN_BROKEN, 100000);
+	uint64_t t0 = h_now_ms();
+	/* The detach waits for the peer's BACK until the upgrade's deadline
+	 * (5 s): in a thread, so that the clock moves past it too. */
+	struct detacher d = {.s = p.c};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, detach_main, &d), 0);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_DETACHING, 10000), SV_CONN_DETACHING,
+		     "our BACK never went: %s", sv_conn_state_name(h_state(p.c)));
+	/* Just short of the allowed silence: the detach gives up waiting,
+	 * the connection still waits for the peer. */
+	h_warp_ms(59000 - (h_now_ms() - t0));
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	cr_assert_neq(d.r, 0, "detached without the peer's BACK");
+	h_helper_round();
+	cr_assert_eq(h_state(p.c), SV_CONN_DETACHING, "given up before the allowed silence (%s)",
+		     sv_conn_state_name(h_state(p.c)));
+	/* Past it. */
+	h_warp_ms(2000);
+	enum sv_conn_state st = h_wait_state(p.c, SV_CONN_BROKEN, 10000);
 	cr_assert_eq(st, SV_CONN_BROKEN, "still %s after %llu ms", sv_conn_state_name(st),
-		     (unsigned long long)(h_ms() - t0));
-	cr_assert_geq(h_ms() - t0, 59000, "given up before the allowed silence");
+		     (unsigned long long)(h_now_ms() - t0));
+	cr_assert_geq(h_now_ms() - t0, 59000, "given up before the allowed silence");
 	cr_assert_lt(h_write(p.c, out, 10, 0), 0, "a write on the reset connection succeeded");
 	h_pair_free(&p);
 }

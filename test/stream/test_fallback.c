@@ -32,8 +32,9 @@ Test(fallback, no_listener_at_the_peer)
 	struct pair p;
 	h_listen(&p, false);
 	h_connect(&p);
-	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
-		     sv_conn_state_name(h_state(p.c)));
+	/* After its retries. */
+	cr_assert_eq(h_wait_state_warp(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK,
+		     "client: %s", sv_conn_state_name(h_state(p.c)));
 	cr_assert_eq(h_fallback(p.c), SV_FB_REJECTED);
 	h_exchange(&p, 30, false);
 	cr_assert(sv_stream_kernel_only(p.c));
@@ -52,7 +53,8 @@ Test(fallback, no_route)
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.c), SV_FB_NO_ROUTE);
 	h_exchange(&p, 30, false);
-	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	/* At the upgrade's deadline. */
+	cr_assert_eq(h_wait_state_warp(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.s), SV_FB_TIMEOUT);
 	cr_assert_eq(fake_net_qps_created(), 0);
 	h_pair_free(&p);
@@ -169,7 +171,7 @@ Test(fallback, past_the_budget_until_the_deadline)
 	sv_cfg.upgrade_timeout_ms = 400; /* b's */
 	h_listen(&b, true);
 	h_connect(&b);
-	cr_assert_eq(h_wait_state(b.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	cr_assert_eq(h_wait_state_warp(b.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(b.c), SV_FB_MEMLOCK, "fallback=%s",
 		     sv_fallback_name(h_fallback(b.c)));
 	h_exchange(&b, 30, false);
@@ -232,7 +234,8 @@ Test(fallback, a_plain_connection_keeps_no_descriptor_of_ours)
 	while (h_open_fds() == base && h_state(p.s) != SV_CONN_FALLBACK && h_ms() < until)
 		usleep(1000);
 	bool slept_with_one = h_open_fds() == base + 1;
-	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	/* At the upgrade's deadline (the reader asleep meanwhile). */
+	cr_assert_eq(h_wait_state_warp(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.s), SV_FB_TIMEOUT);
 	uint8_t out[100];
 	h_pattern(out, sizeof(out), 31, 0);
@@ -381,7 +384,8 @@ Test(fallback, privileged_ports_keep_an_unprivileged_port_on_tcp)
 		     sv_fallback_name(h_fallback(p.c)));
 	h_exchange(&p, 31, false);
 	cr_assert_eq(fake_net_qps_created(), 0, "the client asked for RDMA");
-	cr_assert_eq(h_wait_state(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+	/* The server's wait for a request ends at the upgrade's deadline. */
+	cr_assert_eq(h_wait_state_warp(p.s, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	h_pair_free(&p);
 }
 

@@ -121,9 +121,10 @@ static void released_to_rdma(struct handed *t)
 {
 	struct pair *p = &t->p;
 	sv_holders_release_first(&t->hand); /* the parent's close */
-	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+	/* By the client's delayed start and retries, and the owner's looks. */
+	cr_assert_eq(h_wait_state_warp(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
 		     sv_conn_state_name(h_state(p->c)), sv_fallback_name(h_fallback(p->c)));
-	cr_assert_eq(h_wait_state(t->child, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "child: %s (%s)",
+	cr_assert_eq(h_wait_state_warp(t->child, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "child: %s (%s)",
 		     sv_conn_state_name(h_state(t->child)), sv_fallback_name(h_fallback(t->child)));
 	cr_assert_neq(p->c->up.redirect_port, 0, "the client was not redirected");
 	echo_over_rdma(t);
@@ -140,10 +141,11 @@ Test(handed, the_child_takes_it_to_rdma_once_the_parent_released_it)
 	struct handed t;
 	accept_and_fork(&t);
 	struct pair *p = &t.p;
-	/* Both hold it: the request waits at the owner. */
-	for (int i = 0; i < 50 && h_state(p->c) == SV_CONN_TCP; i++)
-		usleep(20000);
-	usleep(100000);
+	/* Both hold it: the request (after the upgrade's delay) waits at the
+	 * owner. */
+	for (int i = 0; i < 100 && h_state(p->c) == SV_CONN_TCP; i++)
+		h_warp_ms(H_WARP_STEP_MS);
+	h_warp_steps_ms(100);
 	cr_assert_neq(h_state(p->c), SV_CONN_RDMA, "upgraded while the parent still held it");
 	cr_assert_neq(h_state(t.child), SV_CONN_RDMA);
 	released_to_rdma(&t);
@@ -157,8 +159,9 @@ static void stays_on_tcp_after(struct handed *t, const char *sent)
 	struct pair *p = &t->p;
 	size_t n = strlen(sent);
 	sv_holders_release_first(&t->hand);
-	cr_assert_eq(h_wait_state(p->c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
-		     sv_conn_state_name(h_state(p->c)));
+	/* At the upgrade's deadline. */
+	cr_assert_eq(h_wait_state_warp(p->c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK,
+		     "client: %s", sv_conn_state_name(h_state(p->c)));
 	char b[16];
 	long end;
 	cr_assert_eq(h_read_all(p->c, b, n, &end), n);
@@ -206,7 +209,7 @@ Test(handed, a_request_before_the_fork_waits_for_the_child)
 	/* The request reaches the owner and waits there. */
 	cr_assert_eq(h_wait_state(p->c, SV_CONN_REQUESTED, 10000), SV_CONN_REQUESTED, "client: %s",
 		     sv_conn_state_name(h_state(p->c)));
-	usleep(200000);
+	h_warp_steps_ms(200);
 	cr_assert_eq(h_state(p->s), SV_CONN_TCP, "matched before the application used it: %s",
 		     sv_conn_state_name(h_state(p->s)));
 
@@ -221,7 +224,8 @@ static void unused_upgrades(void)
 {
 	struct pair p = {0};
 	connect_pair(&p);
-	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s (%s)",
+	/* After the wait for the first use. */
+	cr_assert_eq(h_wait_state_warp(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "server: %s (%s)",
 		     sv_conn_state_name(h_state(p.s)), sv_fallback_name(h_fallback(p.s)));
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
 	cr_assert_not(sv_stream_app_used(p.s), "the test used it");
@@ -255,8 +259,8 @@ Test(handed, a_copy_on_stdio_never_upgrades_before_the_exec)
 	cr_assert_eq(h_state(t.child), SV_CONN_FALLBACK);
 	cr_assert_not(sv_share_exec_hand(t.child, &on), "used: an exec takes it back to TCP");
 	sv_holders_release_first(&t.hand);
-	cr_assert_eq(h_wait_state(t.p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK, "client: %s",
-		     sv_conn_state_name(h_state(t.p.c)));
+	cr_assert_eq(h_wait_state_warp(t.p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK,
+		     "client: %s", sv_conn_state_name(h_state(t.p.c)));
 	sv_stream_close(t.child, t.child_fd);
 	h_pair_free(&t.p);
 }
@@ -330,7 +334,8 @@ Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands
 	struct handed t;
 	struct pair *p = &t.p;
 	connect_pair(p);
-	cr_assert_eq(h_wait_state(p->s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	/* After the request's wait for the server's first use. */
+	cr_assert_eq(h_wait_state_warp(p->s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
 	cr_assert_eq(h_wait_state(p->c, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
 	enum { SENT = 5000, READ = 1000, BACK = 3000 };
 	static uint8_t b[SENT];
@@ -361,8 +366,9 @@ Test(handed, a_connection_on_rdma_before_the_fork_is_handed_from_where_it_stands
 	cr_assert(h_pattern_ok(b, SENT - READ, 7, READ), "the child's first bytes");
 
 	sv_holders_release_first(&t.hand); /* the parent's close */
+	/* It asks again by its retry timer. */
 	for (int i = 0; i < 1000 && !successor; i++)
-		usleep(10000);
+		h_warp_ms(H_WARP_STEP_MS);
 	cr_assert_not_null(successor, "the client did not ask again");
 	cr_assert_eq(h_wait_state(successor, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
 		     sv_conn_state_name(h_state(successor)), sv_fallback_name(h_fallback(successor)));

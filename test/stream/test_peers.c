@@ -245,7 +245,9 @@ Test(peers, a_hold_counts_from_when_rdma_cm_is_ready)
 	h_connect(&p);
 	struct h_writer w = {.s = p.c, .len = N, .seed = 3};
 	h_writer_start(&w);
-	usleep(1500000);
+	cr_assert(h_wait_asleep(p.c, 10000), "the writer did not wait for the hold");
+	/* Past the hold had it counted from the connect. */
+	h_warp_sleeper_ms(1500, p.c);
 	cr_assert_eq(h_counts(p.c).tcp_tx, 0, "the hold ended while rdma_cm was starting");
 	fake_net_start_now();
 	uint8_t *got = malloc(N);

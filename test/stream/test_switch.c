@@ -209,7 +209,8 @@ Test(switch, connections_on_rdma_cost_no_descriptors)
 	for (int i = 0; i < K; i++) {
 		h_listen(&tcp[i], false);
 		h_connect(&tcp[i]);
-		cr_assert_eq(h_wait_state(tcp[i].c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
+		/* After the client's retries (their timers). */
+		cr_assert_eq(h_wait_state_warp(tcp[i].c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	}
 	int on_tcp = h_open_fds() - base;
 	base = h_open_fds();
@@ -220,7 +221,9 @@ Test(switch, connections_on_rdma_cost_no_descriptors)
 		z[i] = (struct sleeper){.s = rdma[i].s};
 		cr_assert_eq(pthread_create(&t[i], NULL, read_one, &z[i]), 0);
 	}
-	usleep(300 * 1000); /* long enough for the readers' spins to end in sleeps */
+	/* The readers' spins end in sleeps (in the kernel, the lock let go). */
+	for (int i = 0; i < K; i++)
+		cr_assert(h_wait_asleep(rdma[i].s, 10000), "reader %d never slept", i);
 	for (int i = 0; i < K; i++) {
 		cr_assert_eq(h_write_all(rdma[i].c, "x", 1), 1);
 		pthread_join(t[i], NULL);

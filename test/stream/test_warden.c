@@ -189,21 +189,31 @@ static void start(bool warden, uint16_t rogue_port)
 	thread_up = true;
 }
 
-/* A free TCP port on the loopback, and a server listening there. */
-static uint16_t free_port(void)
+/* A server listening on TCP on the loopback, at a port of the kernel's
+ * choice, without its RDMA listener yet: its port, for the rogue to take
+ * too. Held from here on: no other test's connection can be given it
+ * before the server listens (a port found free, closed and bound again
+ * later could be). */
+static uint16_t listen_tcp(struct pair *p)
 {
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(h_listen_at(p, false, 0), 0);
+	struct sockaddr_in a;
 	socklen_t len = sizeof(a);
-	cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	close(fd);
+	cr_assert_eq(getsockname(p->lfd, (struct sockaddr *)&a, &len), 0);
 	return ntohs(a.sin_port);
 }
 
+/* A pair on that server (port: from listen_tcp, which listens already),
+ * or on a new one at any port (port 0); with an RDMA listener beside the
+ * server's socket if rdma_server. */
 static void pair_up(struct pair *p, bool rdma_server, uint16_t port)
 {
-	cr_assert_eq(h_listen_at(p, rdma_server, port), 0);
+	if (!port) {
+		cr_assert_eq(h_listen_at(p, rdma_server, 0), 0);
+	} else if (rdma_server) {
+		p->l = sv_upgrade_listen(p->lfd);
+		cr_assert_not_null(p->l, "no RDMA listener");
+	}
 	h_connect_sockets(p);
 	p->c = sv_stream_new(p->cfd, true);
 	cr_assert_not_null(p->c);
@@ -228,9 +238,9 @@ static void pair_done(struct pair *p)
  * another and registers it; the warden sends the client there. */
 Test(warden, the_warden_sends_the_client_past_the_rogue_to_the_server)
 {
-	uint16_t port = free_port();
-	start(true, port);
 	struct pair p;
+	uint16_t port = listen_tcp(&p);
+	start(true, port);
 	pair_up(&p, true, port);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
 		     sv_conn_state_name(h_state(p.c)), sv_fallback_name(h_fallback(p.c)));
@@ -248,9 +258,9 @@ Test(warden, the_warden_sends_the_client_past_the_rogue_to_the_server)
  * and the server's stream is the client's bytes alone. */
 Test(warden, a_server_the_warden_does_not_know_stays_on_tcp)
 {
-	uint16_t port = free_port();
-	start(true, port);
 	struct pair p;
+	uint16_t port = listen_tcp(&p);
+	start(true, port);
 	pair_up(&p, false, port);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.c), SV_FB_UNVOUCHED, "%s", sv_fallback_name(h_fallback(p.c)));
@@ -311,9 +321,9 @@ Test(warden, a_host_without_a_warden_is_remembered)
 Test(warden, a_required_warden_that_is_missing_keeps_tcp)
 {
 	sv_cfg.warden_required = true;
-	uint16_t port = free_port();
-	start(false, port);
 	struct pair p;
+	uint16_t port = listen_tcp(&p);
+	start(false, port);
 	pair_up(&p, false, port);
 	cr_assert_eq(h_wait_state(p.c, SV_CONN_FALLBACK, 10000), SV_CONN_FALLBACK);
 	cr_assert_eq(h_fallback(p.c), SV_FB_UNVOUCHED, "%s", sv_fallback_name(h_fallback(p.c)));
@@ -327,16 +337,9 @@ Test(warden, a_required_warden_that_is_missing_keeps_tcp)
  * listener at all: nobody could send its clients elsewhere. */
 Test(warden, a_held_port_without_a_warden_gives_the_server_no_listener)
 {
-	uint16_t port = free_port();
-	start(false, port);
 	struct pair p;
-	memset(&p, 0, sizeof(p));
-	p.lfd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
-				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	cr_assert_eq(bind(p.lfd, (struct sockaddr *)&a, sizeof(a)), 0);
-	cr_assert_eq(listen(p.lfd, 4), 0);
-	p.cfd = p.sfd = -1;
+	uint16_t port = listen_tcp(&p);
+	start(false, port);
 	p.l = sv_upgrade_listen(p.lfd);
 	/* Opened on the helper (NULL: at once, and failed). */
 	for (int i = 0; p.l && sv_upgrade_listener_usable(p.l) && i < 200; i++)

@@ -105,14 +105,20 @@ static char side_name(int s)
 	return s == SA ? 'A' : 'B';
 }
 
+/* xorshift64*, all eight bytes of each output: every test fills 2 MiB,
+ * and a step per byte was a seventh of the ASan copy's CPU time. */
 static void fill_stream(uint8_t *buf, size_t n, uint64_t seed)
 {
 	uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-	for (size_t i = 0; i < n; i++) {
+	for (size_t i = 0; i < n; i += 8) {
 		x ^= x >> 12;
 		x ^= x << 25;
 		x ^= x >> 27;
-		buf[i] = (uint8_t)((x * 0x2545F4914F6CDD1Dull) >> 56);
+		uint64_t w = x * 0x2545F4914F6CDD1Dull;
+		if (n - i >= 8)
+			memcpy(buf + i, &w, 8); /* one store */
+		else
+			memcpy(buf + i, &w, n - i);
 	}
 }
 
