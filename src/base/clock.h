@@ -15,7 +15,7 @@
 
 struct sv_clock {
 	uint64_t us;            /* the reading, in microseconds; 0: not read yet */
-	uint64_t (*read)(void); /* the source: monotonic microseconds, never 0 */
+	uint64_t (*source)(void); /* monotonic microseconds, never 0 */
 };
 
 /* Monotonic microseconds (CLOCK_MONOTONIC), never 0: the library's source.
@@ -32,13 +32,13 @@ uint64_t sv_now_us(void);
 void sv_clock_warp(uint64_t us);
 
 /* An unread clock on the library's source. */
-#define SV_CLOCK_INIT ((struct sv_clock){.us = 0, .read = sv_now_us})
+#define SV_CLOCK_INIT ((struct sv_clock){.us = 0, .source = sv_now_us})
 
 /* The time: the reading, taken now if there is none yet. */
 static inline uint64_t sv_clock_now(struct sv_clock *c)
 {
 	if (!c->us)
-		c->us = c->read();
+		c->us = c->source();
 	return c->us;
 }
 
@@ -51,7 +51,7 @@ static inline bool sv_clock_known(const struct sv_clock *c)
 /* A fresh reading (after a wait, or before a deadline that must be exact). */
 static inline uint64_t sv_clock_update(struct sv_clock *c)
 {
-	c->us = c->read();
+	c->us = c->source();
 	return c->us;
 }
 

@@ -136,7 +136,7 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 static bool linger_finished(struct sv_stream *s, uint64_t now)
 {
 	struct sv_proto *p = s->proto;
-	struct sv_clock clk = {.us = now, .read = sv_now_us};
+	struct sv_clock clk = {.us = now, .source = sv_now_us};
 	if (s->state == SV_CONN_DETACHING) {
 		sv_stream_progress(s, &clk, 0);
 		return s->state != SV_CONN_DETACHING;
@@ -171,7 +171,7 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 {
 	bool finished = linger_finished(s, now);
 	if (!finished && now < s->cl.linger_deadline_us) {
-		struct sv_clock clk = {.us = now, .read = sv_now_us};
+		struct sv_clock clk = {.us = now, .source = sv_now_us};
 		uint64_t next = s->proto ? sv_proto_next_deadline(s->proto, &clk) : 0;
 		uint64_t tick = now + 10000; /* completions also wake us */
 		return next && next < tick ? next : tick;

@@ -267,7 +267,7 @@ void sv_stream_service(struct sv_stream *s, struct sv_service *sv)
 		sv_lock(&s->lock);
 	}
 	s->st.helper_looks++;
-	struct sv_clock clk = {.us = sv->now, .read = sv_now_us};
+	struct sv_clock clk = {.us = sv->now, .source = sv_now_us};
 	/* A known peer's first writes: end the hold when its time is up. */
 	sv_stream_hold_due(s, &clk);
 	uint64_t hold = sv_stream_holding_first(s) ? s->hold.until : 0;

@@ -239,7 +239,7 @@ static uint8_t RBUF[WRITE_MAX];
 static struct sv_clock clock_now(void)
 {
 	fake_clock_us = Z.now;
-	return (struct sv_clock){.us = Z.unread_clock ? 0 : Z.now, .read = fake_clock_read};
+	return (struct sv_clock){.us = Z.unread_clock ? 0 : Z.now, .source = fake_clock_read};
 }
 
 /* ---- A's guarded transport ----------------------------------------------- */

@@ -373,7 +373,7 @@ int fake_poll(struct fake_ep *ep, struct sv_proto *p, uint64_t now_us)
 {
 	int n = 0, err = 0;
 	struct fake_ev ev;
-	struct sv_clock clk = {.us = now_us, .read = fake_clock_read};
+	struct sv_clock clk = {.us = now_us, .source = fake_clock_read};
 	while (evq_pop(&ep->cq, &ev)) {
 		int r;
 		if (ev.kind == FAKE_EV_RECV) {

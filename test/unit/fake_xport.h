@@ -160,6 +160,6 @@ uint64_t fake_clock_read(void);
  * SV_NOW_UNREAD, one with none yet, which reads fake_clock_us when the core
  * needs the time. */
 #define SV_NOW_UNREAD 0u
-#define FAKE_CLK(now) (&(struct sv_clock){.us = (now), .read = fake_clock_read})
+#define FAKE_CLK(now) (&(struct sv_clock){.us = (now), .source = fake_clock_read})
 
 #endif

@@ -84,7 +84,7 @@ struct conn {
 /* ---- Small helpers ----------------------------------------------------- */
 
 /* A clock with no reading yet, for one call into the core. */
-#define NOW_CLK (&(struct sv_clock){.us = 0, .read = now_us})
+#define NOW_CLK (&(struct sv_clock){.us = 0, .source = now_us})
 
 static uint64_t now_us(void)
 {
@@ -562,7 +562,7 @@ static void progress(struct conn *c)
 static int pump(struct conn *c)
 {
 	uint64_t now = now_us();
-	struct sv_clock clk = {.us = now, .read = now_us};
+	struct sv_clock clk = {.us = now, .source = now_us};
 	int n = sv_verbs_poll(c->v, c->p, &clk);
 	if (n < 0)
 		return n;
@@ -596,7 +596,7 @@ static int wait_more(struct conn *c)
 	if (now - c->last_progress > c->stall_us)
 		return -ETIMEDOUT;
 	uint64_t wait = 100000;
-	struct sv_clock clk = {.us = now, .read = now_us};
+	struct sv_clock clk = {.us = now, .source = now_us};
 	uint64_t dl = sv_proto_next_deadline(c->p, &clk);
 	if (dl)
 		wait = dl <= now ? 0 : (dl - now < wait ? dl - now : wait);
