@@ -1,12 +1,23 @@
 /* sovia-warden: tells a client's libsovia where the server's libsovia
  * listens, on a host where rdma_cm's port space is open to every local
- * user (src/warden.h, docs/design.md "The warden", sovia-warden(8)).
+ * user (src/upgrade/warden.h, docs/design.md "The warden",
+ * sovia-warden(8)).
  *
  * It listens on rdma_cm at a port below 1024 and on a Unix socket. A
  * server's libsovia registers there with its listening TCP socket and its
  * RDMA listener's port; a client's upgrade request, sent here first, is
  * answered with a redirect to that port, or "unknown". It never accepts a
- * connection and keeps nothing but the table. */
+ * connection and keeps nothing but the table.
+ *
+ * Any local user may register, so nothing a user controls may stall the
+ * process that answers everyone: reading a registration (which may carry
+ * files, any files), checking its socket and closing what came all happen
+ * in a process of their own (a worker), which the warden kills when it
+ * takes too long; a file whose close might wait (a lingering TCP socket, a
+ * FUSE file, a Unix socket with such files queued) is never last closed
+ * here. A registration vouches for its socket only while the socket
+ * listens: every answer confirms it with the kernel's socket diagnostics
+ * (warden_table.h). */
 #include "cmdata.h"
 #include "warden_table.h"
 
@@ -25,22 +36,51 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-/* Registrations at once, in all and from one user: each is a Unix
- * connection, and any local user may make them. */
-#define CONNS_MAX 16384
-#define CONNS_PER_USER 1024
+/* Registrations under way at once, in all and of one user: each is a
+ * process of ours for the time it takes (at most WORKER_MS). */
+#define WORKERS_MAX 64
+#define WORKERS_PER_USER 4
+#define WORKER_MS 3000
+/* A registrant has this long to send its registration once accepted. */
+#define IDLE_MS 1000
+/* Connections refused at once wait here to be closed by a process of
+ * their own; past this many, the warden stops taking connections until
+ * they are. */
+#define REFUSED_MAX 256
+#define JANITOR_MS 2000
+/* After accept() found no descriptor free (EMFILE, ENFILE), the Unix
+ * socket is left alone this long rather than polled again at once. */
+#define FULL_BACKOFF_MS 200
+/* How often every entry is confirmed, to free the table of gone ones
+ * nobody asks for. */
+#define SWEEP_MS 30000
 
-struct conn {
-	int fd;
+struct worker {
+	pid_t pid;
+	int sock;      /* ours of the pair; -1 once it answered */
 	uid_t uid;
-	bool registered;
+	uint64_t deadline;
 };
 
-static struct conn conns[CONNS_MAX];
-static int nconns;
+/* What a worker tells the warden: r 0 and the listener, or why not. */
+struct report {
+	int32_t r;
+	uint16_t rdma_port;
+	struct sv_warden_listener l;
+};
+
+static struct worker workers[WORKERS_MAX];
+static int nworkers;
+static int refused[REFUSED_MAX];
+static int nrefused;
+static pid_t janitor;
+static uint64_t janitor_deadline;
 static struct sv_warden_table *table;
+static int diag = -1;
 static bool verbose;
 static volatile sig_atomic_t stop;
 
@@ -52,6 +92,13 @@ __attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	fputc('\n', stderr);
 	va_end(ap);
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 static const char *addr_text(const struct sockaddr_storage *ss, char *buf, size_t n)
@@ -72,47 +119,25 @@ static void on_signal(int sig)
 	stop = 1;
 }
 
-/* ---- Registrations ------------------------------------------------------ */
-
-static void drop_conn(int i)
+/* poll() for one fd, up to ms: > 0 ready. */
+static int wait_fd(int fd, short events, int ms)
 {
-	if (conns[i].registered)
-		sv_warden_table_drop(table, conns[i].fd);
-	close(conns[i].fd);
-	conns[i] = conns[--nconns];
+	struct pollfd p = {.fd = fd, .events = events};
+	int n;
+	do
+		n = poll(&p, 1, ms);
+	while (n < 0 && errno == EINTR);
+	return n;
 }
 
-static void accept_conns(int lfd)
-{
-	for (;;) {
-		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0)
-			return;
-		struct ucred uc;
-		socklen_t len = sizeof(uc);
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0) {
-			close(fd);
-			continue;
-		}
-		int mine = 0;
-		for (int i = 0; i < nconns; i++)
-			mine += conns[i].uid == uc.uid;
-		if (nconns == CONNS_MAX || mine >= CONNS_PER_USER) {
-			if (verbose)
-				say("refused a registration of uid %u: %d at once", (unsigned)uc.uid,
-				    nconns == CONNS_MAX ? nconns : mine);
-			send(fd, "n", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-			close(fd);
-			continue;
-		}
-		conns[nconns++] = (struct conn){fd, uc.uid, false};
-	}
-}
+/* ---- A worker: one registration, in a process of its own ---------------------------- */
 
-/* Take a registration on conns[i]. False: the connection is to go. */
-static bool take(int i)
+/* Read the registration on conn and check its socket. 0 and *rep, or
+ * -errno. */
+static int read_registration(int conn, struct report *rep)
 {
-	struct conn *c = &conns[i];
+	if (wait_fd(conn, POLLIN, IDLE_MS) <= 0)
+		return -ETIMEDOUT;
 	uint8_t msg[SV_WARDEN_MSG_LEN + 1];
 	struct iovec iov = {msg, sizeof(msg)};
 	union {
@@ -121,10 +146,9 @@ static bool take(int i)
 	} cb;
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.buf,
 			    .msg_controllen = sizeof(cb.buf)};
-	ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	ssize_t n = recvmsg(conn, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 	if (n < 0)
-		return errno == EAGAIN || errno == EINTR;
-	/* Every fd that came is closed, whatever the message. */
+		return -errno;
 	int fds[4], nfd = 0;
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
 		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
@@ -133,41 +157,198 @@ static bool take(int i)
 		for (size_t j = 0; j < k && nfd < 4; j++)
 			memcpy(&fds[nfd++], CMSG_DATA(cm) + j * sizeof(int), sizeof(int));
 	}
-	uint16_t port = 0;
-	int r = 0;
-	struct sockaddr_storage addr;
-	bool v6only = false;
-	if (n == 0 && nfd == 0)
-		r = -ECONNRESET; /* the registrant let go */
-	else if (c->registered)
-		r = -EEXIST;
-	else if (sv_warden_msg_decode(msg, (size_t)n, &port) < 0 || nfd != 1 ||
-		 (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
-		r = -EPROTO;
-	else
-		r = sv_warden_check_listener(fds[0], &addr, &v6only);
-	for (int j = 0; j < nfd; j++)
-		close(fds[j]);
+	/* The files that came are closed when this process ends. */
+	if (sv_warden_msg_decode(msg, (size_t)n, &rep->rdma_port) < 0 || nfd != 1 ||
+	    (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
+		return -EPROTO;
+	int d = sv_warden_diag_open();
+	if (d < 0)
+		return d;
+	return sv_warden_check_listener(d, fds[0], &rep->l);
+}
+
+static _Noreturn void work(int conn, int sock)
+{
+	/* The warden closes its copy of conn first, then says go: conn is
+	 * last closed here, where waiting costs nobody else. */
+	char go;
+	if (wait_fd(sock, POLLIN, WORKER_MS) <= 0 || read(sock, &go, 1) != 1)
+		_exit(1);
+	struct report rep = {0};
+	rep.r = read_registration(conn, &rep);
+	char verdict = 'n';
+	if (write(sock, &rep, sizeof(rep)) == (ssize_t)sizeof(rep) && rep.r == 0 &&
+	    wait_fd(sock, POLLIN, WORKER_MS) > 0 && read(sock, &verdict, 1) != 1)
+		verdict = 'n';
+	send(conn, &verdict, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+	_exit(0);
+}
+
+/* ---- The warden's side of its workers ---------------------------------------------------- */
+
+static void refuse_later(int fd)
+{
+	/* Over the limits: closed by a janitor (a close here might wait). */
+	if (nrefused < REFUSED_MAX)
+		refused[nrefused++] = fd;
+}
+
+static void start_worker(int conn, uid_t uid)
+{
+	int pair[2];
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
+		refuse_later(conn);
+		return;
+	}
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(pair[0]);
+		work(conn, pair[1]);
+	}
+	close(pair[1]);
+	if (pid < 0) {
+		close(pair[0]);
+		refuse_later(conn);
+		return;
+	}
+	/* Not the last reference: the worker holds conn. */
+	close(conn);
+	fcntl(pair[0], F_SETFL, O_NONBLOCK);
+	if (write(pair[0], "g", 1) != 1) {
+		kill(pid, SIGKILL);
+		close(pair[0]);
+		pair[0] = -1;
+	}
+	workers[nworkers++] = (struct worker){pid, pair[0], uid, now_ms() + WORKER_MS};
+}
+
+/* A worker's report: the registration enters the table (or not), and
+ * the worker tells the registrant. */
+static void take_report(struct worker *w)
+{
+	struct report rep;
+	ssize_t n = read(w->sock, &rep, sizeof(rep));
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	int r = n == (ssize_t)sizeof(rep) ? rep.r : -EIO;
 	if (r == 0)
-		r = sv_warden_table_add(table, c->fd, &addr, v6only, port);
+		r = sv_warden_table_add(table, w->uid, &rep.l, rep.rdma_port);
 	char a[80];
-	if (r == 0) {
-		c->registered = true;
-		if (verbose)
-			say("uid %u: the listener at %s is at RDMA port %u", (unsigned)c->uid,
-			    addr_text(&addr, a, sizeof(a)), port);
-		send(c->fd, "y", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-		return true;
+	if (verbose && r == 0)
+		say("uid %u: the listener at %s is at RDMA port %u", (unsigned)w->uid,
+		    addr_text(&rep.l.addr, a, sizeof(a)), rep.rdma_port);
+	else if (verbose && n > 0)
+		say("uid %u: registration refused: %s", (unsigned)w->uid, strerror(-r));
+	if (n > 0 && r == 0 && write(w->sock, "y", 1) < 0)
+		(void)0; /* a worker gone meanwhile: its registrant hears nothing */
+	close(w->sock);
+	w->sock = -1;
+}
+
+static int user_workers(uid_t uid)
+{
+	int n = 0;
+	for (int i = 0; i < nworkers; i++)
+		n += workers[i].uid == uid;
+	return n;
+}
+
+static bool full_backoff;
+static uint64_t backoff_until;
+
+static void accept_conns(int lfd)
+{
+	for (int k = 0; k < 64 && nrefused < REFUSED_MAX; k++) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				full_backoff = true;
+				backoff_until = now_ms() + FULL_BACKOFF_MS;
+			}
+			return;
+		}
+		struct ucred uc;
+		socklen_t len = sizeof(uc);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0) {
+			refuse_later(fd);
+			continue;
+		}
+		if (nworkers == WORKERS_MAX || user_workers(uc.uid) >= WORKERS_PER_USER) {
+			if (verbose)
+				say("uid %u: a registration refused: %d under way", (unsigned)uc.uid,
+				    nworkers == WORKERS_MAX ? nworkers : user_workers(uc.uid));
+			refuse_later(fd);
+			continue;
+		}
+		start_worker(fd, uc.uid);
 	}
-	if (r != -ECONNRESET) {
-		if (verbose)
-			say("uid %u: registration refused: %s", (unsigned)c->uid, strerror(-r));
-		send(c->fd, "n", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* The refused connections go to a janitor, a process that closes them
+ * (its closes may wait) and ends; one at a time. */
+static void start_janitor(void)
+{
+	if (!nrefused || janitor > 0)
+		return;
+	int go[2];
+	if (pipe2(go, O_CLOEXEC) < 0)
+		return;
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(go[1]);
+		char c;
+		while (read(go[0], &c, 1) < 0 && errno == EINTR)
+			;
+		for (int i = 0; i < nrefused; i++)
+			close(refused[i]);
+		_exit(0);
 	}
-	return false;
+	close(go[0]);
+	if (pid < 0) {
+		close(go[1]);
+		return;
+	}
+	/* Ours first (not the last references), then the janitor's. */
+	for (int i = 0; i < nrefused; i++)
+		close(refused[i]);
+	nrefused = 0;
+	close(go[1]);
+	janitor = pid;
+	janitor_deadline = now_ms() + JANITOR_MS;
+}
+
+/* Workers and the janitor that ended are reaped; those past their time
+ * are killed (a kill ends a close that waits, too). */
+static void reap(uint64_t now)
+{
+	pid_t pid;
+	int status;
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+		if (pid == janitor)
+			janitor = 0;
+		for (int i = 0; i < nworkers; i++) {
+			if (workers[i].pid != pid)
+				continue;
+			if (workers[i].sock >= 0)
+				close(workers[i].sock);
+			workers[i] = workers[--nworkers];
+			break;
+		}
+	}
+	for (int i = 0; i < nworkers; i++)
+		if (now >= workers[i].deadline)
+			kill(workers[i].pid, SIGKILL);
+	if (janitor > 0 && now >= janitor_deadline)
+		kill(janitor, SIGKILL);
 }
 
 /* ---- Requests ------------------------------------------------------------ */
+
+static int alive(void *arg, const struct sockaddr_storage *addr, uint64_t cookie)
+{
+	(void)arg;
+	return sv_warden_alive(diag, addr, cookie);
+}
 
 static void answer(struct rdma_cm_event *ev)
 {
@@ -175,7 +356,7 @@ static void answer(struct rdma_cm_event *ev)
 	uint8_t pd[SV_CM_REJ_LEN];
 	int r = sv_cm_req_decode(ev->param.conn.private_data, ev->param.conn.private_data_len,
 				 &req);
-	uint16_t port = r == 0 ? sv_warden_table_lookup(table, &req.server) : 0;
+	uint16_t port = r == 0 ? sv_warden_table_lookup(table, &req.server, alive, NULL) : 0;
 	if (port)
 		sv_cm_rej_encode_redirect(port, pd);
 	else
@@ -187,8 +368,8 @@ static void answer(struct rdma_cm_event *ev)
 		say("a request %s: refused", r == -EPROTO ? "not of libsovia's" : "of another version");
 	else if (verbose)
 		say("a request for %s: %s %u", addr_text(&req.server, a, sizeof(a)),
-		    port ? "to RDMA port" : "unknown, at port", port ? port : sv_addr_port(
-			    (const struct sockaddr *)&req.server));
+		    port ? "to RDMA port" : "unknown, at port",
+		    port ? port : sv_addr_port((const struct sockaddr *)&req.server));
 }
 
 static void cm_events(struct rdma_event_channel *ch)
@@ -288,10 +469,8 @@ static void usage(FILE *f)
 		SV_WARDEN_PORT, SV_WARDEN_SOCKET);
 }
 
-int main(int argc, char **argv)
+static int parse(int argc, char **argv, unsigned long *port, const char **path)
 {
-	unsigned long port = SV_WARDEN_PORT;
-	const char *path = SV_WARDEN_SOCKET;
 	static const struct option longs[] = {{"help", no_argument, NULL, 'h'},
 					      {"version", no_argument, NULL, 'V'},
 					      {NULL, 0, NULL, 0}};
@@ -301,8 +480,8 @@ int main(int argc, char **argv)
 		switch (opt) {
 		case 'p':
 			errno = 0;
-			port = strtoul(optarg, &end, 10);
-			if (errno || *end || port == 0 || port > 1023) {
+			*port = strtoul(optarg, &end, 10);
+			if (errno || *end || *port == 0 || *port > 1023) {
 				say("-p %s: a port from 1 to 1023: only a privileged process can "
 				    "listen there, which is what makes the answers the host's",
 				    optarg);
@@ -310,7 +489,7 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 's':
-			path = optarg;
+			*path = optarg;
 			break;
 		case 'v':
 			verbose = true;
@@ -330,20 +509,82 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < CONNS_MAX + 64 &&
-	    rl.rlim_max > rl.rlim_cur) {
-		rl.rlim_cur = rl.rlim_max < CONNS_MAX + 64 ? rl.rlim_max : CONNS_MAX + 64;
-		setrlimit(RLIMIT_NOFILE, &rl);
+	return -1;
+}
+
+/* One round: wait for rdma_cm, registrations and workers, then serve
+ * what came. */
+static void round_once(struct rdma_event_channel *ch, int lfd, uint64_t *sweep_at)
+{
+	struct pollfd p[WORKERS_MAX + 2];
+	int idx[WORKERS_MAX];
+	uint64_t now = now_ms();
+	if (full_backoff && now >= backoff_until)
+		full_backoff = false;
+	p[0] = (struct pollfd){.fd = ch->fd, .events = POLLIN};
+	/* Not while no fd is free, nor while refused ones wait for a
+	 * janitor: accept() would find the same again at once. */
+	bool taking = !full_backoff && nrefused < REFUSED_MAX;
+	p[1] = (struct pollfd){.fd = taking ? lfd : -1, .events = POLLIN};
+	nfds_t n = 2;
+	for (int i = 0; i < nworkers; i++) {
+		if (workers[i].sock < 0)
+			continue;
+		idx[n - 2] = i;
+		p[n++] = (struct pollfd){.fd = workers[i].sock, .events = POLLIN};
 	}
+	uint64_t next = *sweep_at;
+	for (int i = 0; i < nworkers; i++)
+		if (workers[i].deadline < next)
+			next = workers[i].deadline;
+	if (janitor > 0 && janitor_deadline < next)
+		next = janitor_deadline;
+	if (full_backoff && backoff_until < next)
+		next = backoff_until;
+	/* Children end without a fd of ours: look for them now and then. */
+	if (nworkers || janitor > 0)
+		next = next < now + 50 ? next : now + 50;
+	int timeout = next > now ? (int)(next - now) : 0;
+	if (poll(p, n, timeout) < 0)
+		return; /* EINTR: a signal, stop looked at */
+	if (p[0].revents)
+		cm_events(ch);
+	for (nfds_t j = 2; j < n; j++)
+		if (p[j].revents)
+			take_report(&workers[idx[j - 2]]);
+	if (p[1].revents)
+		accept_conns(lfd);
+	start_janitor();
+	now = now_ms();
+	reap(now);
+	if (now >= *sweep_at) {
+		size_t gone = sv_warden_table_sweep(table, alive, NULL);
+		if (verbose && gone)
+			say("%zu registrations whose listeners are gone forgotten", gone);
+		*sweep_at = now + SWEEP_MS;
+	}
+}
+
+int main(int argc, char **argv)
+{
+	unsigned long port = SV_WARDEN_PORT;
+	const char *path = SV_WARDEN_SOCKET;
+	int r = parse(argc, argv, &port, &path);
+	if (r >= 0)
+		return r;
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
 	table = sv_warden_table_new();
+	diag = sv_warden_diag_open();
+	if (!table || diag < 0) {
+		say("no socket diagnostics (NETLINK_SOCK_DIAG): %s", strerror(diag < 0 ? -diag : ENOMEM));
+		return 1;
+	}
 	struct rdma_event_channel *ch = rdma_create_event_channel();
-	if (!table || !ch) {
+	if (!ch) {
 		say("no rdma_cm: %s", strerror(errno));
 		return 1;
 	}
@@ -355,27 +596,14 @@ int main(int argc, char **argv)
 		return 1;
 	fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK);
 	say("answering at rdma_cm port %lu; registrations at %s", port, path);
-
-	static struct pollfd p[CONNS_MAX + 2];
-	while (!stop) {
-		p[0] = (struct pollfd){.fd = ch->fd, .events = POLLIN};
-		p[1] = (struct pollfd){.fd = lfd, .events = POLLIN};
-		for (int i = 0; i < nconns; i++)
-			p[i + 2] = (struct pollfd){.fd = conns[i].fd, .events = POLLIN};
-		int n = poll(p, (nfds_t)nconns + 2, -1);
-		if (n < 0)
-			continue; /* EINTR: a signal, stop looked at */
-		if (p[0].revents)
-			cm_events(ch);
-		/* From the last, so that a dropped one's place takes one
-		 * already looked at. */
-		for (int i = nconns - 1; i >= 0; i--)
-			if (p[i + 2].revents && !take(i))
-				drop_conn(i);
-		if (p[1].revents)
-			accept_conns(lfd);
-	}
+	uint64_t sweep_at = now_ms() + SWEEP_MS;
+	while (!stop)
+		round_once(ch, lfd, &sweep_at);
 	unlink(path);
+	for (int i = 0; i < nworkers; i++)
+		kill(workers[i].pid, SIGKILL);
+	if (janitor > 0)
+		kill(janitor, SIGKILL);
 	rdma_destroy_id(id);
 	rdma_destroy_event_channel(ch);
 	sv_warden_table_free(table);

@@ -49,9 +49,6 @@ struct sv_listener {
 	 * socket: fd -1), one per address, in `adopters`. */
 	bool adopter;
 	struct sv_listener *next_adopter;
-	/* Its registration with sovia-warden (warden.h): the handle + 1, 0
-	 * when it has none. */
-	int warden;
 };
 
 /* Drop a hold on a listener (the last frees it, its id and its warden

@@ -24,15 +24,8 @@ void sv_up_listener_put(struct sv_listener *l)
 		return;
 	if (l->id)
 		sv_upgrade_destroy_id(l->id);
-	if (l->warden)
-		sv_warden_unregister(l->warden - 1);
 	free(l);
 }
-
-/* How long a listener whose port another process holds in rdma_cm's
- * space waits for the warden to take its registration: the warden is a
- * local daemon that answers at once, unless it is stopped. */
-#define SV_WARDEN_WAIT_MS 500
 
 /* An RDMA listener's id, bound to `at` and listening. With up_lock. */
 static int open_listener_id(struct sv_listener *l, struct sockaddr_storage *at)
@@ -50,30 +43,51 @@ static int open_listener_id(struct sv_listener *l, struct sockaddr_storage *at)
 	return r;
 }
 
+/* The warden's answer for a listener that only its clients can find (it
+ * is not on the application's port): refused, or not given in time, and
+ * the RDMA listener goes, as nobody would find it. On the warden's
+ * thread (warden.c). */
+static void vouched(void *arg, int r)
+{
+	struct sv_listener *l = arg;
+	sv_lock(&sv_up_lock);
+	if (r < 0 && l->id) {
+		/* A warning: whoever holds the port takes our clients'
+		 * requests, and a client writes its echo into our stream for
+		 * them. */
+		sv_warn("fd %d: another process holds port %u in rdma_cm's space and takes this "
+			"server's clients' upgrade requests; no sovia-warden sends them to ours "
+			"(%s): run sovia-warden on this host", l->fd,
+			sv_addr_port((const struct sockaddr *)&l->addr), strerror(-r));
+		sv_upgrade_destroy_id(l->id);
+		l->id = NULL;
+		l->failed = true;
+	}
+	sv_up_listener_put(l); /* the registration's hold */
+	sv_unlock(&sv_up_lock);
+}
+
 /* Register the listener with the host's sovia-warden, so that clients
- * that ask the warden are sent to it. `must`: the listener is not on the
- * application's port (another process holds that one in rdma_cm's
- * space), so only the warden's clients can find it. False when it must
- * and could not. With up_lock. */
+ * that ask the warden are sent to it: on the warden's own thread, which
+ * nobody waits for. `must`: the listener is not on the application's
+ * port (another process holds that one in rdma_cm's space), so only the
+ * warden's clients can find it: it goes if the warden does not take it
+ * (vouched). False when it must and cannot even be asked. With up_lock. */
 static bool register_with_warden(struct sv_listener *l, bool must)
 {
 	if (!sv_cfg.warden_port || l->fd < 0)
 		return !must;
 	uint16_t port = sv_addr_port(sv_cm->local_addr(l->id));
-	int h = sv_warden_register(sv_warden_path, l->fd, port, must ? SV_WARDEN_WAIT_MS : 0);
-	if (h >= 0) {
-		l->warden = h + 1;
-		sv_dbg("fd %d: registered with sovia-warden: RDMA listener at port %u", l->fd, port);
-		return true;
-	}
-	/* A warning: whoever holds the port takes our clients' requests,
-	 * and a client writes its echo into our stream for them. */
 	if (must)
-		sv_warn("fd %d: another process holds port %u in rdma_cm's space and takes this "
-			"server's clients' upgrade requests; no sovia-warden sends them to ours "
-			"(%s): run sovia-warden on this host", l->fd,
-			sv_addr_port((const struct sockaddr *)&l->addr), strerror(-h));
-	return !must;
+		l->refs++;
+	int r = sv_warden_register(l->fd, port, must, must ? vouched : NULL, l);
+	if (r < 0 && must) {
+		l->refs--;
+		sv_warn("fd %d: another process holds port %u in rdma_cm's space, and sovia-warden "
+			"cannot be asked to send our clients to ours (%s)", l->fd,
+			sv_addr_port((const struct sockaddr *)&l->addr), strerror(-r));
+	}
+	return r == 0 || !must;
 }
 
 /* Open the RDMA listener on l->addr (an inherited one's on any port).

@@ -1,14 +1,27 @@
-/* The library's side of sovia-warden (warden.h): a server's RDMA listener
- * registered with the warden of its host, for as long as it lives. */
+/* The library's side of sovia-warden (warden.h): a server's listening
+ * socket registered with the warden of its host, by a thread of its own.
+ *
+ * Whoever queues a registration (the application's listen(), or the
+ * helper with the upgrade's lock held) never waits for the warden: a
+ * warden that is stopped, slow or flooded by another user costs a server
+ * the vouching, said once, and nothing else. The thread starts at the
+ * first registration, waits at most SV_WARDEN_WAIT_MS for each step of
+ * one (a connection whose backlog is full fails at once: it is never
+ * waited for), and sleeps when there is none. */
 #include "warden.h"
 
 #include "fdpass.h"
+#include "lock.h"
 #include "log.h"
 #include "ownfd.h"
 #include "real.h"
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
@@ -16,117 +29,179 @@
 
 const char *sv_warden_path = SV_WARDEN_SOCKET;
 
-/* The registrations' connections, by handle (-1: free). A fork's child
- * closes its copies at once (sv_warden_atfork_child), so every one here
- * is this process's. */
-static int *regs;
-static int nregs;
+struct job {
+	int fd;            /* our copy of the listening socket */
+	uint16_t rdma_port;
+	bool must;
+	void (*done)(void *arg, int r);
+	void *arg;
+	struct job *next;
+};
 
-static int new_handle(int fd)
-{
-	for (int i = 0; i < nregs; i++) {
-		if (regs[i] < 0) {
-			regs[i] = fd;
-			return i;
-		}
-	}
-	int *more = realloc(regs, (size_t)(nregs + 16) * sizeof(*more));
-	if (!more)
-		return -ENOMEM;
-	regs = more;
-	for (int i = nregs; i < nregs + 16; i++)
-		regs[i] = -1;
-	int h = nregs;
-	nregs += 16;
-	regs[h] = fd;
-	return h;
-}
+/* The jobs, and the thread that does them (started once per process:
+ * a fork's child starts its own). Its lock ranks as the helper's: the
+ * upgrade's is held when a job is queued. */
+static struct {
+	struct sv_lock lock;
+	sem_t jobs; /* one post per job queued */
+	struct job *head, **tail;
+	bool started;
+} q = {.lock = SV_LOCK_INIT(SV_RANK_HELPER), .tail = &q.head};
 
-/* Send the registration with listen_fd and wait for the answer. */
-static int ask(int fd, int listen_fd, uint16_t rdma_port, int timeout_ms)
+/* Said once per process: a warden that does not answer, or refuses. */
+static atomic_bool told;
+
+/* Wait for fd to be ready for `events`, at most SV_WARDEN_WAIT_MS: 0 or
+ * -errno (-ETIMEDOUT). */
+static int wait_ready(int fd, short events)
 {
-	uint8_t msg[SV_WARDEN_MSG_LEN];
-	sv_warden_msg_encode(rdma_port, msg);
-	ssize_t w = sv_fd_send(fd, msg, sizeof(msg), listen_fd, MSG_NOSIGNAL);
-	if (w != (ssize_t)sizeof(msg))
-		return w < 0 ? -errno : -EIO;
-	if (timeout_ms == 0)
-		return 0; /* a refusal closes the connection: the warden forgets it */
-	struct pollfd p = {.fd = fd, .events = POLLIN};
+	struct pollfd p = {.fd = fd, .events = events};
 	int n;
 	do
-		n = SV_REAL(poll)(&p, 1, timeout_ms);
+		n = SV_REAL(poll)(&p, 1, SV_WARDEN_WAIT_MS);
 	while (n < 0 && errno == EINTR);
-	if (n <= 0)
-		return n < 0 ? -errno : -ETIMEDOUT;
-	char yes = 0;
-	ssize_t k;
-	do
-		k = SV_REAL(recv)(fd, &yes, 1, MSG_DONTWAIT);
-	while (k < 0 && errno == EINTR);
-	return k == 1 && yes == 'y' ? 0 : -EACCES;
+	return n > 0 ? 0 : n == 0 ? -ETIMEDOUT : -errno;
 }
 
-int sv_warden_register(const char *path, int listen_fd, uint16_t rdma_port, int timeout_ms)
+/* A connection to the warden, non-blocking, whose peer is root (or
+ * ourselves: a test's warden). The fd or -errno: -ENOENT when none runs
+ * (or none is reachable from here), -EAGAIN when its backlog is full. */
+static int connect_warden(void)
 {
 	struct sockaddr_un un = {.sun_family = AF_UNIX};
-	if (strlen(path) >= sizeof(un.sun_path))
+	if (strlen(sv_warden_path) >= sizeof(un.sun_path))
 		return -ENAMETOOLONG;
-	strcpy(un.sun_path, path);
-	int fd = SV_REAL(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	strcpy(un.sun_path, sv_warden_path);
+	int fd = SV_REAL(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	int r;
-	if (SV_REAL(connect)(fd, (struct sockaddr *)&un, sizeof(un)) < 0) {
-		/* No warden on this host (or not reachable from here): the
-		 * listener is asked directly, as without one. */
-		r = errno == ECONNREFUSED || errno == ENOTDIR ? -ENOENT : -errno;
-		goto close_fd;
-	}
-	/* The listening socket goes only to root (or to ourselves: a test's
-	 * warden), whoever holds the path. */
+	int r = 0;
+	if (SV_REAL(connect)(fd, (struct sockaddr *)&un, sizeof(un)) < 0)
+		r = errno == ECONNREFUSED || errno == ENOENT || errno == ENOTDIR ? -ENOENT
+		    : errno == EINPROGRESS				     ? wait_ready(fd, POLLOUT)
+									     : -errno;
 	struct ucred uc;
 	socklen_t len = sizeof(uc);
-	if (SV_REAL(getsockopt)(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0) {
+	if (r == 0 && SV_REAL(getsockopt)(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
 		r = -errno;
-		goto close_fd;
-	}
-	if (uc.uid != 0 && uc.uid != geteuid()) {
-		sv_warn("%s is not root's (uid %u): no listener is registered there", path,
-			(unsigned)uc.uid);
+	if (r == 0 && uc.uid != 0 && uc.uid != geteuid()) {
+		sv_warn("%s is not root's (uid %u): no listener is registered there",
+			sv_warden_path, (unsigned)uc.uid);
 		r = -EPERM;
-		goto close_fd;
 	}
-	r = ask(fd, listen_fd, rdma_port, timeout_ms);
 	if (r < 0) {
-		sv_info("sovia-warden did not take our listener at port %u: %s", rdma_port,
-			strerror(-r));
-		goto close_fd;
+		SV_REAL(close)(fd);
+		return r;
 	}
-	fd = sv_ownfd_move(fd); /* out of the application's range, kept from close-all loops */
-	r = new_handle(fd);
-	if (r < 0)
-		goto close_fd;
-	return r;
+	return fd;
+}
 
-close_fd:
-	sv_ownfd_close(fd);
+/* One registration: 0, or -errno. */
+static int do_job(const struct job *j)
+{
+	int fd = connect_warden();
+	if (fd < 0)
+		return fd;
+	uint8_t msg[SV_WARDEN_MSG_LEN];
+	sv_warden_msg_encode(j->rdma_port, msg);
+	ssize_t w = sv_fd_send(fd, msg, sizeof(msg), j->fd, MSG_NOSIGNAL | MSG_DONTWAIT);
+	int r = w == (ssize_t)sizeof(msg) ? 0 : w < 0 ? -errno : -EIO;
+	/* Only a listener the warden alone can show clients waits for the
+	 * answer; the others are taken for made once sent (the warden reads
+	 * the message after we have gone). */
+	if (r == 0 && j->must && (r = wait_ready(fd, POLLIN)) == 0) {
+		char yes = 0;
+		ssize_t k;
+		do
+			k = SV_REAL(recv)(fd, &yes, 1, MSG_DONTWAIT);
+		while (k < 0 && errno == EINTR);
+		r = k == 1 && yes == 'y' ? 0 : -EACCES;
+	}
+	SV_REAL(close)(fd);
 	return r;
 }
 
-void sv_warden_unregister(int handle)
+static void *run(void *unused)
 {
-	if (handle < 0 || handle >= nregs || regs[handle] < 0)
-		return;
-	sv_ownfd_close(regs[handle]);
-	regs[handle] = -1;
+	(void)unused;
+	for (;;) {
+		while (sem_wait(&q.jobs) < 0)
+			; /* EINTR */
+		sv_lock(&q.lock);
+		struct job *j = q.head;
+		q.head = j->next;
+		if (!q.head)
+			q.tail = &q.head;
+		sv_unlock(&q.lock);
+		int r = do_job(j);
+		if (r == 0)
+			sv_dbg("registered with sovia-warden: RDMA listener at port %u", j->rdma_port);
+		else if (r != -ENOENT && !atomic_exchange(&told, true))
+			sv_info("sovia-warden did not take a listener of ours (%s): its clients may "
+				"not find it", strerror(-r));
+		sv_ownfd_close(j->fd);
+		if (j->done)
+			j->done(j->arg, r);
+		free(j);
+	}
+	return NULL;
+}
+
+int sv_warden_register(int listen_fd, uint16_t rdma_port, bool must,
+		       void (*done)(void *arg, int r), void *arg)
+{
+	struct job *j = malloc(sizeof(*j));
+	if (!j)
+		return -ENOMEM;
+	/* Our own copy: the application may close its fd (and reuse its
+	 * number) before the job runs. */
+	int fd = sv_ownfd_dup(listen_fd);
+	if (fd < 0) {
+		free(j);
+		return fd;
+	}
+	*j = (struct job){.fd = fd, .rdma_port = rdma_port, .must = must, .done = done,
+			  .arg = arg};
+	sv_lock(&q.lock);
+	int r = 0;
+	if (!q.started && sem_init(&q.jobs, 0, 0) < 0)
+		r = -errno;
+	if (r == 0 && !q.started) {
+		pthread_t t;
+		sigset_t all, old;
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old); /* not the application's signals */
+		r = -pthread_create(&t, NULL, run, NULL);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (r == 0) {
+			pthread_detach(t);
+			q.started = true;
+		}
+	}
+	if (r == 0) {
+		*q.tail = j;
+		q.tail = &j->next;
+		sem_post(&q.jobs);
+	}
+	sv_unlock(&q.lock);
+	if (r < 0) {
+		sv_ownfd_close(fd);
+		free(j);
+	}
+	return r;
 }
 
 void sv_warden_atfork_child(void)
 {
-	for (int i = 0; i < nregs; i++) {
-		if (regs[i] >= 0)
-			sv_ownfd_close(regs[i]);
-		regs[i] = -1;
+	/* The parent's jobs are the parent's: their copies of the sockets
+	 * are closed here (their listeners' owners are the parent's). */
+	sv_lock_reinit(&q.lock);
+	for (struct job *j = q.head, *n; j; j = n) {
+		n = j->next;
+		sv_ownfd_close(j->fd);
+		free(j);
 	}
+	q.head = NULL;
+	q.tail = &q.head;
+	q.started = false; /* its semaphore is made anew with the thread */
 }

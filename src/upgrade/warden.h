@@ -14,13 +14,14 @@
  *
  * The registration, one per Unix connection (SOCK_SEQPACKET), 8 bytes:
  *   0-3  magic "SOVW"
- *   4    version (1)
+ *   4    version (2)
  *   5    zero
  *   6-7  the RDMA listener's port (little-endian)
  * with exactly one fd (SCM_RIGHTS): the listening TCP socket. The warden
- * answers one byte, 'y' or 'n'. The registration lasts as long as the
- * connection: the registrant's process keeps it open while its RDMA
- * listener lives (a fork's child closes its copies). */
+ * answers one byte, 'y' or 'n', and closes the connection. The
+ * registration lasts as long as that socket listens: the warden keeps the
+ * socket's cookie (SO_COOKIE), never the socket, and asks the kernel at
+ * every answer whether it still listens there. */
 #ifndef SV_WARDEN_H
 #define SV_WARDEN_H
 
@@ -35,7 +36,9 @@
  * other user can listen there first and be handed listening sockets. */
 #define SV_WARDEN_SOCKET "/run/sovia/warden.sock"
 #define SV_WARDEN_MAGIC 0x57564f53u /* "SOVW" on the wire */
-#define SV_WARDEN_VERSION 1
+/* Version 2: a registration lasts as long as its socket listens (not as
+ * long as its connection to the warden). */
+#define SV_WARDEN_VERSION 2
 #define SV_WARDEN_MSG_LEN 8
 /* SV_WARDEN_PORT (config.h): SOVIA_WARDEN_PORT's default, and the
  * warden's. */
@@ -48,21 +51,26 @@ int sv_warden_msg_decode(const uint8_t *in, size_t len, uint16_t *rdma_port);
 /* ---- The library's side (warden.c) ---- */
 
 /* Register the application's listening socket listen_fd, whose RDMA
- * listener is at rdma_port, with the warden at `path` (SV_WARDEN_SOCKET in
- * the library), which must be root's or the caller's own user's. Waits up
- * to timeout_ms for the answer (0: not at all, the registration is taken
- * for made). A handle (>= 0),
- * or -errno: -ENOENT when no warden runs, -EACCES when it refused. The
- * caller serializes the calls (the upgrade makes them with its lock). */
-int sv_warden_register(const char *path, int listen_fd, uint16_t rdma_port, int timeout_ms);
+ * listener is at rdma_port, with the warden at sv_warden_path, which must
+ * be root's or the caller's own user's: on a thread of libsovia's own, so
+ * that no caller waits for a warden that hangs (or does not answer in
+ * time). The registration lasts as long as the socket listens: the
+ * warden confirms that at every answer. `must`: the RDMA listener is not
+ * on the socket's own port (another process holds that in rdma_cm's
+ * space), so only the warden's clients find it: done(arg, r) then hears
+ * the warden's answer (0; -ENOENT no warden; -EACCES refused; -ETIMEDOUT
+ * no answer in SV_WARDEN_WAIT_MS), else the registration is taken for
+ * made once sent (r 0) or said once why not. done runs on that thread,
+ * with no lock of libsovia's held. 0 when queued (listen_fd is copied:
+ * the caller keeps it), or -errno. */
+#define SV_WARDEN_WAIT_MS 500
+int sv_warden_register(int listen_fd, uint16_t rdma_port, bool must,
+		       void (*done)(void *arg, int r), void *arg);
 /* Where the library registers: SV_WARDEN_SOCKET (the stream-layer tests
  * put their own warden's). */
 extern const char *sv_warden_path;
-/* The RDMA listener is gone: so is its registration. */
-void sv_warden_unregister(int handle);
-/* In a fork's child: the parent's registrations are the parent's (the
- * child's copies of their connections are closed, so that the warden
- * forgets each when the parent lets it go). */
+/* In a fork's child: the parent's registrations under way are the
+ * parent's. */
 void sv_warden_atfork_child(void);
 
 #endif

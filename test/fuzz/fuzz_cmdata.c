@@ -4,8 +4,11 @@
  * given, say -EPROTO or -EPROTONOSUPPORT for what it refuses, and for what
  * it takes give fields that encode back to the same bytes.
  *
- * The input is used whole as each kind of private data in turn, and as a
- * registration sovia-warden reads (warden_table.c). */
+ * The input is used whole as each kind of private data in turn, as a
+ * registration sovia-warden reads (warden.h), and as a script of
+ * registrations, listeners that close and lookups for the warden's table
+ * (tools/warden_table.c), which must answer only for a live listener a
+ * connection reaches, its very address first. */
 #include "fuzz.h"
 
 #include "cmdata.h"
@@ -170,11 +173,142 @@ static void fuzz_warden(const uint8_t *in, size_t len)
 	      "a registration does not encode back to its bytes");
 }
 
+/* ---- The warden's table, against a model of it ---- */
+
+#define W_MAX 64
+struct w_entry {
+	struct sv_warden_listener l;
+	uid_t uid;
+	uint16_t port;
+	bool dead;
+	bool used;
+};
+static struct w_entry shadow[W_MAX];
+
+static int fake_alive(void *arg, const struct sockaddr_storage *addr, uint64_t cookie)
+{
+	(void)arg;
+	(void)addr;
+	for (int i = 0; i < W_MAX; i++)
+		if (shadow[i].used && shadow[i].l.cookie == cookie)
+			return !shadow[i].dead;
+	return 0;
+}
+
+/* A small address space, so that registrations and lookups meet. */
+static struct sockaddr_storage w_addr(uint8_t b)
+{
+	struct sockaddr_storage ss = {0};
+	uint16_t port = (uint16_t)(7000 + (b & 3));
+	switch ((b >> 2) & 3) {
+	case 0: { /* 10.0.0.x */
+		struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+		in->sin_family = AF_INET;
+		in->sin_port = htons(port);
+		in->sin_addr.s_addr = htonl(0x0a000000u | (b >> 4 & 3));
+		break;
+	}
+	case 1: { /* 0.0.0.0 */
+		struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+		in->sin_family = AF_INET;
+		in->sin_port = htons(port);
+		break;
+	}
+	case 2: { /* :: */
+		struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+		in6->sin6_family = AF_INET6;
+		in6->sin6_port = htons(port);
+		break;
+	}
+	default: { /* ::ffff:10.0.0.x, or fd00::x */
+		struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+		in6->sin6_family = AF_INET6;
+		in6->sin6_port = htons(port);
+		if (b & 0x40) {
+			in6->sin6_addr.s6_addr[0] = 0xfd;
+		} else {
+			in6->sin6_addr.s6_addr[10] = in6->sin6_addr.s6_addr[11] = 0xff;
+			in6->sin6_addr.s6_addr[12] = 10;
+		}
+		in6->sin6_addr.s6_addr[15] = (uint8_t)(b >> 4 & 3);
+		break;
+	}
+	}
+	return ss;
+}
+
+/* Does a listener at l take a connection to server: 2 exactly, 1 as a
+ * wildcard, 0 not (the model's own reading of the rules). */
+static int w_match(const struct sv_warden_listener *l, const struct sockaddr_storage *server)
+{
+	if (sv_addr_port((const struct sockaddr *)&l->addr) !=
+	    sv_addr_port((const struct sockaddr *)server))
+		return 0;
+	if (sv_addr_equal(&l->addr, server))
+		return 2;
+	uint8_t a[16], sv[16];
+	uint16_t pa, ps;
+	int a4, s4;
+	if (sv_addr16(&l->addr, a, &pa, &a4) < 0 || sv_addr16(server, sv, &ps, &s4) < 0)
+		return 0;
+	static const uint8_t any4[16] = {[10] = 0xff, [11] = 0xff}, any6[16];
+	if (l->addr.ss_family == AF_INET)
+		return s4 && !memcmp(a, any4, 16);
+	return !memcmp(a, any6, 16) && (!s4 || !l->v6only);
+}
+
+static void fuzz_warden_table(const uint8_t *in, size_t len)
+{
+	struct sv_warden_table *t = sv_warden_table_new();
+	CHECK(t, "no table");
+	memset(shadow, 0, sizeof(shadow));
+	for (size_t i = 0; i + 3 <= len; i += 3) {
+		uint8_t op = in[i], a = in[i + 1], b = in[i + 2];
+		int k = b % W_MAX;
+		if (op % 4 == 0) { /* a registration of socket k */
+			struct sv_warden_listener l = {.addr = w_addr(a), .v6only = (op >> 2) & 1,
+						       .cookie = (uint64_t)k + 1};
+			uid_t uid = (uid_t)(op >> 3 & 3);
+			uint16_t port = (uint16_t)(100 + (op >> 5) + 8 * (unsigned)k);
+			int r = sv_warden_table_add(t, uid, &l, port);
+			CHECK(r == 0, "a registration refused: %d", r);
+			shadow[k] = (struct w_entry){l, uid, port, false, true};
+		} else if (op % 4 == 1) { /* socket k closes */
+			shadow[k].dead = true;
+		} else if (op % 4 == 2) { /* a lookup */
+			struct sockaddr_storage server = w_addr(a);
+			uint16_t got = sv_warden_table_lookup(t, &server, fake_alive, NULL);
+			int best = 0;
+			for (int j = 0; j < W_MAX; j++) {
+				int m = shadow[j].used && !shadow[j].dead ? w_match(&shadow[j].l, &server) : 0;
+				best = m > best ? m : best;
+			}
+			CHECK(!best == !got, "answered %u where the best live match is %d", got, best);
+			if (!got)
+				continue;
+			bool found = false;
+			for (int j = 0; j < W_MAX; j++)
+				found |= shadow[j].used && !shadow[j].dead && shadow[j].port == got &&
+					 w_match(&shadow[j].l, &server) == best;
+			CHECK(found, "port %u is no live listener's of the best match %d", got, best);
+		} else { /* a sweep */
+			sv_warden_table_sweep(t, fake_alive, NULL);
+			size_t live = 0;
+			for (int j = 0; j < W_MAX; j++)
+				live += shadow[j].used && !shadow[j].dead;
+			CHECK(sv_warden_table_count(t) == live, "a sweep left %zu for %zu live",
+			      sv_warden_table_count(t), live);
+		}
+	}
+	sv_warden_table_free(t);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	fuzz_req(data, size);
 	fuzz_rep(data, size);
 	fuzz_rej(data, size);
 	fuzz_warden(data, size);
+	fuzz_warden_table(data, size);
 	return 0;
 }

@@ -38,6 +38,7 @@ struct cm_side {
 
 static struct cm_side warden_cm, rogue_cm;
 static struct sv_warden_table *table;
+static int diag = -1;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static int unix_fd = -1;
 static char unix_path[108];
@@ -59,6 +60,12 @@ static bool cm_up(struct cm_side *c, uint16_t port, bool warden)
 	return true;
 }
 
+static int alive(void *arg, const struct sockaddr_storage *addr, uint64_t cookie)
+{
+	(void)arg;
+	return sv_warden_alive(diag, addr, cookie);
+}
+
 static void cm_answer(struct cm_side *c)
 {
 	if (!c->ch)
@@ -75,7 +82,7 @@ static void cm_answer(struct cm_side *c)
 			    sv_cm_req_decode(ev->param.conn.private_data,
 					     ev->param.conn.private_data_len, &req) == 0) {
 				pthread_mutex_lock(&table_lock);
-				port = sv_warden_table_lookup(table, &req.server);
+				port = sv_warden_table_lookup(table, &req.server, alive, NULL);
 				pthread_mutex_unlock(&table_lock);
 			}
 			if (port)
@@ -103,20 +110,18 @@ static void take_registrations(void)
 	int fd;
 	ssize_t n = fdpass_recv(c, m, sizeof(m), &fd, MSG_DONTWAIT);
 	uint16_t port;
-	struct sockaddr_storage addr;
-	bool only;
+	struct sv_warden_listener l;
 	bool ok = n > 0 && sv_warden_msg_decode(m, (size_t)n, &port) == 0 && fd >= 0 &&
-		  sv_warden_check_listener(fd, &addr, &only) == 0;
+		  sv_warden_check_listener(diag, fd, &l) == 0;
 	if (ok) {
 		pthread_mutex_lock(&table_lock);
-		ok = sv_warden_table_add(table, c, &addr, only, port) == 0;
+		ok = sv_warden_table_add(table, getuid(), &l, port) == 0;
 		pthread_mutex_unlock(&table_lock);
 	}
 	if (fd >= 0)
 		close(fd);
 	(void)!send(c, ok ? "y" : "n", 1, MSG_NOSIGNAL);
-	/* The connection stays open (leaked to the end of the test): the
-	 * registration lasts as long. */
+	close(c); /* the registration lasts as long as its socket listens */
 }
 
 static void *serve(void *arg)
@@ -138,6 +143,8 @@ static void setup(void)
 	memset(&warden_cm, 0, sizeof(warden_cm));
 	memset(&rogue_cm, 0, sizeof(rogue_cm));
 	table = sv_warden_table_new();
+	diag = sv_warden_diag_open();
+	cr_assert_geq(diag, 0);
 	snprintf(unix_path, sizeof(unix_path), "/tmp/sovia-warden-stream.%d", (int)getpid());
 	unlink(unix_path);
 	sv_warden_path = unix_path;
@@ -168,6 +175,7 @@ static void teardown(void)
 	unlink(unix_path);
 	sv_warden_path = SV_WARDEN_SOCKET;
 	sv_warden_table_free(table);
+	close(diag);
 	h_teardown();
 }
 
@@ -210,7 +218,7 @@ static void pair_up(struct pair *p, bool rdma_server, uint16_t port)
 {
 	if (!port) {
 		cr_assert_eq(h_listen_at(p, rdma_server, 0), 0);
-	} else if (rdma_server) {
+	} else if (rdma_server && !p->l) {
 		p->l = sv_upgrade_listen(p->lfd);
 		cr_assert_not_null(p->l, "no RDMA listener");
 	}
@@ -346,4 +354,94 @@ Test(warden, a_held_port_without_a_warden_gives_the_server_no_listener)
 		usleep(10000);
 	cr_assert(!p.l || !sv_upgrade_listener_usable(p.l), "a listener on a port another holds");
 	h_pair_free(&p);
+}
+
+/* Issue 53: a warden that hangs costs a server nothing but the vouching.
+ * Here its Unix socket takes no connection (its backlog is full, as any
+ * local user can make it): the server's listen() returns at once, where
+ * it used to wait in a blocking connect(), and its connections still
+ * move to RDMA (nothing of the upgrade waits either). */
+Test(warden, a_hung_warden_costs_a_servers_listen_nothing)
+{
+	int hung = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
+	struct sockaddr_un un = {.sun_family = AF_UNIX};
+	strcpy(un.sun_path, unix_path);
+	cr_assert_eq(bind(hung, (struct sockaddr *)&un, sizeof(un)), 0);
+	cr_assert_eq(listen(hung, 0), 0);
+	int fillers[8], nf = 0;
+	while (nf < 8) {
+		int f = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
+		if (connect(f, (struct sockaddr *)&un, sizeof(un)) < 0) {
+			close(f);
+			break;
+		}
+		fillers[nf++] = f;
+	}
+	cr_assert_lt(nf, 8, "the warden's backlog never filled");
+	start(false, 0);
+	struct pair p;
+	uint64_t t0 = h_ms();
+	cr_assert_eq(h_listen_at(&p, true, 0), 0);
+	uint64_t took = h_ms() - t0;
+	cr_assert_lt(took, 100, "listen() took %llu ms", (unsigned long long)took);
+	h_connect(&p);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(p.c)), sv_fallback_name(h_fallback(p.c)));
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	h_exchange(&p, 33, true);
+	pair_done(&p);
+	/* rdma_cm is up now: this listener opens, and registers, in the
+	 * application's own listen(). */
+	struct pair q;
+	t0 = h_ms();
+	cr_assert_eq(h_listen_at(&q, true, 0), 0);
+	took = h_ms() - t0;
+	cr_assert_lt(took, 100, "the second listen() took %llu ms", (unsigned long long)took);
+	h_pair_free(&q);
+	for (int i = 0; i < nf; i++)
+		close(fillers[i]);
+	close(hung);
+}
+
+/* Issue 53, finding 1, against the library's clients: a listener that
+ * registered and closed vouches for nobody. The rogue holds the port in
+ * rdma_cm's space, so each server's RDMA listener is elsewhere and only
+ * the warden can send clients to it. The first server listens on the
+ * port's very address, registers, and goes; a second listens on the
+ * wildcard of that port and registers. Its clients reach its listener:
+ * the first one's exact entry, which used to outrank a wildcard whatever
+ * its age, sent them to a port where nothing listens. */
+Test(warden, a_gone_listeners_registration_sends_no_client_astray)
+{
+	struct pair first;
+	uint16_t port = listen_tcp(&first);
+	start(true, port);
+	first.l = sv_upgrade_listen(first.lfd);
+	cr_assert_not_null(first.l);
+	for (int i = 0; i < 2000 && sv_warden_table_count(table) == 0; i++)
+		usleep(1000);
+	cr_assert_eq(sv_warden_table_count(table), 1, "the first server registered");
+	sv_upgrade_unlisten(first.l);
+	close(first.lfd);
+
+	struct pair p;
+	memset(&p, 0, sizeof(p));
+	p.cfd = p.sfd = -1;
+	p.lfd = socket(AF_INET, SOCK_STREAM, 0);
+	int one = 1;
+	setsockopt(p.lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	struct sockaddr_in any = {.sin_family = AF_INET, .sin_port = htons(port)};
+	cr_assert_eq(bind(p.lfd, (struct sockaddr *)&any, sizeof(any)), 0, "%s", strerror(errno));
+	cr_assert_eq(listen(p.lfd, 16), 0);
+	p.l = sv_upgrade_listen(p.lfd);
+	cr_assert_not_null(p.l);
+	for (int i = 0; i < 2000 && sv_warden_table_count(table) < 2; i++)
+		usleep(1000);
+	pair_up(&p, true, port);
+	cr_assert_eq(h_wait_state(p.c, SV_CONN_RDMA, 10000), SV_CONN_RDMA, "client: %s (%s)",
+		     sv_conn_state_name(h_state(p.c)), sv_fallback_name(h_fallback(p.c)));
+	cr_assert_eq(h_wait_state(p.s, SV_CONN_RDMA, 10000), SV_CONN_RDMA);
+	cr_assert_eq(atomic_load(&rogue_cm.requests), 0, "the rogue got a request");
+	h_exchange(&p, 34, true);
+	pair_done(&p);
 }
