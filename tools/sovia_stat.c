@@ -1,10 +1,17 @@
 /* sovia-stat: the libsovia connections of the user's processes (every
  * user's for root), as ss(8) lists sockets.
  *
- * Each process that has libsovia connections answers on an abstract unix
- * socket, "@libsovia-stat.PID" (src/helper_stat.c), with a memfd holding
- * one line per connection; it answers only its own user and root. The
- * processes are found in /proc/net/unix. */
+ * Each process that has libsovia connections answers on a unix socket,
+ * SV_STAT_DIR.EUID/PID (src/helper/helper_stat.c), with a sealed memfd
+ * holding one line per connection; it answers only its own user and root.
+ * The processes are found in /proc/net/unix.
+ *
+ * Whatever a process answers (any process of any user, for root) is
+ * received in a process of our own, which is killed when it takes too
+ * long: a message may carry files of any kind, and the last close of one
+ * (a lingering TCP socket, a FUSE file) may wait as long as its owner
+ * likes. Only a sealed memfd is read, and its seals are asked before
+ * anything else of it. */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -27,7 +34,11 @@
 #define SOVIA_VERSION_STRING "?"
 #endif
 
-#define NAME_PREFIX "@libsovia-stat."
+#include "helper.h" /* SV_STAT_DIR */
+
+#include <sys/wait.h>
+
+#define NAME_PREFIX SV_STAT_DIR "."
 
 /* One connection, as a process's view line gives it. */
 struct conn {
@@ -142,18 +153,19 @@ static bool has_uid(const uid_t uids[3], uid_t u)
 	return uids[0] == u || uids[1] == u || uids[2] == u;
 }
 
-/* Connect to pid's view without ever blocking: a process that does not
+/* Connect to a view without ever blocking: a process that does not
  * accept (stopped, in a debugger) fills its backlog, and a blocking
  * connect would then wait for good. Returns the socket, or -errno. */
-static int connect_view(int pid)
+static int connect_view(const char *path)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	int n = snprintf(a.sun_path + 1, sizeof(a.sun_path) - 1, "libsovia-stat.%d", pid);
-	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	if (strlen(path) >= sizeof(a.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(a.sun_path, path);
 	int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0)
 		return -errno;
-	if (connect(s, (struct sockaddr *)&a, len) < 0) {
+	if (connect(s, (struct sockaddr *)&a, sizeof(a)) < 0) {
 		int err = errno == EAGAIN ? -ETIMEDOUT : -errno;
 		close(s);
 		return err;
@@ -168,6 +180,7 @@ static int connect_view(int pid)
  * view). */
 struct ask {
 	int pid;
+	char path[108]; /* its view's socket */
 	int sock;
 	int err;
 	char *text;
@@ -175,6 +188,7 @@ struct ask {
 
 enum {
 	ANSWER_MS = 2000,     /* for a batch at once: a silent process costs 2 s in all */
+	RECEIVER_MS = 1000,   /* and the receiver's own time past that, to tell us */
 	BATCH = 128,          /* processes asked at once: each costs an fd or two */
 	VIEW_MAX = 16 << 20,  /* bytes: far above any process's connections */
 	CONNS_MAX = 1 << 16,  /* a process's connections shown: bounds a fake view's */
@@ -185,11 +199,14 @@ enum {
  * someone keeps writing could hold the reader for ever. */
 static char *read_view(int view)
 {
-	struct stat st;
+	/* The seals first: a file of any other kind than a memfd says EINVAL
+	 * without being looked at, where fstat or a read could wait. */
 	int seals = fcntl(view, F_GET_SEALS);
 	int want = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
-	if (fstat(view, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > VIEW_MAX || seals < 0 ||
-	    (seals & want) != want)
+	if (seals < 0 || (seals & want) != want)
+		return NULL;
+	struct stat st;
+	if (fstat(view, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > VIEW_MAX)
 		return NULL;
 	size_t size = (size_t)st.st_size;
 	char *text = malloc(size + 1);
@@ -231,25 +248,27 @@ static int take_view(struct msghdr *m)
 	return view;
 }
 
-/* The answer waiting on a->sock: the view's text into a->text, or a->err.
- * The answerer must be the pid the name gives, running as root or as one
- * of that process's users (anyone may bind an abstract name; the
- * listener's user is who the process was at listen(), and the helper
- * listens again when the process changes its credentials). */
-static void receive(struct ask *a)
+/* Is the answerer at a->sock the pid the name gives, running as root or
+ * as one of that process's users (the listener's user is who the process
+ * was at listen(), and the helper listens again when the process changes
+ * its credentials)? 0, or -errno. Asked of the kernel, without reading. */
+static int check_peer(const struct ask *a)
 {
 	struct ucred cr;
 	socklen_t cl = sizeof(cr);
 	uid_t uids[3] = {0, 0, 0};
 	if (getsockopt(a->sock, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.pid != a->pid ||
-	    proc_uids(a->pid, uids) < 0) {
-		a->err = -ESRCH;
-		return;
-	}
-	if (cr.uid != 0 && !has_uid(uids, cr.uid)) {
-		a->err = -EPERM;
-		return;
-	}
+	    proc_uids(a->pid, uids) < 0)
+		return -ESRCH;
+	if (cr.uid != 0 && !has_uid(uids, cr.uid))
+		return -EPERM;
+	return 0;
+}
+
+/* The answer waiting on a->sock: the view's text into a->text, or a->err.
+ * In the receiver (ask_all). */
+static void receive(struct ask *a)
+{
 	char one = 0;
 	struct iovec iov = {.iov_base = &one, .iov_len = 1};
 	union {
@@ -284,30 +303,20 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Every process of a[] asked at once, the answers awaited together within
- * ANSWER_MS. A non-root caller does not ask processes none of whose users
- * it is: they would refuse, and asking wakes their helpers. */
-static void ask_all(struct ask *a, size_t n)
+/* The receiver: every answer awaited together within ANSWER_MS, then
+ * told to the parent on `out`: for each process asked, its index, its
+ * error and its view's text. */
+struct told {
+	int32_t i, err;
+	uint32_t len;
+};
+
+static _Noreturn void receive_all(struct ask *a, size_t n, int out)
 {
 	struct pollfd *pf = calloc(n ? n : 1, sizeof(*pf));
 	size_t *of = calloc(n ? n : 1, sizeof(*of));
-	if (!pf || !of) {
-		for (size_t i = 0; i < n; i++)
-			a[i].err = -ENOMEM;
-		goto free_polls;
-	}
-	for (size_t i = 0; i < n; i++) {
-		uid_t uids[3] = {0, 0, 0};
-		a[i].sock = -1;
-		a[i].err = proc_uids(a[i].pid, uids);
-		if (!a[i].err && geteuid() != 0 && !has_uid(uids, getuid()) &&
-		    !has_uid(uids, geteuid()))
-			a[i].err = -EACCES;
-		if (!a[i].err) {
-			a[i].sock = connect_view(a[i].pid);
-			a[i].err = a[i].sock < 0 ? a[i].sock : 0;
-		}
-	}
+	if (!pf || !of)
+		_exit(1);
 	int64_t end = now_ms() + ANSWER_MS;
 	for (;;) {
 		size_t k = 0;
@@ -326,16 +335,124 @@ static void ask_all(struct ask *a, size_t n)
 			if (pf[j].revents)
 				receive(&a[of[j]]);
 	}
-free_polls:
 	for (size_t i = 0; i < n; i++) {
-		if (a[i].sock >= 0 && !a[i].err && !a[i].text)
-			a[i].err = -ETIMEDOUT;
+		if (a[i].sock < 0 || (!a[i].text && !a[i].err))
+			continue;
+		struct told t = {(int32_t)i, a[i].err, a[i].text ? (uint32_t)strlen(a[i].text) : 0};
+		if (write(out, &t, sizeof(t)) != (ssize_t)sizeof(t))
+			_exit(1);
+		for (uint32_t done = 0; done < t.len;) {
+			ssize_t w = write(out, a[i].text + done, t.len - done);
+			if (w <= 0)
+				_exit(1);
+			done += (uint32_t)w;
+		}
+	}
+	_exit(0);
+}
+
+/* Read exactly len bytes from fd by `end`: false when it ended first. */
+static bool read_full(int fd, void *buf, size_t len, int64_t end)
+{
+	for (size_t got = 0; got < len;) {
+		int64_t left = end - now_ms();
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+			return false;
+		ssize_t r = read(fd, (char *)buf + got, len - got);
+		if (r <= 0)
+			return false;
+		got += (size_t)r;
+	}
+	return true;
+}
+
+/* What the receiver told: each answer's error or text into a[]. */
+static void hear(struct ask *a, size_t n, int in, int64_t end)
+{
+	struct told t;
+	while (read_full(in, &t, sizeof(t), end)) {
+		if (t.i < 0 || (size_t)t.i >= n || t.len > VIEW_MAX)
+			return;
+		struct ask *x = &a[t.i];
+		x->err = t.err;
+		if (!t.len)
+			continue;
+		x->text = malloc((size_t)t.len + 1);
+		if (!x->text || !read_full(in, x->text, t.len, end)) {
+			free(x->text);
+			x->text = NULL;
+			x->err = -EPROTO;
+			return;
+		}
+		x->text[t.len] = '\0';
+	}
+}
+
+/* Every process of a[] asked at once, the answers awaited together within
+ * ANSWER_MS. A non-root caller does not ask processes none of whose users
+ * it is: they would refuse, and asking wakes their helpers. The answers
+ * are read in a receiver of our own (the file's head says why). */
+static void ask_all(struct ask *a, size_t n)
+{
+	bool *asked = calloc(n ? n : 1, sizeof(*asked));
+	for (size_t i = 0; i < n; i++) {
+		uid_t uids[3] = {0, 0, 0};
+		a[i].sock = -1;
+		a[i].err = proc_uids(a[i].pid, uids);
+		if (!a[i].err && geteuid() != 0 && !has_uid(uids, getuid()) &&
+		    !has_uid(uids, geteuid()))
+			a[i].err = -EACCES;
+		if (!a[i].err) {
+			a[i].sock = connect_view(a[i].path);
+			a[i].err = a[i].sock < 0 ? a[i].sock : check_peer(&a[i]);
+		}
+	}
+	int res[2] = {-1, -1}, go[2] = {-1, -1};
+	pid_t pid = -1;
+	if (asked && pipe2(res, O_CLOEXEC) == 0 && pipe2(go, O_CLOEXEC) == 0)
+		pid = fork();
+	if (pid == 0) {
+		close(res[0]);
+		close(go[1]);
+		/* The parent lets go of the sockets first: their last close is
+		 * ours, and a wait in it costs nobody else. */
+		char c;
+		while (read(go[0], &c, 1) < 0 && errno == EINTR)
+			;
+		receive_all(a, n, res[1]);
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (asked)
+			asked[i] = a[i].sock >= 0 && !a[i].err;
 		if (a[i].sock >= 0)
 			close(a[i].sock);
 		a[i].sock = -1;
+		if (asked && asked[i] && pid < 0)
+			a[i].err = -ENOMEM;
 	}
-	free(pf);
-	free(of);
+	if (pid > 0) {
+		close(go[0]);
+		close(go[1]);
+		close(res[1]);
+		hear(a, n, res[0], now_ms() + ANSWER_MS + RECEIVER_MS);
+		close(res[0]);
+		/* Done or not, it goes: one stuck in a close is ended. */
+		kill(pid, SIGKILL);
+		for (int k = 0; k < 100 && waitpid(pid, NULL, WNOHANG) == 0; k++)
+			usleep(1000);
+	} else {
+		for (int k = 0; k < 2; k++) {
+			if (res[k] >= 0)
+				close(res[k]);
+			if (go[k] >= 0)
+				close(go[k]);
+		}
+	}
+	for (size_t i = 0; asked && i < n; i++)
+		if (asked[i] && !a[i].text && !a[i].err)
+			a[i].err = -ETIMEDOUT;
+	free(asked);
 }
 
 /* The connections of a process's view into l, at most CONNS_MAX. */
@@ -359,35 +476,41 @@ static void collect(const struct ask *a, struct list *l)
 	}
 }
 
-/* The pids with a view, from /proc/net/unix (-errno if it cannot be read). */
-static int find_pids(int **out)
+/* The views' sockets, from /proc/net/unix (-errno if it cannot be read):
+ * every process's, or only's. */
+static int find_views(int only, struct ask **out)
 {
 	FILE *f = fopen("/proc/net/unix", "r");
 	if (!f)
 		return -errno;
-	int *v = NULL, n = 0, cap = 0;
+	struct ask *v = NULL;
+	int n = 0, cap = 0;
 	char line[512];
 	while (fgets(line, sizeof(line), f)) {
 		char *p = strstr(line, NAME_PREFIX);
 		if (!p)
 			continue;
+		p[strcspn(p, "\n")] = '\0';
+		char *slash = strrchr(p, '/');
 		char *end;
-		long pid = strtol(p + strlen(NAME_PREFIX), &end, 10);
-		if (pid <= 0 || (*end != '\n' && *end != '\0'))
+		long pid = slash ? strtol(slash + 1, &end, 10) : 0;
+		if (pid <= 0 || *end || (only && pid != only) || strlen(p) >= sizeof(v->path))
 			continue;
 		bool seen = false;
 		for (int i = 0; i < n && !seen; i++)
-			seen = v[i] == pid; /* the listener and its accepted sockets share the name */
+			seen = !strcmp(v[i].path, p); /* the listener and its accepted sockets */
 		if (seen)
 			continue;
 		if (n == cap) {
 			cap = cap ? 2 * cap : 32;
-			int *nv = realloc(v, (size_t)cap * sizeof(*nv));
+			struct ask *nv = realloc(v, (size_t)cap * sizeof(*nv));
 			if (!nv)
 				break;
 			v = nv;
 		}
-		v[n++] = (int)pid;
+		v[n] = (struct ask){.pid = (int)pid, .sock = -1};
+		strcpy(v[n].path, p);
+		n++;
 	}
 	fclose(f);
 	*out = v;
@@ -525,23 +648,18 @@ static int show(int only, bool json)
 {
 	struct list l = {0};
 	int status = 0;
-	int *pids = NULL;
-	int n = 1;
-	if (!only && (n = find_pids(&pids)) < 0) {
+	struct ask *a = NULL;
+	int n = find_views(only, &a);
+	if (n < 0) {
 		fprintf(stderr, "sovia-stat: /proc/net/unix: %s\n", strerror(-n));
 		return 1;
 	}
-	struct ask *a = calloc(n ? (size_t)n : 1, sizeof(*a));
-	if (!a) {
-		free(pids);
-		fprintf(stderr, "sovia-stat: out of memory\n");
+	if (only && n == 0) {
+		fprintf(stderr, "sovia-stat: process %d: %s\n", only,
+			kill(only, 0) < 0 && errno == ESRCH ? why(-ENOENT) : why(-ECONNREFUSED));
+		free(a);
 		return 1;
 	}
-	for (int i = 0; i < n; i++) {
-		a[i].pid = only ? only : pids[i];
-		a[i].sock = -1;
-	}
-	free(pids);
 	/* In batches: all at once would run out of fds with many
 	 * processes, and hold every view's text at the same time. */
 	for (int b = 0; b < n; b += BATCH) {

@@ -82,6 +82,10 @@ void sv_helper_each_round(enum sv_helper_phase phase, uint64_t (*fn)(uint64_t no
 
 /* ---- Its calls ------------------------------------------------------------------- */
 
+/* Where each process answers sovia-stat (helper_stat.c): a unix socket
+ * SV_STAT_DIR.EUID/PID, in a directory of that user's alone. */
+#define SV_STAT_DIR "/dev/shm/libsovia-stat"
+
 
 /* Start the thread (once); it then sets up rdma_cm by itself. 0 or -errno. */
 int sv_helper_start(void);

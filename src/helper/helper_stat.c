@@ -1,8 +1,16 @@
-/* The view sovia-stat(8) asks for: the helper thread answers on an
- * abstract unix socket, "@libsovia-stat.PID", with its process's
- * connections, read from the counters each stream keeps anyway. Nothing
- * is added to the data path; the cost is one listening socket per process
- * and the helper's work when someone asks.
+/* The view sovia-stat(8) asks for: the helper thread answers on a unix
+ * socket, SV_STAT_DIR.EUID/PID, with its process's connections, read from
+ * the counters each stream keeps anyway. Nothing is added to the data
+ * path; the cost is one listening socket per process and the helper's
+ * work when someone asks.
+ *
+ * The directory is the user's alone (mode 0700): only the process's own
+ * user and root can connect. An abstract name would let any user connect,
+ * and so send the helper files in a message: closing such a connection
+ * would release them here, and the last close of a lingering TCP socket
+ * waits for its linger, the helper with it. A directory of that name made
+ * by another user first gets the process no view (said once, at debug
+ * level): a cost of visibility, never of service.
  *
  * The answer is a memfd passed with SCM_RIGHTS, so that a slow or stopped
  * reader never makes the helper wait: it writes the whole view, seals it
@@ -33,7 +41,11 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -50,16 +62,56 @@ static const char *medium_name(enum sv_view_medium m)
 	return m == SV_VIEW_RDMA ? "rdma" : m == SV_VIEW_TCP ? "tcp" : "none";
 }
 
+/* Our effective user's directory of views: made if missing; one that is
+ * there must be a directory of that user's alone. 0, or -errno (-EPERM:
+ * another user's, or open to others). */
+static int own_dir(const char *dir)
+{
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	struct stat st;
+	if (lstat(dir, &st) < 0)
+		return -errno;
+	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077))
+		return -EPERM;
+	return 0;
+}
+
+/* Sockets of processes that are gone (their pid free or another's now:
+ * one of ours of the same pid is bound anew) are removed as we come. */
+static void prune(const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d)
+		return;
+	int n = 0;
+	for (struct dirent *e; (e = readdir(d)) && n < 256; n++) {
+		char *end;
+		long pid = strtol(e->d_name, &end, 10);
+		if (pid > 0 && !*end && kill((pid_t)pid, 0) < 0 && errno == ESRCH)
+			unlinkat(dirfd(d), e->d_name, 0);
+	}
+	closedir(d);
+}
+
 int sv_stat_open(void)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	/* Abstract: nothing in the file system to clean up after a crash. */
-	int n = snprintf(a.sun_path + 1, sizeof(a.sun_path) - 1, "libsovia-stat.%d", (int)getpid());
-	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	char dir[64];
+	snprintf(dir, sizeof(dir), "%s.%u", SV_STAT_DIR, (unsigned)geteuid());
+	int r = own_dir(dir);
+	if (r < 0)
+		return r;
+	prune(dir);
+	int n = snprintf(a.sun_path, sizeof(a.sun_path), "%s/%d", dir, (int)getpid());
+	if (n < 0 || (size_t)n >= sizeof(a.sun_path))
+		return -ENAMETOOLONG;
+	unlink(a.sun_path); /* a former process's of our pid */
 	int fd = SV_REAL(socket)(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	if (SV_REAL(bind)(fd, (struct sockaddr *)&a, len) < 0 || SV_REAL(listen)(fd, 8) < 0) {
+	if (SV_REAL(bind)(fd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
+	    SV_REAL(listen)(fd, 8) < 0) {
 		int err = -errno;
 		SV_REAL(close)(fd);
 		return err;
