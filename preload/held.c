@@ -1,6 +1,6 @@
 /* A connection handed to a fork's child (accept-then-fork servers:
  * inetd, PostgreSQL, ftpd), as each process's fd entry holds it between
- * the fork and the child's upgrade (src/holders.h).
+ * the fork and the child's upgrade (src/upgrade/holders.h).
  *
  * In both processes the fd is the kernel's socket meanwhile: two processes
  * may read and write it, and only TCP can carry that. The entry keeps the

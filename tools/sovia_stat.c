@@ -2,7 +2,7 @@
  * user's for root), as ss(8) lists sockets.
  *
  * Each process that has libsovia connections answers on an abstract unix
- * socket, "@libsovia-stat.PID" (src/helper_stat.c), with a memfd holding
+ * socket, "@libsovia-stat.PID" (src/helper/helper_stat.c), with a memfd holding
  * one line per connection; it answers only its own user and root. The
  * processes are found in /proc/net/unix. */
 #include <ctype.h>

@@ -1,6 +1,6 @@
 /* sovia-warden: tells a client's libsovia where the server's libsovia
  * listens, on a host where rdma_cm's port space is open to every local
- * user (src/warden.h, docs/design.md "The warden", sovia-warden(8)).
+ * user (src/upgrade/warden.h, docs/design.md "The warden", sovia-warden(8)).
  *
  * It listens on rdma_cm at a port below 1024 and on a Unix socket. A
  * server's libsovia registers there with its listening TCP socket and its
