@@ -94,8 +94,8 @@ static int h_share(struct sv_fd *f)
 	return 1;
 }
 
-/* The first fork's child adopts the connection (sv_ops_adopt_all, once the
- * fork handlers ran); any later fork adds a holder. */
+/* The first fork's child adopts the connection (h_after_fork makes it a
+ * stream once the fork handlers ran); any later fork adds a holder. */
 static void h_atfork_child(struct sv_fd *f)
 {
 	struct sv_held *h = held_of(f);
