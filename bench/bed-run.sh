@@ -383,7 +383,7 @@ if [ "$IPERF" = 1 ] && command -v iperf3 >/dev/null; then
 fi
 
 # ---- what a payload copy costs in this guest (full run only) ----
-# libsovia copies writes below SOVIA_REG_THRESHOLD in pieces (src/copy.h):
+# libsovia copies writes below SOVIA_REG_THRESHOLD in pieces (src/base/copy.h):
 # the table shows why, for the run's own guest (docs/benchmarks.md).
 COPYCOST=$(dirname "$BENCH")/sovia-copycost
 rm -f "$OUT/copycost.md"

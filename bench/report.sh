@@ -249,7 +249,7 @@ if [ -s "$DIR/copycost.md" ]; then
 		echo "## What a payload copy costs in this guest"
 		echo
 		echo "\`bench/sovia_copycost.c\`, 16 MiB per size: glibc's \`memcpy\` in one call"
-		echo "against libsovia's copy in 2 KiB pieces (src/copy.h; why:"
+		echo "against libsovia's copy in 2 KiB pieces (src/base/copy.h; why:"
 		echo "docs/benchmarks.md, \"Copies in the test bed\")."
 		echo
 		cat "$DIR/copycost.md"

@@ -1,5 +1,5 @@
 /* What a payload copy costs here: glibc's memcpy in one call against
- * libsovia's copy in pieces (src/copy.h), for the sizes of messages.
+ * libsovia's copy in pieces (src/base/copy.h), for the sizes of messages.
  *
  *   sovia-copycost [MIB_PER_SIZE]   (default 32)
  *

@@ -1,6 +1,6 @@
 /* Descriptor calls on a stream: dup, dup2, dup3 and fcntl(F_DUPFD*) make
  * every copy the same stream, which lives until the last copy is closed
- * (src/stream_close.c); fcntl(F_SETFL) and ioctl(FIONBIO) tell the stream
+ * (src/stream/stream_close.c); fcntl(F_SETFL) and ioctl(FIONBIO) tell the stream
  * its mode may have changed; ioctl(FIONREAD/SIOCINQ, SIOCOUTQ) counts what
  * libsovia holds as well. Other fcntl and ioctl requests go to the kernel
  * unchanged. */

@@ -3,11 +3,11 @@
  * The kernel's epoll cannot see a stream whose data travels over the QP, so
  * an accelerated stream added to an epoll set is not given to the kernel:
  * the set's shadow here keeps it (its events, data and edge/one-shot state,
- * src/readiness.h). Everything else (kernel fds, listening sockets, streams
+ * src/base/readiness.h). Everything else (kernel fds, listening sockets, streams
  * that are plain TCP for good) stays in the kernel's set.
  *
  * Like the kernel's, a wait costs in proportion to what is ready, not to
- * the set's size. Each entry keeps a watch on its stream (src/hub.h): the
+ * the set's size. Each entry keeps a watch on its stream (src/base/hub.h): the
  * stream's changes and its armed CQ's completions put the entry on the
  * set's ready list and kick the set's sleeping waiters. A wait judges the
  * entries on that list (and the few whose readiness is partly the

@@ -26,7 +26,7 @@
  * A client connection of this image (no table: the client asks) goes on
  * the same way, back on plain TCP first, and the new image's stream
  * upgrades it again (the server's end, back on TCP too, matches it as a
- * second life: src/stream_redo.c):
+ * second life: src/share/redo.c):
  *
  *   SOVIA_CONTINUED=<pid>:<client>[,<client>...]
  *   <client> = <socket inode>.<fd>.<dtx>.<drx>

@@ -27,7 +27,7 @@ struct sv_conn_view;
 
 /* Readiness of an fd whose data libsovia may hold: poll, select and epoll
  * ask it instead of (or besides) the kernel. Each op is the stream's of the
- * same name (src/stream.h). */
+ * same name (src/stream/stream.h). */
 struct sv_fd_wait_ops {
 	void (*split)(struct sv_fd *f, short events, short *own, short *kernel, uint64_t *gen);
 	short (*recheck)(struct sv_fd *f, short events, short rev);
@@ -121,7 +121,7 @@ struct sv_fd {
 	/* An epoll set watches this fd (never cleared): the kernel's, added
 	 * while it was a plain socket (it must stay the kernel's: it is never
 	 * made a stream), or, for a stream, any (a successor would not be
-	 * watched there: src/stream_redo.c). */
+	 * watched there: src/share/redo.c). */
 	atomic_bool in_epoll;
 };
 

@@ -1,5 +1,5 @@
 /* A fork's child's copy of a connection its parent kept on RDMA
- * (src/shares.h): the parent's QP carries the connection, so the kernel's
+ * (src/share/shares.h): the parent's QP carries the connection, so the kernel's
  * socket here has none of its bytes. The first call that would read,
  * write, wait on or pass on the socket claims it: the parent takes the
  * connection back to plain TCP, and the entry then becomes the kernel's,

@@ -1,6 +1,6 @@
 /* A connection handed to a fork's child (accept-then-fork servers:
  * inetd, PostgreSQL, ftpd), as each process's fd entry holds it between
- * the fork and the child's upgrade (src/holders.h).
+ * the fork and the child's upgrade (src/upgrade/holders.h).
  *
  * In both processes the fd is the kernel's socket meanwhile: two processes
  * may read and write it, and only TCP can carry that. The entry keeps the
@@ -94,8 +94,8 @@ static int h_share(struct sv_fd *f)
 	return 1;
 }
 
-/* The first fork's child adopts the connection (sv_ops_adopt_all, once the
- * fork handlers ran); any later fork adds a holder. */
+/* The first fork's child adopts the connection (h_after_fork makes it a
+ * stream once the fork handlers ran); any later fork adds a holder. */
 static void h_atfork_child(struct sv_fd *f)
 {
 	struct sv_held *h = held_of(f);

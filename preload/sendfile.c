@@ -68,7 +68,7 @@ static struct sv_fd *served(int fd)
 		return f;
 	/* The kernel's socket alone carries it: the call is the kernel's,
 	 * and the fd is for good (a successor that moved the connection to
-	 * RDMA again, src/stream_redo.c, would not count these bytes). */
+	 * RDMA again, src/share/redo.c, would not count these bytes). */
 	if (f && f->ops->detach)
 		(void)f->ops->detach(f);
 	sv_fd_put(f);

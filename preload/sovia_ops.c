@@ -541,7 +541,7 @@ bool sv_stream_fd_adopt(const int *fds, int n, const struct sv_hand *hand, uint6
 	return ok;
 }
 
-/* ---- A second life (src/stream_redo.c) ------------------------------------------ */
+/* ---- A second life (src/share/redo.c) ------------------------------------------ */
 
 /* No call of any kind is under way on the predecessor's entry: the
  * successor holds the only reference left (the table's went at the swap;

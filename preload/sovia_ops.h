@@ -62,7 +62,7 @@ void sv_fd_make_plain_all(void *priv);
  * has none of the parent's threads, RDMA listeners or queue pairs). */
 void sv_ops_atfork_child(void);
 /* At the start: the stream layer may make a connection back on TCP a new
- * stream (src/stream_redo.c). */
+ * stream (src/share/redo.c). */
 void sv_ops_init(void);
 /* A fork's child holds alone the copy f of a client connection its parent
  * handed on (foreign.c): f becomes a new stream that moves it to RDMA

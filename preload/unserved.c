@@ -1,14 +1,23 @@
-/* Calls libsovia does not serve on an accelerated connection: the
- * connection first goes back to plain TCP (BACK/RETURN, src/stream_back.c),
- * with nothing held by libsovia, and the call then goes to the kernel,
- * which is right about the socket again. Correctness wins over
- * acceleration:
+/* Calls that give a connection to another process or image. A connection
+ * they would give away raw first goes back to plain TCP (BACK/RETURN,
+ * src/stream/stream_back.c), with nothing held by libsovia, and the call
+ * then goes to the kernel, which is right about the socket again; where
+ * the copies module can follow the connection (src/share/share.h), it is
+ * kept, handed or continued instead. Correctness wins over acceleration:
  *
- *   fork, vfork            every accelerated connection, before the fork
- *   exec*, fexecve,        those that survive the exec (no FD_CLOEXEC),
- *   execveat               but a connection handed to this process and
- *                          still untouched: the new image continues it
- *                          (exec_hand.c)
+ *   fork, vfork            each connection as sv_share_detach_for_fork
+ *                          decides: one settled on RDMA stays on the
+ *                          parent's QP, the child's fd a copy (foreign.c),
+ *                          with SOVIA_FORK_KEEP and a kernel that copies
+ *                          pinned pages at a fork; a server's whose upgrade
+ *                          has not begun is handed to the child (held.c);
+ *                          any other goes back first (a client's is then
+ *                          shared with the child, a server's back with
+ *                          known counts handed to it)
+ *   exec*, fexecve,        those that survive the exec (no FD_CLOEXEC), but
+ *   execveat               a connection handed to this process and still
+ *                          untouched, and a client's back on TCP on one fd:
+ *                          the new image continues them (exec_hand.c)
  *   posix_spawn[p]         every one (file actions may hand any fd over)
  *   system, popen          those that survive into the shell (no
  *                          FD_CLOEXEC): glibc spawns it with its internal
@@ -375,8 +384,9 @@ SV_EXPORT int wordexp(const char *words, wordexp_t *we, int flags)
  * runs (the fork handlers do: the child's libsovia is reset), and the
  * parent leaves by glibc's internal _exit, past quick_exit_flush: what the
  * parent's QPs carried or held would be lost, and the child would find
- * only the kernel's sockets. Every connection goes back to TCP first, as
- * for fork(). */
+ * only the kernel's sockets. Every connection goes back to TCP first: none
+ * can be kept, handed or shared, as our fork() may, since this fork is not
+ * ours. */
 SV_EXPORT int daemon(int nochdir, int noclose)
 {
 	HAND_OVER("daemon", false, -1);
@@ -385,7 +395,8 @@ SV_EXPORT int daemon(int nochdir, int noclose)
 
 /* forkpty forks with glibc's internal fork too (since 2.34, in libc): the
  * child's entries become the kernel's, so the shell it usually execs
- * would get served sockets raw. As fork(). */
+ * would get served sockets raw. Every connection goes back first, as for
+ * daemon(). */
 SV_EXPORT pid_t forkpty(int *master, char *name, const struct termios *tp,
 			const struct winsize *wp)
 {

@@ -1,7 +1,7 @@
 /* sovia-run: run a program with libsovia preloaded, its flags turned into
  * libsovia's settings (as smc_run does for SMC).
  *
- * The flags come from the settings table itself (src/config.c): SOVIA_WINDOW
+ * The flags come from the settings table itself (src/base/config.c): SOVIA_WINDOW
  * is --window N, a yes/no setting SOVIA_X is --x and --no-x. Every value is
  * checked by the same parser and ranges the module uses, so a value the
  * module would refuse (and replace by its default) stops sovia-run before

@@ -7,7 +7,7 @@
  * `-cpu max`) glibc's memcpy moves about 230 MiB/s at 16-256 KiB, the same
  * bytes in 2 KiB pieces about 1800 MiB/s (glibc's vector loop). Natively
  * the pieces cost 0.9-1.5x one call. The measurements are in
- * docs/benchmarks.md, "Copies in the test bed" (apps/sovia_copycost.c).
+ * docs/benchmarks.md, "Copies in the test bed" (bench/sovia_copycost.c).
  *
  * SV_COPY_PIECE is the lowest threshold glibc uses (2048 bytes, SSE2 vectors;
  * 4096 with AVX2, 8192 with AVX-512), so each piece takes the vector path. */

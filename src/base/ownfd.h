@@ -1,4 +1,4 @@
-/* libsovia's own descriptors (a stream's wake-up eventfd, a connection's
+/* libsovia's own descriptors (a sleeping thread's eventfd, a device's
  * completion channel, the helper's, a lingering connection's copy of its
  * socket) are numbered above the application's range: a program's own fds
  * stay low, where select's FD_SETSIZE and fd-indexed tables expect them. */

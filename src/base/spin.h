@@ -34,7 +34,7 @@ uint32_t sv_spin_budget(uint32_t avg_us, uint32_t max_us);
  * at most SV_SPIN_READER_US. A streaming receiver's waits last as long as
  * the sender takes to fill a message; spinning through them bought no
  * throughput that sleeping lost at 1 MiB and cost the CPU the rest of the
- * time (src/spin.c, docs/design.md). */
+ * time (src/base/spin.c, docs/design.md). */
 #define SV_SPIN_READER_US 50u
 uint32_t sv_spin_reader(uint32_t budget_us);
 

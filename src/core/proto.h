@@ -7,7 +7,7 @@
  * blocking, no threads, no clock of its own (the caller lends it one,
  * clock.h). The caller (the stream layer) serialises calls, polls the
  * transport and feeds completions back, and waits when an operation returns
- * -EAGAIN. Its state is private to src/proto*.c: everything the stream
+ * -EAGAIN. Its state is private to src/core/proto*.c: everything the stream
  * needs to know or change goes through the calls below, so the core's
  * invariants hold whatever its callers do.
  *

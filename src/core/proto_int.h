@@ -1,4 +1,4 @@
-/* The protocol core's state, private to src/proto*.c (and the core's own
+/* The protocol core's state, private to src/core/proto*.c (and the core's own
  * unit tests, which check it from inside). Everything else goes through
  * proto.h. */
 #ifndef SV_PROTO_INT_H

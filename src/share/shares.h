@@ -33,7 +33,7 @@ struct sv_shares;
 
 /* Where a connection handed to the copies stands (sv_shares_hand): the
  * stream offsets where TCP took over from the owner's QP, and the
- * kernel's counts of the socket then (stream_redo.c). */
+ * kernel's counts of the socket then (redo.c). */
 struct sv_share_redo {
 	uint64_t tx, rx;
 	uint64_t ktx, krx;

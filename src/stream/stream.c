@@ -251,8 +251,8 @@ void sv_stream_start_revived(struct sv_stream *s, struct sv_listener *l)
 	}
 	if (port_unprivileged(s, (const struct sockaddr *)&s->tuple.peer) || no_rdma(s))
 		return;
-	/* The helper starts it once the predecessor's calls are over
-	 * (sv_stream_redo_ready). */
+	/* The helper starts it once the predecessor's calls are over (the
+	 * copies' may_upgrade, src/share/redo.c). */
 	sv_lock(&s->lock);
 	s->up.upgrade_at = sv_now_us();
 	sv_unlock(&s->lock);

@@ -60,7 +60,7 @@ enum sv_accept_result sv_stream_cm_accept(struct sv_stream *s, struct rdma_cm_id
 		return SV_ACCEPT_LATER;
 	}
 	if (!sv_copies_may_upgrade(s)) {
-		/* A successor (stream_redo.c): its predecessor's calls first. */
+		/* A successor (src/share/redo.c): its predecessor's calls first. */
 		bool later = s->state == SV_CONN_TCP;
 		sv_unlock(&s->lock);
 		return later ? SV_ACCEPT_LATER : SV_REFUSED;

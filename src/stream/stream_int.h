@@ -1,6 +1,7 @@
-/* The stream's state, private to its files: stream*.c and upgrade.c (the
- * upgrade's rdma_cm half). Every function here is called with s->lock held
- * unless it says otherwise.
+/* The stream's state, private to its files: src/stream/stream*.c, its
+ * rdma_cm half (stream_cm.c, stream_ask.c, stream_accept.c) included.
+ * Every function here is called with s->lock held unless it says
+ * otherwise.
  *
  * Locking: `lock` serialises everything in the stream, the protocol core
  * and the queue pair included. Nobody sleeps holding it: waits drop it and
@@ -548,8 +549,9 @@ void sv_stream_cm_retry_room(struct sv_stream *s);
 /* Server: the application accepted this connection on l's socket; a
  * request may match it. Without the lock. */
 void sv_stream_cm_accepted(struct sv_stream *s, struct sv_listener *l);
-/* A fork's child took s, a connection handed to it (s->hand, or a server's
- * end its parent handed on as it let go: stream_keep.c): it waits for
+/* A fork's child took s, a connection handed to it (by its parent before
+ * the fork, or a server's end its parent handed on as it let go:
+ * src/share/hand.c, src/share/keep.c): it waits for
  * its request at an RDMA listener of the child's on its address, whose
  * port it claims in the holders' table. Without the lock. */
 void sv_stream_cm_adopted(struct sv_stream *s);

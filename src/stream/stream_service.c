@@ -80,7 +80,7 @@ static bool service_upgrade_at(struct sv_stream *s, struct sv_service *sv)
 		return false;
 	}
 	if (go && !sv_copies_may_upgrade(s)) {
-		/* A successor (stream_redo.c): its predecessor's calls in the
+		/* A successor (src/share/redo.c): its predecessor's calls in the
 		 * kernel first. The last of them wakes the helper; a look now
 		 * and then all the same. */
 		go = s->state == SV_CONN_TCP;

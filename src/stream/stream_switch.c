@@ -48,7 +48,7 @@ void sv_stream_maybe_rdma(struct sv_stream *s)
 bool sv_stream_hold_first(struct sv_stream *s)
 {
 	uint32_t setup;
-	/* Not a successor (stream_redo.c): the connection moved bytes. */
+	/* Not a successor (src/share/redo.c): the connection moved bytes. */
 	if (!sv_cfg.peer_hold_ms || s->tcp_tx || s->cl.tx_shut || s->revived)
 		return false;
 	bool first = false;

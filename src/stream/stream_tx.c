@@ -284,7 +284,7 @@ long sv_stream_sendmsg(struct sv_stream *s, const struct msghdr *msg, int flags)
 			/* Back on TCP while we waited, and it may get a
 			 * successor or has one: the rest is written as the
 			 * kernel's calls are, counted or passed on
-			 * (stream_redo.c). */
+			 * (src/share/redo.c). */
 			rest = true;
 			break;
 		}

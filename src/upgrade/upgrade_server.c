@@ -404,7 +404,7 @@ static uint64_t pending_timers(uint64_t now)
 }
 
 /* Requests that found no accepted connection: one that went back to
- * plain TCP here may move to RDMA again, as a new stream (stream_redo.c)
+ * plain TCP here may move to RDMA again, as a new stream (src/share/redo.c)
  * the request then matches. Each looks without up_lock (making the
  * successor takes it), once. One that a fork's child of ours still holds
  * (its owner looks again) is told "later" (SV_CM_REJ_LATER): its client
