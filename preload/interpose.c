@@ -432,8 +432,10 @@ SV_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 	}
 	bool inside = sv_tls_inside != 0, busy = false;
 	int saved = errno;
-	int own[SV_OWNFD_SLOTS];
-	int nown = sv_ownfd_in(first, last, own, SV_OWNFD_SLOTS), oi = 0;
+	/* The next of ours in the range (-1: none left). */
+	int next_own = sv_ownfd_next(first);
+	if (next_own >= 0 && (unsigned)next_own > last)
+		next_own = -1;
 	/* Managed fds are below the table's size; ours may be anywhere. fds
 	 * are ints, so fd + 1 never wraps. */
 	unsigned size = (unsigned)sv_fdtable_size();
@@ -441,11 +443,11 @@ SV_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 	unsigned lo = first;
 	for (unsigned fd = first; fd <= last; fd++) {
 		if (fd > top || fd > (unsigned)INT_MAX) {
-			if (oi >= nown)
+			if (next_own < 0)
 				break;
-			fd = (unsigned)own[oi]; /* past the table: on to the next of ours */
+			fd = (unsigned)next_own; /* past the table: on to the next of ours */
 		}
-		bool is_own = oi < nown && (unsigned)own[oi] == fd;
+		bool is_own = next_own >= 0 && (unsigned)next_own == fd;
 		struct sv_fd *f = NULL;
 		bool managed = !is_own && (inside ? sv_fd_claimed((int)fd, SV_CLAIM_ANY)
 						  : (f = sv_fd_get((int)fd)) != NULL);
@@ -458,7 +460,9 @@ SV_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 		}
 		lo = fd + 1;
 		if (is_own) {
-			oi++;
+			next_own = fd < last ? sv_ownfd_next(fd + 1) : -1;
+			if (next_own >= 0 && (unsigned)next_own > last)
+				next_own = -1;
 			continue;
 		}
 		sv_fd_put(f);

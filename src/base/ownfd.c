@@ -1,49 +1,72 @@
 #include "ownfd.h"
 
+#include "log.h"
 #include "real.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
-/* fd + 1 per slot, 0 when free; `used` bounds the slots ever taken. */
-static atomic_int slots[SV_OWNFD_SLOTS];
-static atomic_int used;
+/* A bit per fd number: pages of PAGE_FDS bits, made (mmap: no malloc a
+ * signal handler could interrupt) the first time an fd of theirs is
+ * added, never freed. */
+#define PAGE_FDS 4096
+#define WORD_BITS (8 * (int)sizeof(unsigned long))
+#define NPAGES (SV_OWNFD_MAX / PAGE_FDS)
+
+static _Atomic(atomic_ulong *) pages[NPAGES];
+
+static atomic_ulong *page_of(int fd, bool make)
+{
+	atomic_ulong *p = atomic_load_explicit(&pages[fd / PAGE_FDS], memory_order_acquire);
+	if (p || !make)
+		return p;
+	void *m = mmap(NULL, PAGE_FDS / 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	atomic_ulong *want = NULL;
+	if (atomic_compare_exchange_strong(&pages[fd / PAGE_FDS], &want, (atomic_ulong *)m))
+		return m;
+	munmap(m, PAGE_FDS / 8); /* another thread made it first */
+	return want;
+}
 
 void sv_ownfd_add(int fd)
 {
-	if (fd < 0 || sv_ownfd_is(fd))
+	if (fd < 0)
 		return;
-	for (int i = 0; i < SV_OWNFD_SLOTS; i++) {
-		int zero = 0;
-		if (atomic_compare_exchange_strong(&slots[i], &zero, fd + 1)) {
-			int u = atomic_load(&used);
-			while (u < i + 1 && !atomic_compare_exchange_weak(&used, &u, i + 1))
-				;
-			return;
-		}
+	atomic_ulong *p = fd < SV_OWNFD_MAX ? page_of(fd, true) : NULL;
+	if (!p) {
+		static atomic_bool told;
+		if (!atomic_exchange(&told, true))
+			sv_warn("fd %d of libsovia's cannot be kept from the application's close-all "
+				"calls (%s)", fd, fd < SV_OWNFD_MAX ? "no memory" : "too high");
+		return;
 	}
+	int bit = fd % PAGE_FDS;
+	atomic_fetch_or(&p[bit / WORD_BITS], 1UL << (bit % WORD_BITS));
 }
 
 void sv_ownfd_del(int fd)
 {
-	int n = atomic_load(&used);
-	for (int i = 0; i < n; i++) {
-		int want = fd + 1;
-		atomic_compare_exchange_strong(&slots[i], &want, 0);
-	}
+	atomic_ulong *p = fd >= 0 && fd < SV_OWNFD_MAX ? page_of(fd, false) : NULL;
+	if (!p)
+		return;
+	int bit = fd % PAGE_FDS;
+	atomic_fetch_and(&p[bit / WORD_BITS], ~(1UL << (bit % WORD_BITS)));
 }
 
 bool sv_ownfd_is(int fd)
 {
-	if (fd < 0)
+	atomic_ulong *p = fd >= 0 && fd < SV_OWNFD_MAX ? page_of(fd, false) : NULL;
+	if (!p)
 		return false;
-	int n = atomic_load(&used);
-	for (int i = 0; i < n; i++)
-		if (atomic_load_explicit(&slots[i], memory_order_relaxed) == fd + 1)
-			return true;
-	return false;
+	int bit = fd % PAGE_FDS;
+	return atomic_load_explicit(&p[bit / WORD_BITS], memory_order_relaxed) &
+	       (1UL << (bit % WORD_BITS));
 }
 
 int sv_ownfd_close(int fd)
@@ -52,21 +75,22 @@ int sv_ownfd_close(int fd)
 	return SV_REAL(close)(fd);
 }
 
-int sv_ownfd_in(unsigned first, unsigned last, int *out, int max)
+int sv_ownfd_next(unsigned from)
 {
-	int n = atomic_load(&used), k = 0;
-	for (int i = 0; i < n && k < max; i++) {
-		int v = atomic_load(&slots[i]) - 1;
-		if (v >= 0 && (unsigned)v >= first && (unsigned)v <= last)
-			out[k++] = v;
-	}
-	for (int i = 1; i < k; i++) /* a few: insertion sort */
-		for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
-			int t = out[j];
-			out[j] = out[j - 1];
-			out[j - 1] = t;
+	for (unsigned fd = from; fd < SV_OWNFD_MAX;) {
+		atomic_ulong *p = page_of((int)fd, false);
+		if (!p) {
+			fd = (fd / PAGE_FDS + 1) * PAGE_FDS; /* a page with none of ours */
+			continue;
 		}
-	return k;
+		unsigned bit = fd % PAGE_FDS;
+		unsigned long w = atomic_load_explicit(&p[bit / WORD_BITS], memory_order_relaxed) >>
+				  (bit % WORD_BITS);
+		if (w)
+			return (int)(fd + (unsigned)__builtin_ctzl(w));
+		fd += (unsigned)(WORD_BITS - (int)(bit % WORD_BITS)); /* the next word */
+	}
+	return -1;
 }
 
 int sv_ownfd_base(void)
@@ -86,6 +110,15 @@ int sv_ownfd_dup(int fd)
 		c = SV_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, 0);
 	if (c < 0)
 		return -errno;
+	sv_ownfd_add(c);
+	return c;
+}
+
+int sv_ownfd_dup_above(int fd)
+{
+	int c = SV_REAL(fcntl)(fd, F_DUPFD_CLOEXEC, sv_ownfd_base());
+	if (c < 0)
+		return errno == EINVAL ? -EMFILE : -errno;
 	sv_ownfd_add(c);
 	return c;
 }

@@ -12,11 +12,59 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 
 /* How long a closed connection may take to deliver its last bytes. */
 #define SV_LINGER_US (30u * 1000000u)
+
+/* A lingering close lives on a copy of the socket, the kernel's orphan
+ * has none. Ours go above the application's range (sv_ownfd_base); when
+ * none is free there, at most this many take numbers of the
+ * application's range at once, so that a peer that keeps connections
+ * lingering (withholding credits) cannot run the application out of fds.
+ * Past that, a close is abortive, as the kernel resets orphans past its
+ * own bound (tcp_max_orphans); it never waits for room. */
+#define SV_LINGER_LOW_MAX 16
+static atomic_int linger_low;
+
+/* The fd the closed connection lingers on: 1 when it is the
+ * application's own number (no other was free: the number is given back
+ * when the linger ends, not at close), 0 for a copy, -EMFILE. */
+static int keep_lingering(struct sv_stream *s)
+{
+	int keep = sv_ownfd_dup_above(s->fd);
+	if (keep >= 0) {
+		s->fd = keep;
+		s->fd_private = true;
+		return 0;
+	}
+	if (atomic_fetch_add(&linger_low, 1) >= SV_LINGER_LOW_MAX) {
+		atomic_fetch_sub(&linger_low, 1);
+		return -EMFILE;
+	}
+	s->cl.low_fd = true;
+	s->fd_private = true;
+	keep = sv_ownfd_dup(s->fd);
+	if (keep < 0) {
+		sv_ownfd_add(s->fd); /* kept from close-all loops, as ours are */
+		return 1;
+	}
+	s->fd = keep;
+	return 0;
+}
+
+/* The lingering copy is closed (with the lock). */
+static void lingered(struct sv_stream *s)
+{
+	sv_ownfd_close(s->fd);
+	s->fd = -1;
+	if (s->cl.low_fd) {
+		s->cl.low_fd = false;
+		atomic_fetch_sub(&linger_low, 1);
+	}
+}
 
 /* The stream's own copy of its socket: the application may close any of
  * its fds, or its only one, while the connection lives on. */
@@ -65,25 +113,14 @@ static int close_now(struct sv_stream *s, int r)
 	return r;
 }
 
-/* How long a close that cannot linger apart may take (linger_in_place). */
-#define SV_LINGER_IN_PLACE_US 2000000u
-
-/* No descriptor was free for the connection's own copy (EMFILE): the
- * application's number cannot be given back while the connection lives on
- * it, and close() must not fail for that. Finish here, as a close with
- * SO_LINGER does: what is owed and the FIN go within 2 s, then the socket
- * is closed (with a reset if they could not). Under the lock. */
-static void linger_in_place(struct sv_stream *s)
+/* No descriptor for the connection to linger on (keep_lingering): what
+ * it could deliver without waiting goes, then it ends abortively, the
+ * peer seeing a reset if anything was left. Under the lock. */
+static void close_abortive(struct sv_stream *s)
 {
-	struct sv_clock clk = SV_CLOCK_INIT;
-	s->cl.linger_deadline_us = sv_clock_now(&clk) + SV_LINGER_IN_PLACE_US;
+	s->cl.linger_deadline_us = 0;
 	bool done = false;
-	for (;;) {
-		uint64_t next = sv_stream_linger(s, sv_clock_update(&clk), &done);
-		if (done)
-			break;
-		sv_stream_wait(s, &clk, 0, next, 0);
-	}
+	sv_stream_linger(s, sv_now_us(), &done);
 }
 
 int sv_stream_close(struct sv_stream *s, int appfd)
@@ -113,15 +150,20 @@ int sv_stream_close(struct sv_stream *s, int appfd)
 		/* The application's fd number is free again at once; the
 		 * connection lives on a private copy until it is finished. */
 		int fd = s->fd;
-		int k = keep_private(s);
+		int k = keep_lingering(s);
+		if (k == 1)
+			sv_dbg("fd %d: no other descriptor free: it lingers on this one", fd);
 		if (k < 0) {
-			sv_info("fd %d: no descriptor for a lingering close (%s): finishing it now",
-				fd, strerror(-k));
-			linger_in_place(s);
+			static atomic_bool told;
+			if (!atomic_exchange(&told, true))
+				sv_info("fd %d: no descriptor of libsovia's for a lingering close (%s): "
+					"it ends at once, as an orphan past the kernel's bound does", fd,
+					strerror(-k));
+			close_abortive(s);
 			sv_unlock(&s->lock);
 			return r;
 		}
-		if (SV_REAL(close)(fd) < 0)
+		if (k == 0 && SV_REAL(close)(fd) < 0)
 			r = -errno;
 	}
 	if (s->state == SV_CONN_SWITCHING)
@@ -189,8 +231,7 @@ uint64_t sv_stream_linger(struct sv_stream *s, uint64_t now, bool *done)
 			struct linger lg = {.l_onoff = 1, .l_linger = 0};
 			SV_REAL(setsockopt)(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 		}
-		sv_ownfd_close(s->fd);
-		s->fd = -1;
+		lingered(s);
 	}
 	*done = true;
 	return 0;

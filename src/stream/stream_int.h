@@ -176,6 +176,7 @@ struct sv_closing {
 	bool shut_deferred;  /* TCP's shutdown waits until TCP can carry no more of ours */
 	uint64_t linger_deadline_us;
 	uint64_t back_deadline_us; /* detaching: the peer has given back all by then */
+	bool low_fd;         /* lingering on an fd of the application's range */
 };
 
 /* How long a peer that must answer (its resume record, its BACK and the

@@ -13,7 +13,6 @@
 #include "fdpass.h"
 #include "lock.h"
 #include "log.h"
-#include "ownfd.h"
 #include "real.h"
 
 #include <errno.h>
@@ -30,7 +29,8 @@
 const char *sv_warden_path = SV_WARDEN_SOCKET;
 
 struct job {
-	int fd;            /* our copy of the listening socket */
+	int fd;            /* the application's listening socket */
+	uint64_t cookie;   /* ... as long as it has this cookie (SO_COOKIE) */
 	uint16_t rdma_port;
 	bool must;
 	void (*done)(void *arg, int r);
@@ -96,9 +96,22 @@ static int connect_warden(void)
 	return fd;
 }
 
+/* Is fd still the socket the job was queued for? The application may
+ * have closed it (and reused its number) meanwhile: no copy of it is
+ * held, which would keep its port bound after the application's close. */
+static bool still_there(const struct job *j)
+{
+	uint64_t cookie = 0;
+	socklen_t len = sizeof(cookie);
+	return SV_REAL(getsockopt)(j->fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) == 0 &&
+	       cookie == j->cookie;
+}
+
 /* One registration: 0, or -errno. */
 static int do_job(const struct job *j)
 {
+	if (!still_there(j))
+		return -ECANCELED;
 	int fd = connect_warden();
 	if (fd < 0)
 		return fd;
@@ -136,10 +149,9 @@ static void *run(void *unused)
 		int r = do_job(j);
 		if (r == 0)
 			sv_dbg("registered with sovia-warden: RDMA listener at port %u", j->rdma_port);
-		else if (r != -ENOENT && !atomic_exchange(&told, true))
+		else if (r != -ENOENT && r != -ECANCELED && !atomic_exchange(&told, true))
 			sv_info("sovia-warden did not take a listener of ours (%s): its clients may "
 				"not find it", strerror(-r));
-		sv_ownfd_close(j->fd);
 		if (j->done)
 			j->done(j->arg, r);
 		free(j);
@@ -150,18 +162,15 @@ static void *run(void *unused)
 int sv_warden_register(int listen_fd, uint16_t rdma_port, bool must,
 		       void (*done)(void *arg, int r), void *arg)
 {
+	uint64_t cookie = 0;
+	socklen_t len = sizeof(cookie);
+	if (SV_REAL(getsockopt)(listen_fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) < 0)
+		return -errno;
 	struct job *j = malloc(sizeof(*j));
 	if (!j)
 		return -ENOMEM;
-	/* Our own copy: the application may close its fd (and reuse its
-	 * number) before the job runs. */
-	int fd = sv_ownfd_dup(listen_fd);
-	if (fd < 0) {
-		free(j);
-		return fd;
-	}
-	*j = (struct job){.fd = fd, .rdma_port = rdma_port, .must = must, .done = done,
-			  .arg = arg};
+	*j = (struct job){.fd = listen_fd, .cookie = cookie, .rdma_port = rdma_port,
+			  .must = must, .done = done, .arg = arg};
 	sv_lock(&q.lock);
 	int r = 0;
 	if (!q.started && sem_init(&q.jobs, 0, 0) < 0)
@@ -184,21 +193,17 @@ int sv_warden_register(int listen_fd, uint16_t rdma_port, bool must,
 		sem_post(&q.jobs);
 	}
 	sv_unlock(&q.lock);
-	if (r < 0) {
-		sv_ownfd_close(fd);
+	if (r < 0)
 		free(j);
-	}
 	return r;
 }
 
 void sv_warden_atfork_child(void)
 {
-	/* The parent's jobs are the parent's: their copies of the sockets
-	 * are closed here (their listeners' owners are the parent's). */
+	/* The parent's jobs are the parent's. */
 	sv_lock_reinit(&q.lock);
 	for (struct job *j = q.head, *n; j; j = n) {
 		n = j->next;
-		sv_ownfd_close(j->fd);
 		free(j);
 	}
 	q.head = NULL;

@@ -61,8 +61,10 @@ int sv_warden_msg_decode(const uint8_t *in, size_t len, uint16_t *rdma_port);
  * the warden's answer (0; -ENOENT no warden; -EACCES refused; -ETIMEDOUT
  * no answer in SV_WARDEN_WAIT_MS), else the registration is taken for
  * made once sent (r 0) or said once why not. done runs on that thread,
- * with no lock of libsovia's held. 0 when queued (listen_fd is copied:
- * the caller keeps it), or -errno. */
+ * with no lock of libsovia's held. 0 when queued, or -errno. No copy of
+ * listen_fd is held meanwhile (it would keep the port bound past the
+ * application's close): the socket is passed if its number still names
+ * it (the same SO_COOKIE), else the registration is dropped (-ECANCELED). */
 #define SV_WARDEN_WAIT_MS 500
 int sv_warden_register(int listen_fd, uint16_t rdma_port, bool must,
 		       void (*done)(void *arg, int r), void *arg);
