@@ -45,6 +45,7 @@
  * using them; eviction takes idle entries from the cold end only, and an
  * entry dropped while held (stale, invalidated) is deregistered at its last
  * put. The lock is never held across a callback. */
+#include "ownfd.h"
 #include "real.h"
 #include "regcache.h"
 
@@ -164,7 +165,11 @@ static int page_ids(struct sv_regcache *rc, uintptr_t start, size_t npages, uint
 /* Open the pagemap and see whether it shows frame numbers to us. */
 static void pagemap_open(struct sv_regcache *rc)
 {
+	/* One of libsovia's own fds: above the application's range, kept from
+	 * its close-all loops (ownfd.h), which would stop the cache for good. */
 	rc->pm_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	if (rc->pm_fd >= 0)
+		rc->pm_fd = sv_ownfd_move(rc->pm_fd);
 	struct stat sb;
 	if (rc->pm_fd < 0 || fstat(rc->pm_fd, &sb) < 0) {
 		sv_info("regcache: /proc/self/pagemap: %s: registering per send", strerror(errno));
@@ -600,7 +605,7 @@ void sv_regcache_destroy(struct sv_regcache *rc)
 		e = next;
 	}
 	if (rc->pm_fd >= 0)
-		SV_REAL(close)(rc->pm_fd);
+		sv_ownfd_close(rc->pm_fd);
 	if (rc->pm_token)
 		munmap((void *)rc->pm_token, rc->pm_token_len);
 	sv_lock_destroy(&rc->lock);
