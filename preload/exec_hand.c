@@ -455,7 +455,7 @@ static const char *continue_client(const struct client *c)
 
 static void inherit_clients(void)
 {
-	const char *v = getenv(CLIENTS_VAR);
+	const char *v = secure_getenv(CLIENTS_VAR);
 	if (!v)
 		return;
 	char copy[1024];
@@ -487,7 +487,7 @@ static void inherit_clients(void)
 void sv_exec_inherit(void)
 {
 	inherit_clients();
-	const char *v = getenv(HANDED_VAR);
+	const char *v = secure_getenv(HANDED_VAR);
 	if (!v)
 		return;
 	char copy[1024];

@@ -36,7 +36,9 @@ static void atfork_child(void)
 static void init_once_fn(void)
 {
 	sv_real_resolve();
-	sv_config_load(&sv_cfg, getenv);
+	/* secure_getenv: in a set-id program (an /etc/ld.so.preload's
+	 * libsovia) the invoking user's SOVIA_* settings are not taken. */
+	sv_config_load(&sv_cfg, secure_getenv);
 	sv_log_threshold = sv_cfg.log_level;
 	int r = sv_fdtable_init();
 	if (r < 0) {
