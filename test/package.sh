@@ -86,8 +86,21 @@ done
 [ "$(sovia-run --version)" = "sovia-run (libsovia) $version" ] || fail "sovia-run --version: $(sovia-run --version)"
 [ "$(sovia-stat --version)" = "sovia-stat (libsovia) $version" ] || fail "sovia-stat --version"
 [ "$(sovia-warden --version)" = "sovia-warden (libsovia) $version" ] || fail "sovia-warden --version"
-grep -qx "ExecStart=/usr/sbin/sovia-warden" /usr/lib/systemd/system/sovia-warden.service ||
+unit=/usr/lib/systemd/system/sovia-warden.service
+grep -qx "ExecStart=/usr/sbin/sovia-warden" "$unit" ||
 	fail "the unit does not start the installed sovia-warden"
+# Issue 53, finding 8: root with one capability, and the sandbox.
+for d in CapabilityBoundingSet=CAP_NET_BIND_SERVICE NoNewPrivileges=yes ProtectSystem=strict \
+	ProtectHome=yes PrivateTmp=yes RestrictSUIDSGID=yes MemoryDenyWriteExecute=yes; do
+	grep -qx "$d" "$unit" || fail "the unit lacks $d"
+done
+if command -v systemd-analyze >/dev/null; then
+	# verify warns of a misspelt key and still exits 0: any word is a fault.
+	if ! systemd-analyze verify "$unit" >"$work/verify.log" 2>&1 || [ -s "$work/verify.log" ]; then
+		cat "$work/verify.log" >&2
+		fail "systemd-analyze verify"
+	fi
+fi
 [ "$(pkg-config --modversion libsovia)" = "$version" ] || fail "pkg-config --modversion"
 [ "$(pkg-config --variable=module libsovia)" = "/usr/lib/$multiarch/libsovia.so" ] ||
 	fail "pkg-config's module: $(pkg-config --variable=module libsovia)"
