@@ -105,6 +105,10 @@ struct sv_fd_ops {
 	 * the new image may continue it (exec_hand.c), its offsets then the
 	 * kernel's counts plus *dtx and *drx. */
 	bool (*exec_client)(struct sv_fd *f, uint64_t *dtx, uint64_t *drx);
+	/* The process changed its user or group ids and leaves its family's
+	 * shared tables (creds.c): what the entry has in them is settled
+	 * first, while they are still shared. */
+	void (*leave_family)(struct sv_fd *f);
 	/* What include/sovia.h and sovia-stat report of it (a stream's). */
 	void (*view)(struct sv_fd *f, struct sv_conn_view *v);
 	/* Readiness of its own. */

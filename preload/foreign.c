@@ -210,6 +210,17 @@ static int c_close(struct sv_fd *f)
 	return sv_kernel_close(f);
 }
 
+/* The owner's table is about to be left (creds.c), after which a claim
+ * reads lost: claim now, while it is shared (the owner then takes the
+ * connection back to TCP for us), and if the owner still holds its copy,
+ * count ours as one it cannot follow, so that it never takes the
+ * connection to RDMA again under us. */
+static void c_leave_family(struct sv_fd *f)
+{
+	if (claim(f) == 0 && atomic_load(&foreign_of(f)->shared))
+		sv_shares_unlist(&foreign_of(f)->ref);
+}
+
 static void c_release(struct sv_fd *f)
 {
 	sv_kcalls_forget(&foreign_of(f)->kc);
@@ -361,6 +372,7 @@ const struct sv_fd_ops sv_foreign_ops = {
 	.detach_for_fork = c_detach_for_fork,
 	.atfork_child = c_atfork_child,
 	.after_fork = c_after_fork,
+	.leave_family = c_leave_family,
 	.share = c_share,
 	.add_copy = c_add_copy,
 	.wait = &foreign_wait_ops,

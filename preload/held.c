@@ -133,6 +133,13 @@ static void h_after_fork(struct sv_fd *f, pid_t pid)
 	h->moved = sv_stream_fd_adopt(&f->fd, 1, &h->hand, h->tx, h->rx);
 }
 
+/* The holders' table is left (creds.c): the port's owner, which stays
+ * in it, must not wait for this hand, nor send it a client. */
+static void h_leave_family(struct sv_fd *f)
+{
+	spoil(held_of(f), f->fd, "a change of credentials leaves the family of");
+}
+
 const struct sv_fd_ops sv_held_ops = {
 	.name = "handed",
 	.recvmsg = h_recvmsg,
@@ -146,6 +153,7 @@ const struct sv_fd_ops sv_held_ops = {
 	.share = h_share,
 	.atfork_child = h_atfork_child,
 	.after_fork = h_after_fork,
+	.leave_family = h_leave_family,
 	/* fdopen: glibc's FILE would read and write past h_recvmsg. */
 	.stdio_cookie = true,
 };

@@ -420,6 +420,11 @@ static void st_view(struct sv_fd *f, struct sv_conn_view *v)
 	v->fd = f->fd; /* the fd asked about, which may be a dup */
 }
 
+static void st_leave_family(struct sv_fd *f)
+{
+	sv_share_leave_family(raw_stream(f));
+}
+
 static const struct sv_fd_wait_ops stream_wait_ops = {
 	.split = w_split,
 	.recheck = w_recheck,
@@ -454,6 +459,7 @@ static const struct sv_fd_ops sv_stream_ops = {
 	.mode_changed = st_mode_changed,
 	.atfork_child = st_atfork_child,
 	.after_fork = st_after_fork,
+	.leave_family = st_leave_family,
 	.view = st_view,
 	.wait = &stream_wait_ops,
 	.stdio_cookie = true,

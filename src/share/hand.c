@@ -134,6 +134,13 @@ bool sv_hand_others_hold(struct sv_share *c)
 	return c->hand.h && !sv_holders_sole(&c->hand);
 }
 
+void sv_share_leave_family(struct sv_stream *s)
+{
+	struct sv_share *c = s ? sv_share_of(s) : NULL;
+	if (c && c->hand.h)
+		sv_holders_spoil(&c->hand);
+}
+
 /* ---- The child's side ------------------------------------------------------------ */
 
 struct sv_stream *sv_share_adopt(int fd, const struct sv_hand *hand, uint64_t tx, uint64_t rx)

@@ -73,6 +73,11 @@ bool sv_share_expose_std(struct sv_stream *s);
  * *hand its entry in the holders' table. The kernel's counts say what TCP
  * carried (sv_tcp_app_counts); the new image adopts it. */
 bool sv_share_exec_hand(struct sv_stream *s, struct sv_hand *hand);
+/* The process changed its user or group ids and leaves the holders'
+ * table (sv_holders_leave_family): a hand of s's is spoiled first, so that
+ * the family's port owner sends no client to it and the adopter, if any,
+ * stops waiting (the connection stays on TCP). */
+void sv_share_leave_family(struct sv_stream *s);
 /* A client connection back on plain TCP (sv_stream_detach) that an exec'd
  * image may continue: no other process holds it, nothing of ours in it,
  * its offsets known (*dtx, *drx: what they exceed the kernel's counts by,

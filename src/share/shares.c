@@ -63,7 +63,6 @@ struct slot {
 
 struct sv_shares {
 	_Atomic int32_t owner;
-	_Atomic int32_t wake_fd;
 	_Atomic uint32_t claims; /* claims made: the owner looks when it moved */
 	struct slot slot[SV_SHARES_SLOTS];
 };
@@ -71,6 +70,49 @@ struct sv_shares {
 static _Atomic(struct sv_shares *) own;
 /* The claims counter of `own` as its helper last took them. */
 static uint32_t claims_seen;
+
+/* The tables a copy's reference may name: this process's own and those
+ * its ancestors made before they forked it, each with its owner's wake
+ * fd (an own fd every descendant inherits). Kept in the process's own
+ * memory, which a fork copies: the tables are writable by the whole
+ * family, and a number read from them is nobody's word. A process that
+ * changes credentials leaves every table but its own (their references
+ * then read lost). Past this depth of owners, a new owner makes no table
+ * (its connection goes back to TCP at the fork, as without one). */
+#define SV_SHARES_KNOWN 16u
+static struct known {
+	_Atomic(struct sv_shares *) t;
+	atomic_int wake_fd1; /* the fd + 1: 0, none (yet) */
+} known[SV_SHARES_KNOWN];
+
+static struct known *known_of(const struct sv_shares *t)
+{
+	for (unsigned i = 0; t && i < SV_SHARES_KNOWN; i++)
+		if (atomic_load(&known[i].t) == t)
+			return &known[i];
+	return NULL;
+}
+
+/* A free place in known[] for the table being made, claimed with its fd. */
+static struct known *known_add(struct sv_shares *t, int fd)
+{
+	for (unsigned i = 0; i < SV_SHARES_KNOWN; i++) {
+		struct sv_shares *none = NULL;
+		if (atomic_compare_exchange_strong(&known[i].t, &none, t)) {
+			atomic_store(&known[i].wake_fd1, fd + 1);
+			return &known[i];
+		}
+	}
+	return NULL;
+}
+
+static void known_drop(struct known *k)
+{
+	int fd = atomic_exchange(&k->wake_fd1, 0) - 1;
+	if (fd >= 0)
+		sv_ownfd_close(fd);
+	atomic_store(&k->t, NULL);
+}
 
 static struct sv_shares *make_table(int wake_fd)
 {
@@ -87,7 +129,11 @@ static struct sv_shares *make_table(int wake_fd)
 	}
 	struct sv_shares *t = m;
 	atomic_store(&t->owner, (int32_t)getpid());
-	atomic_store(&t->wake_fd, fd);
+	if (!known_add(t, fd)) {
+		sv_ownfd_close(fd);
+		munmap(m, sizeof(struct sv_shares));
+		return NULL;
+	}
 	return t;
 }
 
@@ -103,11 +149,31 @@ struct sv_shares *sv_shares_own(int wake_fd)
 	if (!atomic_compare_exchange_strong(&own, &expected, made)) {
 		/* Another thread was first: ours goes unused (never by a fork,
 		 * which waits for every call before it). */
-		sv_ownfd_close(atomic_load(&made->wake_fd));
+		known_drop(known_of(made));
 		munmap(made, sizeof(*made));
 		return expected;
 	}
 	return made;
+}
+
+int sv_shares_leave_family(void)
+{
+	int r = 0;
+	struct sv_shares *mine = atomic_load(&own);
+	for (unsigned i = 0; i < SV_SHARES_KNOWN; i++) {
+		struct sv_shares *t = atomic_load(&known[i].t);
+		if (!t || t == mine)
+			continue;
+		/* In place: a reference to it stays a valid address, and
+		 * reads zeros, which known_of() no longer names. */
+		if (mmap(t, sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+			 -1, 0) == MAP_FAILED) {
+			r = -errno;
+			continue;
+		}
+		known_drop(&known[i]);
+	}
+	return r;
 }
 
 static bool slot_others_hold(struct slot *sl);
@@ -393,8 +459,12 @@ int sv_shares_take_claims(struct sv_shares *t, int *out, int max)
 
 static void wake_owner(struct sv_shares *t)
 {
+	struct known *k = known_of(t);
+	int fd = k ? atomic_load(&k->wake_fd1) - 1 : -1;
 	uint64_t one = 1;
-	ssize_t w = SV_REAL(write)(atomic_load(&t->wake_fd), &one, sizeof(one));
+	if (fd < 0)
+		return;
+	ssize_t w = SV_REAL(write)(fd, &one, sizeof(one));
 	(void)w; /* a full counter wakes it all the same */
 }
 
@@ -403,6 +473,8 @@ int sv_shares_claim(const struct sv_share_ref *r)
 	struct slot *sl = slot_of(r);
 	if (!sl)
 		return 0;
+	if (!known_of(r->t))
+		return -ECONNRESET; /* a table this process left (its zeros read released) */
 	pid_t owner = atomic_load(&r->t->owner);
 	for (;;) {
 		uint32_t st;

@@ -16,7 +16,8 @@
  * connection: its state word (generation and phase), the pids of the
  * other processes that got a copy, and forks under way. A claimer changes
  * the phase and wakes the owner's helper (an eventfd of the owner's that
- * every descendant inherits), then sleeps on the state word (a futex)
+ * every descendant inherits, its number kept in each process's own
+ * memory), then sleeps on the state word (a futex)
  * until the owner released it, or died (the connection is then lost to
  * the copies: what the owner's QP brought is gone with it). */
 #ifndef SV_SHARES_H
@@ -55,6 +56,14 @@ struct sv_share_ref {
  * own copy). NULL when it cannot be had: the caller then takes the
  * connection back to TCP before the fork, as without the table. */
 struct sv_shares *sv_shares_own(int wake_fd);
+/* The process changed its user or group ids (preload/creds.c): it leaves
+ * every table but its own, which its ancestors made, replacing each in
+ * place by private zeros. A claim through a reference into one is then
+ * -ECONNRESET: its caller claims first what it holds. Its own table stays:
+ * its entries are its connections, which it could spoil anyway, and its
+ * descendants trust nothing in it but the phases of their claims. 0, or
+ * -errno: a table could not be left (it is still shared). */
+int sv_shares_leave_family(void);
 /* Enter a connection whose socket's inode is ino as kept by this process.
  * 0, or -ENOSPC when the table is full. */
 int sv_shares_keep(struct sv_shares *t, uint64_t ino, struct sv_share_ref *out);

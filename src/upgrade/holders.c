@@ -88,6 +88,10 @@ static _Atomic(struct sv_holders *) table;
  * after publishing it: a racing first caller may see -1 for a moment,
  * which costs at most one exec hand (the table is a hint). */
 static atomic_int table_fd = -1;
+/* Tables of another image's family mapped here (sv_holders_attach). */
+#define SV_HOLDERS_ATTACHED 4u
+static _Atomic(struct sv_holders *) attached[SV_HOLDERS_ATTACHED];
+static atomic_uint nattached;
 
 /* The seals an exec'd image requires: nobody holding the fd can shrink it
  * (the owner's accesses past the end would SIGBUS), grow it, or unseal. */
@@ -101,9 +105,10 @@ static int open_memfd(void)
 	return fd < 0 ? -errno : fd;
 }
 
-/* A sealed memfd of the table's size, mapped at *out; the fd (one of
- * libsovia's own, ownfd.h) or -errno. */
-static int map_memfd(struct sv_holders **out)
+/* A sealed memfd of the table's size, mapped at *out (at `at` if not
+ * NULL, replacing what was there); the fd (one of libsovia's own,
+ * ownfd.h) or -errno. */
+static int map_memfd(void *at, struct sv_holders **out)
 {
 	int r, fd = open_memfd();
 	if (fd < 0)
@@ -112,7 +117,8 @@ static int map_memfd(struct sv_holders **out)
 		r = -errno;
 		goto close_fd;
 	}
-	void *m = mmap(NULL, sizeof(struct sv_holders), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	void *m = mmap(at, sizeof(struct sv_holders), PROT_READ | PROT_WRITE,
+		       MAP_SHARED | (at ? MAP_FIXED : 0), fd, 0);
 	if (m == MAP_FAILED) {
 		r = -errno;
 		goto close_fd;
@@ -126,10 +132,22 @@ static int map_memfd(struct sv_holders **out)
 	*out = m;
 	return sv_ownfd_move(fd);
 unmap:
-	munmap(m, sizeof(struct sv_holders));
+	if (!at)
+		munmap(m, sizeof(struct sv_holders));
 close_fd:
 	SV_REAL(close)(fd);
 	return r;
+}
+
+/* Who made the table: the header says so to an exec'd image that attaches
+ * it. The real ids: a set-id creator's table (its file owned by the
+ * effective id) then matches no attacher, whose ids must all agree. */
+static void stamp(struct sv_holders *m)
+{
+	atomic_store_explicit(&m->magic, SV_HOLDERS_MAGIC, memory_order_relaxed);
+	atomic_store_explicit(&m->version, SV_HOLDERS_VERSION, memory_order_relaxed);
+	atomic_store_explicit(&m->creator_uid, (uint32_t)getuid(), memory_order_relaxed);
+	atomic_store_explicit(&m->creator_gid, (uint32_t)getgid(), memory_order_relaxed);
 }
 
 /* The process's table (made here unless another thread was first). */
@@ -140,7 +158,7 @@ static struct sv_holders *make_table(void)
 	 * requests may use it until the process ends). Untouched pages cost
 	 * nothing. Without a memfd, forks still share an anonymous mapping. */
 	struct sv_holders *m = NULL;
-	int fd = map_memfd(&m);
+	int fd = map_memfd(NULL, &m);
 	if (fd < 0) {
 		void *a = mmap(NULL, sizeof(struct sv_holders), PROT_READ | PROT_WRITE,
 			       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -148,12 +166,7 @@ static struct sv_holders *make_table(void)
 			return NULL;
 		m = a;
 	}
-	atomic_store_explicit(&m->magic, SV_HOLDERS_MAGIC, memory_order_relaxed);
-	atomic_store_explicit(&m->version, SV_HOLDERS_VERSION, memory_order_relaxed);
-	/* The real ids: a set-id creator's table (its file owned by the
-	 * effective id) then matches no attacher, whose ids must all agree. */
-	atomic_store_explicit(&m->creator_uid, (uint32_t)getuid(), memory_order_relaxed);
-	atomic_store_explicit(&m->creator_gid, (uint32_t)getgid(), memory_order_relaxed);
+	stamp(m);
 	struct sv_holders *none = NULL;
 	if (!atomic_compare_exchange_strong(&table, &none, m)) {
 		munmap(m, sizeof(struct sv_holders));
@@ -229,7 +242,65 @@ struct sv_holders *sv_holders_attach(int fd)
 		munmap(m, sizeof(struct sv_holders));
 		return NULL;
 	}
+	/* Listed, so that a change of credentials can leave it. An image
+	 * attaches the one table it was handed; a full list refuses. */
+	unsigned i = atomic_fetch_add(&nattached, 1);
+	if (i >= SV_HOLDERS_ATTACHED) {
+		atomic_fetch_sub(&nattached, 1);
+		munmap(m, sizeof(struct sv_holders));
+		return NULL;
+	}
+	atomic_store(&attached[i], (struct sv_holders *)m);
 	return m;
+}
+
+/* ---- A change of credentials ---------------------------------------------------- */
+
+/* Replace the shared table at h by a private one of zeros, or (own) by a
+ * fresh shared table of this process's new credentials. Done in place, at
+ * the same address: every pointer to it stays valid, and a thread that
+ * reads it meanwhile reads one table or the other, never unmapped memory.
+ * An entry of the old table that a racing add was writing may end half in
+ * the new one: its key matches no connection, and its process's exit
+ * frees it. */
+static bool leave(struct sv_holders *h, bool own)
+{
+	if (own) {
+		struct sv_holders *m = NULL;
+		int fd = map_memfd(h, &m);
+		if (fd >= 0) {
+			stamp(h);
+			int old = atomic_exchange(&table_fd, fd);
+			if (old >= 0)
+				sv_ownfd_close(old);
+			return true;
+		}
+		if (mmap(h, sizeof(*h), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED,
+			 -1, 0) != MAP_FAILED) {
+			stamp(h);
+			int old = atomic_exchange(&table_fd, -1);
+			if (old >= 0)
+				sv_ownfd_close(old);
+			return true;
+		}
+	}
+	return mmap(h, sizeof(*h), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+		    -1, 0) != MAP_FAILED;
+}
+
+int sv_holders_leave_family(void)
+{
+	int r = 0;
+	struct sv_holders *h = atomic_load(&table);
+	if (h && !leave(h, true))
+		r = -errno;
+	unsigned n = atomic_exchange(&nattached, 0);
+	for (unsigned i = 0; i < n && i < SV_HOLDERS_ATTACHED; i++) {
+		struct sv_holders *a = atomic_exchange(&attached[i], NULL);
+		if (a && !leave(a, false))
+			r = -errno;
+	}
+	return r;
 }
 
 void sv_holders_mark_forked(struct sv_holders *h)

@@ -49,6 +49,16 @@ struct sv_holders *sv_holders_attach(int fd);
  * only such an fd, never an application's file that took the number. */
 bool sv_holders_is_table(int fd);
 
+/* The process changed its user or group ids (preload/creds.c): it may
+ * not write to what its family reads, nor read what they write. Its own
+ * table is replaced in place by a fresh one (shared with the children it
+ * forks from now on, its memfd for the images they exec), and an
+ * attached one by private zeros; entries, hands and claims in them are
+ * gone here. The caller spoils its hands first, so that the family's
+ * port owner stops waiting for them. 0, or -errno: a mapping could not
+ * be replaced (the process then still shares it). */
+int sv_holders_leave_family(void);
+
 /* A child of the table's process inherited a listening socket: the owner
  * looks for holders from now on (sv_holders_forked). */
 void sv_holders_mark_forked(struct sv_holders *h);

@@ -709,3 +709,44 @@ Test(kept, a_write_asleep_when_the_server_goes_back_is_counted_by_the_successor)
 	cr_assert_eq(memcmp(b, "child", 5), 0);
 	let_go_then_both_on_rdma(&p, pid, go, oc, os, 38);
 }
+
+/* Issue 53, finding 7: a child that drops its ids leaves its parent's
+ * table of kept connections, after which it could claim nothing. So the
+ * interposed setuid claims its copy first: the parent takes the
+ * connection back to TCP before the child ever uses it, and the child
+ * then reads the rest and writes, every byte once. */
+Test(kept, a_child_that_drops_its_ids_claims_its_copy_as_it_leaves_the_family)
+{
+	if (geteuid() != 0)
+		cr_skip_test("dropping ids needs root");
+	struct pair p;
+	pair_with_bytes_unread(&p);
+	int up[2], go[2];
+	cr_assert_eq(pipe(up), 0);
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(up[0]);
+		close(go[1]); /* the parent's end: its failure is our EOF */
+		CHILD_CHECK(20, setgid(65534) == 0 && setuid(65534) == 0);
+		char c;
+		CHILD_CHECK(21, write(up[1], "u", 1) == 1 && read(go[0], &c, 1) == 1);
+		child_reads_the_rest(p.sfd, -1);
+	}
+	char c;
+	cr_assert_eq(read(up[0], &c, 1), 1);
+	cr_assert_eq(h_state(p.s), SV_CONN_DETACHED,
+		     "the child left its family with its copy unclaimed (server %s)",
+		     sv_conn_state_name(h_state(p.s)));
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	child_ok(pid);
+	char b[5];
+	cr_assert_eq(ph_read_all(p.cfd, b, 5), 5);
+	cr_assert_eq(memcmp(b, "child", 5), 0);
+	for (int i = 0; i < 2; i++) {
+		close(up[i]);
+		close(go[i]);
+	}
+	ph_pair_close(&p);
+}

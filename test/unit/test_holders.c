@@ -403,3 +403,73 @@ Test(holders, check_accepts_only_the_adopters_unspoiled_entry)
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
+
+/* Issue 53, finding 7: a descendant that drops its ids (a worker that
+ * setuid()s without exec) may then be taken over by whoever it serves.
+ * Once it left its family's table it writes nothing its family reads,
+ * however it writes (here: every byte of the old mapping), and reads
+ * nothing they write; its own children share a fresh table of its new
+ * ids, on a memfd of its new user's. */
+static void drop_ids(void)
+{
+	if (setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0)
+		_exit(20);
+}
+
+Test(holders, a_child_that_dropped_its_ids_writes_nothing_its_family_reads)
+{
+	if (geteuid() != 0)
+		cr_skip_test("dropping ids needs root");
+	struct sv_holders *h = sv_holders_get();
+	cr_assert_not_null(h);
+	struct sockaddr_storage srv = v4("10.77.0.1", 80), cli = v4("10.77.0.6", 40040);
+	struct sockaddr_storage forged = v4("10.77.0.6", 40041), mine = v4("10.77.0.6", 40042);
+	cr_assert_geq(sv_holders_add(h, &srv, &cli, 61040), 0);
+	int fd = sv_holders_fd(h);
+	cr_assert_geq(fd, 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		drop_ids();
+		if (sv_holders_leave_family() != 0)
+			_exit(21);
+		if (sv_holders_find(h, &srv, &cli) != 0)
+			_exit(22); /* reads what the family wrote */
+		/* A fresh table: shared with a child of ours, on a memfd of
+		 * the new user's. */
+		int nfd = sv_holders_fd(h);
+		struct stat sb;
+		if (nfd < 0 || fstat(nfd, &sb) != 0 || sb.st_uid != 65534)
+			_exit(23);
+		int up[2], go[2];
+		if (pipe(up) != 0 || pipe(go) != 0)
+			_exit(24);
+		pid_t g = fork();
+		if (g == 0) {
+			char c = sv_holders_add(h, &srv, &mine, 61042) >= 0 ? 'y' : 'n';
+			_exit(write(up[1], &c, 1) == 1 && read(go[0], &c, 1) == 1 ? 0 : 1);
+		}
+		char c = 0;
+		if (read(up[0], &c, 1) != 1 || c != 'y')
+			_exit(25);
+		if (sv_holders_find(h, &srv, &mine) != 61042)
+			_exit(26); /* its child's entry */
+		int st;
+		if (write(go[1], "g", 1) != 1 || waitpid(g, &st, 0) != g || !WIFEXITED(st) ||
+		    WEXITSTATUS(st) != 0)
+			_exit(27);
+		/* Now as an attacker: an entry, then every byte. */
+		if (sv_holders_add(h, &srv, &forged, 61041) < 0)
+			_exit(28);
+		memset(h, 0xff, 4096);
+		_exit(0);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st));
+	cr_assert_eq(WEXITSTATUS(st), 0, "the child failed at step %d", WEXITSTATUS(st));
+	cr_assert_eq(sv_holders_find(h, &srv, &forged), 0, "the child's forged entry reached the family");
+	cr_assert_eq(sv_holders_find(h, &srv, &cli), 61040, "the child's bytes reached the family");
+	cr_assert_eq(sv_holders_fd(h), fd, "the parent's table moved");
+	cr_assert(sv_holders_is_table(fd));
+}

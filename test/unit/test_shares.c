@@ -5,7 +5,9 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -271,4 +273,64 @@ Test(shares, a_handed_entry_is_adopted_by_its_only_holder)
 		close(go[i]);
 		close(said[i]);
 	}
+}
+
+/* Issue 53, finding 7: a claim wakes the owner through the fd the owner
+ * made, whose number each process keeps in its own memory. Numbers
+ * written into the shared table (here the header's word after the
+ * owner's pid, where a fd number once was) are nobody's word: the
+ * claimer's own pipe there gets nothing. */
+Test(shares, a_claim_writes_to_no_fd_named_in_the_table)
+{
+	int p[2];
+	cr_assert_eq(pipe2(p, O_NONBLOCK | O_CLOEXEC), 0);
+	((volatile int32_t *)t)[1] = p[1];
+	pid_t pid = claimer();
+	uint64_t v = 0;
+	for (int i = 0; i < 5000 && read(efd, &v, sizeof(v)) != sizeof(v); i++)
+		usleep(1000);
+	cr_assert_eq(v, 1, "the owner was not woken");
+	sv_shares_settle(&ref, false);
+	cr_assert_eq(status_of(pid), RELEASED);
+	char b[16];
+	cr_assert_eq(read(p[0], b, sizeof(b)), -1, "the claimer wrote to the fd the table named");
+	cr_assert_eq(errno, EAGAIN);
+}
+
+/* Issue 53, finding 7: a child that dropped its ids leaves its parent's
+ * table. Its claims then read lost (not released: the parent may still
+ * carry the connection), and whatever it writes where the table was, the
+ * parent's entry is as it was. */
+Test(shares, a_child_that_dropped_its_ids_writes_nothing_its_parent_reads)
+{
+	if (geteuid() != 0)
+		cr_skip_test("dropping ids needs root");
+	cr_assert(sv_shares_fork_begin(&ref));
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		sv_shares_atfork_child(); /* as the interposed fork does */
+		if (setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0)
+			_exit(20);
+		if (sv_shares_leave_family() != 0)
+			_exit(21);
+		memset(t, 0xff, 4096);
+		if (sv_shares_claim(&ref) != -ECONNRESET)
+			_exit(22);
+		_exit(0);
+	}
+	sv_shares_fork_end(&ref, pid);
+	int step = status_of(pid);
+	cr_assert_eq(step, 0, "the child failed at step %d", step);
+	cr_assert_not(sv_shares_claimed(&ref), "the child's bytes reached the parent");
+	int slots[4];
+	cr_assert_eq(sv_shares_take_claims(t, slots, 4), 0, "the child's bytes made claims");
+	cr_assert_not(sv_shares_others_hold(&ref), "the child is gone");
+	pid = claimer();
+	uint64_t v = 0;
+	for (int i = 0; i < 5000 && read(efd, &v, sizeof(v)) != sizeof(v); i++)
+		usleep(1000);
+	cr_assert_eq(sv_shares_take_claims(t, slots, 4), 1, "the table no longer works");
+	sv_shares_settle(&ref, false);
+	cr_assert_eq(status_of(pid), RELEASED);
 }
