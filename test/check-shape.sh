@@ -3,6 +3,8 @@
 # breaks a rule and exits 1:
 #  - a module's private header (*_int.h) is included only inside its
 #    folder (tests, under test/, may look inside the module they test);
+#  - a module includes the headers of its own folder and of the modules
+#    below it, never of one above;
 #  - calls between module folders go down the order below, never up or
 #    sideways, so the call graph between them has no cycle; calls up go
 #    through operations tables (function pointers), which nm does not see.
@@ -60,6 +62,19 @@ while IFS= read -r h; do
 		esac
 	done < <(grep -rl --include='*.[ch]' "#include \"$name\"" src preload tools examples bench test 2>/dev/null || true)
 done < <(ls src/*/*_int.h preload/*_int.h 2>/dev/null)
+# ---- Includes go down ----------------------------------------------------------------
+declare -A home
+for h in src/*/*.h; do
+	home[$(basename "$h")]=$(module_of "$h")
+done
+while IFS=: read -r f _ inc; do
+	name=$(sed -n 's/.*#include "\([^"]*\)".*/\1/p' <<<"$inc")
+	to=${home[$name]:-}
+	from=$(module_of "$f")
+	[ -n "$to" ] && [ -n "$from" ] || continue
+	[ "$(rank_of "$to")" -le "$(rank_of "$from")" ] ||
+		say "$f ($from) includes $name of $to: includes go down (${ORDER[*]})"
+done < <(grep -rn --include='*.[ch]' '^#include "' src preload 2>/dev/null || true)
 # The core's state is defined in its private header alone.
 defs=$(grep -l "^struct sv_proto {" src/*/*.[ch] preload/*.[ch] 2>/dev/null || true)
 [ "$defs" = "src/core/proto_int.h" ] || say "struct sv_proto is defined in: $defs (only src/core/proto_int.h)"

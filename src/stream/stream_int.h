@@ -19,7 +19,6 @@
 #include "lock.h"
 #include "proto.h"
 #include "qp.h"
-#include "shares.h"
 #include "upgrade.h"
 
 #include <netinet/in.h>
