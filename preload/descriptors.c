@@ -33,7 +33,7 @@ static struct sv_fd *share_begin(int fd)
 		}
 		if (r < 0) {
 			sv_fd_put(f);
-			sv_fd_detach(fd);
+			sv_fd_detach(fd, "dup");
 			errno = saved;
 			return NULL;
 		}
@@ -51,7 +51,7 @@ static int share_end(struct sv_fd *f, int fd, int nfd)
 	if (nfd >= 0 && nfd != fd) {
 		int saved = errno;
 		if (!f->ops->add_copy(f, nfd))
-			sv_fd_detach(fd); /* nfd is the kernel's: the stream must be too */
+			sv_fd_detach(fd, "dup"); /* nfd is the kernel's: the stream must be too */
 		errno = saved;
 	}
 	sv_fd_put(f);

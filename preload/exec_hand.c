@@ -259,7 +259,7 @@ static bool sole_survivor(const struct survivors *sv, int n, const void *priv)
 	return false; /* not counted: the table was full */
 }
 
-void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
+void sv_exec_prepare(const char *call, char *const envp[], struct sv_exec_env *ex)
 {
 	*ex = (struct sv_exec_env){.table_fd = -1};
 	/* Connections kept on RDMA across a fork end with this image, its
@@ -291,7 +291,7 @@ void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 		struct stat st;
 		if (!listed && kept && ours > 0 && f->ops->exec_client && nc < MAX_CONNS &&
 		    sole_survivor(sv, nsv, f->priv) && fstat(fd, &st) == 0 &&
-		    f->ops->exec_client(f, &c->dtx, &c->drx)) {
+		    f->ops->exec_client(f, call, &c->dtx, &c->drx)) {
 			c->ino = st.st_ino;
 			c->fd = fd;
 			nc++;
@@ -299,7 +299,7 @@ void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 		}
 		sv_fd_put(f);
 		if (served && !listed && (fl < 0 || !(fl & FD_CLOEXEC)))
-			sv_fd_detach(fd);
+			sv_fd_detach(fd, call);
 	}
 	char buf[1024];
 	if (nc > 0 && (!format_clients(buf, sizeof(buf), clients, nc) ||
@@ -310,14 +310,14 @@ void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex)
 		/* Nothing to hand them with: back to plain TCP, as without. */
 		for (int i = 0; i < n; i++) {
 			for (int k = 0; k < list[i].nfds; k++)
-				sv_fd_detach(list[i].fds[k]);
+				sv_fd_detach(list[i].fds[k], call);
 		}
 	}
 	if ((handed || ex->client_var) && !(ex->envp = env_with(envp, ex->var, ex->client_var))) {
 		sv_exec_env_done(ex);
 		for (int i = 0; handed && i < n; i++) {
 			for (int k = 0; k < list[i].nfds; k++)
-				sv_fd_detach(list[i].fds[k]);
+				sv_fd_detach(list[i].fds[k], call);
 		}
 		return;
 	}

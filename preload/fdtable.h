@@ -75,9 +75,10 @@ struct sv_fd_ops {
 	/* connect() on it to `to` succeeded, or is in progress. */
 	void (*connected)(struct sv_fd *f, const struct sockaddr *to, socklen_t len,
 			  bool in_progress);
-	/* The way back: make the kernel's socket carry everything, for a
-	 * call libsovia does not serve. 0 when the fd is plain TCP now. */
-	int (*detach)(struct sv_fd *f);
+	/* The way back: make the kernel's socket carry everything, for
+	 * `call`, one libsovia does not serve (its name, as the logs and
+	 * sovia-stat give it). 0 when the fd is plain TCP now. */
+	int (*detach)(struct sv_fd *f, const char *call);
 	/* The same before a fork, where a connection may be handed to the
 	 * child instead (holders.h); NULL: detach. */
 	int (*detach_for_fork)(struct sv_fd *f);
@@ -104,7 +105,7 @@ struct sv_fd_ops {
 	/* Else, a client connection: taken back to plain TCP here; true when
 	 * the new image may continue it (exec_hand.c), its offsets then the
 	 * kernel's counts plus *dtx and *drx. */
-	bool (*exec_client)(struct sv_fd *f, uint64_t *dtx, uint64_t *drx);
+	bool (*exec_client)(struct sv_fd *f, const char *call, uint64_t *dtx, uint64_t *drx);
 	/* The process changed its user or group ids and leaves its family's
 	 * shared tables (creds.c): what the entry has in them is settled
 	 * first, while they are still shared. */

@@ -229,8 +229,9 @@ static void c_release(struct sv_fd *f)
 
 /* exec, spawn, SCM_RIGHTS, io_uring: whoever gets the socket next uses
  * the kernel's. */
-static int c_detach(struct sv_fd *f)
+static int c_detach(struct sv_fd *f, const char *call)
 {
+	(void)call;
 	if (claim(f) == 0 && atomic_load(&foreign_of(f)->shared))
 		sv_shares_unlist(&foreign_of(f)->ref); /* passed where we cannot follow */
 	return 0;

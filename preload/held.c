@@ -15,6 +15,7 @@
 #include "sovia_ops.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -81,9 +82,11 @@ static void h_release(struct sv_fd *f)
 
 /* exec, posix_spawn, SCM_RIGHTS, another fork: a process we do not
  * follow gets the socket. The fd stays as it is: plain TCP. */
-static int h_detach(struct sv_fd *f)
+static int h_detach(struct sv_fd *f, const char *call)
 {
-	spoil(held_of(f), f->fd, "another process got");
+	char why[64];
+	snprintf(why, sizeof(why), "%s gives another process", call);
+	spoil(held_of(f), f->fd, why);
 	return 0;
 }
 

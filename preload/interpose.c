@@ -532,11 +532,11 @@ SV_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
  * the kernel's socket; one that still has a way back (a connection handed
  * to a fork's child, held.c) takes it first, as for any call libsovia
  * does not serve. */
-static void served_by_kernel(struct sv_fd *f)
+static void served_by_kernel(struct sv_fd *f, const char *call)
 {
 	if (f->ops->detach) {
 		int saved = errno;
-		(void)f->ops->detach(f);
+		(void)f->ops->detach(f, call);
 		errno = saved;
 	}
 }
@@ -546,7 +546,7 @@ SV_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
 {
 	DATA_ENTRY(f, fd, "recvmmsg", SV_REAL(recvmmsg)(fd, v, n, flags, timeout));
 	if (!f->ops->wait) {
-		served_by_kernel(f);
+		served_by_kernel(f, "recvmmsg");
 		sv_fd_put(f);
 		return SV_REAL(recvmmsg)(fd, v, n, flags, timeout);
 	}
@@ -575,7 +575,7 @@ SV_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 			return sv_refuse(fd, "sendmmsg", EAGAIN);
 	DATA_ENTRY(f, fd, "sendmmsg", SV_REAL(sendmmsg)(fd, v, n, flags));
 	if (!f->ops->wait) {
-		served_by_kernel(f);
+		served_by_kernel(f, "sendmmsg");
 		sv_fd_put(f);
 		return SV_REAL(sendmmsg)(fd, v, n, flags);
 	}

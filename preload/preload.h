@@ -64,7 +64,7 @@ static inline long sv_ret(long r, int saved_errno)
 
 /* fd's connection goes back to plain TCP (if libsovia serves it), and its
  * entry becomes the kernel's (unserved.c). */
-void sv_fd_detach(int fd);
+void sv_fd_detach(int fd, const char *call);
 /* The same for every fd msg passes to another process (SCM_RIGHTS): the
  * receiver gets the kernel's socket, which must then be the whole
  * connection (unserved.c). Keeps errno. False, with nothing done, when the
@@ -74,7 +74,7 @@ struct msghdr;
 bool sv_fd_detach_passed(const struct msghdr *msg);
 /* Every accelerated connection (only those without FD_CLOEXEC when
  * `surviving_exec`) goes back to plain TCP (unserved.c). */
-void sv_fd_detach_all(bool surviving_exec);
+void sv_fd_detach_all(bool surviving_exec, const char *call);
 /* Before a fork: the same for every one, but a server connection whose
  * upgrade has not begun is handed to the child instead (unserved.c). */
 void sv_fd_detach_all_for_fork(void);
@@ -92,7 +92,7 @@ struct sv_exec_env {
 	char *var, *client_var;
 	int table_fd;
 };
-void sv_exec_prepare(char *const envp[], struct sv_exec_env *ex);
+void sv_exec_prepare(const char *call, char *const envp[], struct sv_exec_env *ex);
 void sv_exec_env_done(struct sv_exec_env *ex);
 /* In the new image's constructor: continue what the image before handed on. */
 void sv_exec_inherit(void);

@@ -60,7 +60,7 @@ enum unserved {
 };
 
 /* fd's entry when libsovia serves its connection (a reference), else NULL. */
-static struct sv_fd *served(int fd)
+static struct sv_fd *served(int fd, const char *call)
 {
 	struct sv_fd *f = sv_fd_get(fd);
 	if (f && f->ops->detach &&
@@ -70,7 +70,7 @@ static struct sv_fd *served(int fd)
 	 * and the fd is for good (a successor that moved the connection to
 	 * RDMA again, src/share/redo.c, would not count these bytes). */
 	if (f && f->ops->detach)
-		(void)f->ops->detach(f);
+		(void)f->ops->detach(f, call);
 	sv_fd_put(f);
 	return NULL;
 }
@@ -209,7 +209,7 @@ static ssize_t sendfile_common(const char *name, int out, int in, off_t *off, si
 	if (sv_reentered() && sv_fd_claimed(out, SV_MARK_SERVED))
 		return sv_refuse(out, name, EAGAIN);
 	int saved = errno;
-	struct sv_fd *f = sv_passthrough() ? NULL : served(out);
+	struct sv_fd *f = sv_passthrough() ? NULL : served(out, name);
 	errno = saved;
 	if (!f)
 		return SV_REAL(sendfile)(out, in, off, count);
@@ -218,7 +218,7 @@ static ssize_t sendfile_common(const char *name, int out, int in, off_t *off, si
 	sv_fd_put(f);
 	if (un == SERVED)
 		return sv_ret(r, saved);
-	sv_fd_detach(out);
+	sv_fd_detach(out, "sendfile(not-a-regular-file)");
 	errno = saved;
 	return SV_REAL(sendfile)(out, in, off, count);
 }
@@ -343,8 +343,8 @@ SV_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_
 			       sv_fd_claimed(out, SV_MARK_SERVED)))
 		return sv_refuse(sv_fd_claimed(in, SV_MARK_SERVED) ? in : out, "splice", EAGAIN);
 	int saved = errno;
-	struct sv_fd *fi = sv_passthrough() ? NULL : served(in);
-	struct sv_fd *fo = sv_passthrough() ? NULL : served(out);
+	struct sv_fd *fi = sv_passthrough() ? NULL : served(in, "splice");
+	struct sv_fd *fo = sv_passthrough() ? NULL : served(out, "splice");
 	errno = saved;
 	if (!fi && !fo)
 		return SV_REAL(splice)(in, off_in, out, off_out, len, flags);
@@ -355,8 +355,8 @@ SV_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_
 	if (un == SERVED || r < 0)
 		return sv_ret(r, saved);
 	if (un == DETACH) {
-		sv_fd_detach(in);
-		sv_fd_detach(out);
+		sv_fd_detach(in, "splice");
+		sv_fd_detach(out, "splice");
 	}
 	errno = saved;
 	return SV_REAL(splice)(in, off_in, out, off_out, len, flags);

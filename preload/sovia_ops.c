@@ -131,11 +131,11 @@ static void st_release(struct sv_fd *f)
 	sv_leave();
 }
 
-static int st_detach(struct sv_fd *f)
+static int st_detach(struct sv_fd *f, const char *call)
 {
 	sv_enter();
-	sv_dbg("fd %d: going back to plain TCP", f->fd);
-	int r = sv_stream_detach(raw_stream(f));
+	sv_dbg("fd %d: going back to plain TCP for %s", f->fd, call);
+	int r = sv_stream_detach(raw_stream(f), call);
 	if (r == 0) {
 		sv_share_unpark(raw_stream(f)); /* whoever gets it is not followed */
 		sv_fd_make_plain_all(f->priv);
@@ -288,11 +288,11 @@ static bool st_exec_hand(struct sv_fd *f, struct sv_hand *hand)
 	return r;
 }
 
-static bool st_exec_client(struct sv_fd *f, uint64_t *dtx, uint64_t *drx)
+static bool st_exec_client(struct sv_fd *f, const char *call, uint64_t *dtx, uint64_t *drx)
 {
 	sv_enter();
 	struct sv_stream *s = raw_stream(f);
-	int r = sv_stream_detach(s);
+	int r = sv_stream_detach(s, call);
 	bool ok = r == 0 && sv_share_exec_client(s, dtx, drx);
 	if (r == 0)
 		sv_fd_make_plain_all(f->priv); /* the new image's, or plain TCP */

@@ -49,11 +49,11 @@
 
 /* ---- Going back to plain TCP ---------------------------------------------- */
 
-void sv_fd_detach(int fd)
+void sv_fd_detach(int fd, const char *call)
 {
 	struct sv_fd *f = sv_fd_get(fd);
 	if (f && f->ops->detach)
-		f->ops->detach(f);
+		f->ops->detach(f, call);
 	sv_fd_put(f);
 }
 
@@ -77,7 +77,7 @@ static bool detach_rights(const struct msghdr *msg, bool inside)
 			int fd;
 			memcpy(&fd, data + i * sizeof(int), sizeof(fd));
 			if (!inside)
-				sv_fd_detach(fd);
+				sv_fd_detach(fd, "sendmsg(SCM_RIGHTS)");
 			else if (sv_fd_claimed(fd, SV_MARK_SERVED))
 				return false;
 		}
@@ -104,12 +104,12 @@ void sv_fd_detach_all_for_fork(void)
 		if (f && f->ops->detach_for_fork)
 			(void)f->ops->detach_for_fork(f);
 		else if (f && f->ops->detach)
-			(void)f->ops->detach(f);
+			(void)f->ops->detach(f, "fork");
 		sv_fd_put(f);
 	}
 }
 
-void sv_fd_detach_all(bool surviving_exec)
+void sv_fd_detach_all(bool surviving_exec, const char *call)
 {
 	int n = sv_fdtable_size();
 	for (int fd = 0; fd < n; fd++) {
@@ -125,7 +125,7 @@ void sv_fd_detach_all(bool surviving_exec)
 			if (fl >= 0 && (fl & FD_CLOEXEC))
 				continue;
 		}
-		sv_fd_detach(fd);
+		sv_fd_detach(fd, call);
 	}
 }
 
@@ -156,7 +156,7 @@ static bool handover_refused(bool surviving_exec)
 			sv_refuse(-1, name, EBUSY);                                         \
 			return fail;                                                        \
 		}                                                                           \
-		ENTER_DETACH_ALL(surviving_exec);                                           \
+		ENTER_DETACH_ALL(surviving_exec, name);                                     \
 	} while (0)
 
 /* Run `detach` before passing the call through, keeping errno, unless the
@@ -169,7 +169,8 @@ static bool handover_refused(bool surviving_exec)
 			errno = saved_;                                                     \
 		}                                                                           \
 	} while (0)
-#define ENTER_DETACH_ALL(surviving_exec) ENTER_DETACHING(sv_fd_detach_all(surviving_exec))
+#define ENTER_DETACH_ALL(surviving_exec, name)                                              \
+	ENTER_DETACHING(sv_fd_detach_all(surviving_exec, name))
 
 /* ---- Processes ------------------------------------------------------------ */
 
@@ -213,7 +214,7 @@ static bool exec_begin(const char *name, char *const envp[], struct sv_exec_env 
 		sv_refuse(-1, name, EBUSY);
 		return false;
 	}
-	ENTER_DETACHING(sv_exec_prepare(envp, ex));
+	ENTER_DETACHING(sv_exec_prepare(name, envp, ex));
 	return true;
 }
 

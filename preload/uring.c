@@ -28,8 +28,8 @@ static void ring_coming(void)
 		return;
 	int saved = errno;
 	sv_info("io_uring in this process: its connections go back to TCP and stay there");
-	sv_stream_upgrades_off();
-	sv_fd_detach_all(false);
+	sv_stream_upgrades_off("io_uring_setup");
+	sv_fd_detach_all(false, "io_uring_setup");
 	errno = saved;
 }
 

@@ -46,6 +46,7 @@ struct conn {
 	char comm[32];
 	int fd;
 	char role[8], local[64], peer[64], tx[8], rx[8], state[16], fallback[40];
+	char call[40]; /* fallback unsupported-call: the call, else "" */
 	unsigned long long rdma_tx, rdma_rx, tcp_tx, tcp_rx, stalls, ttr_us;
 };
 
@@ -106,6 +107,9 @@ static void parse_line(const char *line, struct conn *c)
 	word(line, "rx", c->rx, sizeof(c->rx));
 	word(line, "state", c->state, sizeof(c->state));
 	word(line, "fallback", c->fallback, sizeof(c->fallback));
+	word(line, "call", c->call, sizeof(c->call));
+	if (strcmp(c->call, "-") == 0)
+		c->call[0] = '\0';
 	c->rdma_tx = number(line, "rdma_tx_bytes");
 	c->rdma_rx = number(line, "rdma_rx_bytes");
 	c->tcp_tx = number(line, "tcp_tx_bytes");
@@ -561,7 +565,7 @@ static void print_json(const struct list *l)
 			const char *key, *value;
 		} text[] = {{"role", c->role}, {"local", c->local}, {"peer", c->peer},
 			    {"tx", c->tx},     {"rx", c->rx},       {"state", c->state},
-			    {"fallback", c->fallback}};
+			    {"fallback", c->fallback}, {"call", c->call}};
 		for (size_t k = 0; k < sizeof(text) / sizeof(text[0]); k++) {
 			printf(",\"%s\":", text[k].key);
 			json_string(text[k].value);
@@ -585,13 +589,17 @@ static void print_table(struct list *l)
 			snprintf(ttr, sizeof(ttr), "%.1f", (double)c->ttr_us / 1000.0);
 		if (c->fd >= 0)
 			snprintf(fd, sizeof(fd), "%d", c->fd);
-		char *text[] = {c->comm, c->role, c->local, c->peer, c->tx, c->rx, c->state, c->fallback};
+		char *text[] = {c->comm, c->role,  c->local,    c->peer, c->tx,
+				c->rx,   c->state, c->fallback, c->call};
 		for (size_t k = 0; k < sizeof(text) / sizeof(text[0]); k++)
 			printable(text[k]);
+		/* The call that kept it on TCP, beside the reason. */
+		char why[sizeof(c->fallback) + sizeof(c->call) + 2];
+		snprintf(why, sizeof(why), c->call[0] ? "%s:%s" : "%s", c->fallback, c->call);
 		printf("%-7d %-15s %4s %-6s %-21s %-21s %-4s %-4s %-9s %-22s %12llu %12llu %12llu "
 		       "%12llu %7llu %8s\n",
 		       c->pid, c->comm, fd, c->role, c->local, c->peer, c->tx, c->rx, c->state,
-		       c->fallback, c->rdma_tx, c->rdma_rx, c->tcp_tx, c->tcp_rx, c->stalls, ttr);
+		       why, c->rdma_tx, c->rdma_rx, c->tcp_tx, c->tcp_rx, c->stalls, ttr);
 	}
 }
 

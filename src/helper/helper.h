@@ -49,6 +49,7 @@ struct sv_conn_view {
 	bool is_client;
 	enum sv_view_medium tx, rx;
 	const char *state, *fallback; /* static names */
+	const char *call; /* fallback unsupported-call: the call (one word), else NULL */
 	struct sockaddr_storage local, peer;
 	uint64_t rdma_tx_bytes, rdma_rx_bytes, tcp_tx_bytes, tcp_rx_bytes;
 	uint64_t credit_stalls, time_to_rdma_us;

@@ -25,6 +25,7 @@
  *   fd=N role=client|server local=A:P peer=A:P tx=rdma|tcp rx=rdma|tcp
  *     state=NAME fallback=NAME rdma_tx_bytes=N rdma_rx_bytes=N
  *     tcp_tx_bytes=N tcp_rx_bytes=N credit_stalls=N time_to_rdma_us=N
+ *     call=NAME|-  (since 0.1: fallback unsupported-call's call)
  * (one line in the answer, wrapped here). Words are added only at a line's
  * end, so a reader of version 1 keeps working. */
 #include "addr.h"
@@ -134,12 +135,12 @@ static void write_line(const struct sv_conn_view *v, void *arg)
 	dprintf(out,
 		"fd=%d role=%s local=%s peer=%s tx=%s rx=%s state=%s fallback=%s "
 		"rdma_tx_bytes=%llu rdma_rx_bytes=%llu tcp_tx_bytes=%llu tcp_rx_bytes=%llu "
-		"credit_stalls=%llu time_to_rdma_us=%llu\n",
+		"credit_stalls=%llu time_to_rdma_us=%llu call=%s\n",
 		v->fd, v->is_client ? "client" : "server", local, peer, medium_name(v->tx),
 		medium_name(v->rx), v->state, v->fallback, (unsigned long long)v->rdma_tx_bytes,
 		(unsigned long long)v->rdma_rx_bytes, (unsigned long long)v->tcp_tx_bytes,
 		(unsigned long long)v->tcp_rx_bytes, (unsigned long long)v->credit_stalls,
-		(unsigned long long)v->time_to_rdma_us);
+		(unsigned long long)v->time_to_rdma_us, v->call ? v->call : "-");
 }
 
 static bool may_see(int conn)

@@ -173,7 +173,7 @@ void sv_share_start_at_first_use(struct sv_stream *s)
 		/* stdio may have moved bytes our counts miss: no upgrade here,
 		 * and the owner redirects nobody to us. */
 		sv_holders_drop(&c->hand);
-		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
+		sv_stream_unserved(s, "stdio(standard-stream)");
 	}
 	sv_stream_unlock(s);
 	if (f.is_client) {

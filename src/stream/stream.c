@@ -166,18 +166,19 @@ void sv_stream_init(void)
 /* ---- The start of the upgrade -------------------------------------------------- */
 
 /* RDMA cannot be had in this process: the reason a stream stays on TCP. */
-static atomic_bool upgrades_off;
+static _Atomic(const char *) upgrades_off;
 
-void sv_stream_upgrades_off(void)
+void sv_stream_upgrades_off(const char *call)
 {
-	atomic_store(&upgrades_off, true);
+	atomic_store(&upgrades_off, call);
 }
 
 static bool no_rdma(struct sv_stream *s)
 {
-	if (atomic_load(&upgrades_off)) {
+	const char *off = atomic_load(&upgrades_off);
+	if (off) {
 		sv_lock(&s->lock);
-		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
+		sv_stream_unserved(s, off);
 		sv_unlock(&s->lock);
 		return true;
 	}

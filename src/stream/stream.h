@@ -112,10 +112,10 @@ void sv_stream_put(struct sv_stream *s);
  * starts after SOVIA_UPGRADE_DELAY_MS), a client whose non-blocking connect
  * is in progress (once it completes), a server's accepted connection (a
  * request may match it). Without RDMA it stays on TCP, with the reason. */
-/* From now on this process upgrades no connection (a call that reaches
- * sockets behind libsovia, like io_uring, was set up): new ones stay on
- * TCP, with the reason 'unsupported'. */
-void sv_stream_upgrades_off(void);
+/* From now on this process upgrades no connection (`call`, one that
+ * reaches sockets behind libsovia, like io_uring_setup, was made): new
+ * ones stay on TCP, with the reason unsupported-call and that call. */
+void sv_stream_upgrades_off(const char *call);
 void sv_stream_start_client(struct sv_stream *s);
 void sv_stream_start_connecting(struct sv_stream *s, const struct sockaddr *to, socklen_t len);
 void sv_stream_start_server(struct sv_stream *s, struct sv_listener *l);
@@ -180,7 +180,11 @@ void sv_stream_opened(struct sv_stream *s);
  * was); -EBUSY when bytes libsovia holds cannot be given back (the QP is
  * gone), -ETIMEDOUT, or the connection's error: the stream stays
  * libsovia's. */
-int sv_stream_detach(struct sv_stream *s);
+int sv_stream_detach(struct sv_stream *s, const char *call);
+/* s stays on TCP for `call`, one libsovia cannot serve (fallback
+ * unsupported-call; the call named in the log, the statistics and the
+ * view). With s's lock; past the upgrade, nothing. */
+void sv_stream_unserved(struct sv_stream *s, const char *call);
 /* What the application of accepted socket fd has sent and received over
  * TCP in its life, from the kernel's counters; -ENOTCONN past
  * ESTABLISHED, where the kernel counts a FIN too. A connecting socket's

@@ -144,7 +144,8 @@ bool sv_stream_back_overdue(struct sv_stream *s, uint64_t now)
 
 /* One step of the way back in the current state. 1: done (r says how),
  * 0: wait and look again. */
-static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool fork)
+static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool fork,
+		       const char *call)
 {
 	switch (s->state) {
 	case SV_CONN_TCP:
@@ -163,9 +164,9 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool for
 		 * leaves the holders' table: the owner redirects no more. */
 		if (s->share)
 			sv_copies->called_off(s);
-		sv_info("fd %d: upgrade called off (a call libsovia does not serve)", s->fd);
-		s->fallback = SV_FB_UNSUPPORTED;
-		sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
+		sv_info("fd %d: upgrade called off by %s, a call libsovia does not serve", s->fd,
+			call);
+		sv_stream_unserved(s, call);
 		break;
 	case SV_CONN_SWITCHING:
 		return 0;
@@ -196,8 +197,10 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool for
 		    (s->proto && !s->error && sv_proto_readable(s->proto) > 0)) {
 			*r = -EBUSY;
 		} else {
-			if (s->state == SV_CONN_FALLBACK && s->fallback == SV_FB_NONE)
+			if (s->state == SV_CONN_FALLBACK && s->fallback == SV_FB_NONE) {
 				s->fallback = SV_FB_UNSUPPORTED;
+				s->unserved = call;
+			}
 			sv_stream_kernel_shut(s);
 			*r = 0;
 		}
@@ -210,7 +213,7 @@ static int detach_step(struct sv_stream *s, int *r, bool *wait_tcp_out, bool for
 
 /* away: the application's fd becomes the kernel's (the caller hands it on),
  * so the connection gets no second life here (not parked, not handed). */
-static int detach(struct sv_stream *s, bool fork, bool away)
+static int detach(struct sv_stream *s, bool fork, bool away, const char *call)
 {
 	sv_lock(&s->lock);
 	bool escaped = s->escaped;
@@ -225,7 +228,7 @@ static int detach(struct sv_stream *s, bool fork, bool away)
 		bool wait_tcp_out = false;
 		if (s->proto && !s->error)
 			sv_stream_progress(s, &clk, 0);
-		if (detach_step(s, &r, &wait_tcp_out, fork))
+		if (detach_step(s, &r, &wait_tcp_out, fork, call))
 			break;
 		if (s->state == SV_CONN_DETACHED || s->state == SV_CONN_FALLBACK)
 			continue;
@@ -251,19 +254,19 @@ static int detach(struct sv_stream *s, bool fork, bool away)
 	return r;
 }
 
-int sv_stream_detach(struct sv_stream *s)
+int sv_stream_detach(struct sv_stream *s, const char *call)
 {
-	return detach(s, false, true);
+	return detach(s, false, true, call);
 }
 
 int sv_stream_detach_for_copies(struct sv_stream *s)
 {
-	return detach(s, false, false);
+	return detach(s, false, false, "fork(copy-used)");
 }
 
 int sv_stream_detach_for_fork(struct sv_stream *s, bool away)
 {
-	return detach(s, true, away);
+	return detach(s, true, away, "fork");
 }
 
 uint64_t sv_stream_detached_service(struct sv_stream *s, uint64_t now, bool *done)

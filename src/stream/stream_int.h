@@ -240,6 +240,7 @@ struct sv_stream {
 	bool is_client;
 	enum sv_conn_state state;
 	enum sv_fallback fallback;
+	const char *unserved; /* fallback unsupported-call: the call's name */
 	struct sv_tuple tuple;
 	int error;           /* -errno once broken */
 	bool error_told;     /* the application was given `error` once */

@@ -134,6 +134,13 @@ static void remember(const struct sv_stream *s, enum sv_fallback why)
 		sv_peers_no_route(&s->tuple.peer);
 }
 
+void sv_stream_unserved(struct sv_stream *s, const char *call)
+{
+	if (s->fallback == SV_FB_NONE && !s->unserved)
+		s->unserved = call;
+	sv_stream_fall_back(s, SV_FB_UNSUPPORTED);
+}
+
 void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why)
 {
 	switch (s->state) {
@@ -154,7 +161,10 @@ void sv_stream_fall_back(struct sv_stream *s, enum sv_fallback why)
 	if (s->fallback == SV_FB_NONE)
 		s->fallback = why;
 	remember(s, why);
-	if (s->state != SV_CONN_FALLBACK)
+	if (s->state != SV_CONN_FALLBACK && s->fallback == SV_FB_UNSUPPORTED && s->unserved)
+		sv_info("fd %d stays on TCP: %s (%s, a call libsovia does not serve)", s->fd,
+			sv_fallback_name(s->fallback), s->unserved);
+	else if (s->state != SV_CONN_FALLBACK)
 		sv_info("fd %d stays on TCP: %s", s->fd, sv_fallback_name(s->fallback));
 	sv_stream_set_state(s, SV_CONN_FALLBACK);
 	sv_stream_wake(s);

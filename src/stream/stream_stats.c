@@ -46,7 +46,7 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		s->qp->ops->regcache_stats(s->qp, &rc);
 	int n = snprintf(
 		line, sizeof(line),
-		"libsovia stats [%s] %s -> %s %s state=%s fallback=%s "
+		"libsovia stats [%s] %s -> %s %s state=%s fallback=%s call=%s "
 		"rdma_tx_bytes=%llu rdma_rx_bytes=%llu tcp_tx_bytes=%llu tcp_rx_bytes=%llu "
 		"rdma_tx_msgs=%llu rdma_rx_msgs=%llu zcopy_tx_bytes=%llu credit_stalls=%llu "
 		"acks_sent=%llu acks_piggybacked=%llu coalesced_writes=%llu collected_writes=%llu "
@@ -59,7 +59,9 @@ void sv_stream_print_stats(struct sv_stream *s, const char *when)
 		"time_to_rdma_us=%llu grown=rx:%llu,tx:%llu shrunk=rx:%llu,tx:%llu drains=%llu "
 		"grow_refused=%llu pinned_start_bytes=%zu failover=%s resent_bytes=%llu\n",
 		when, local, peer, s->is_client ? "client" : "server", sv_conn_state_name(s->state),
-		sv_fallback_name(s->fallback), U(p->tx_bytes), U(p->rx_bytes),
+		sv_fallback_name(s->fallback),
+		s->fallback == SV_FB_UNSUPPORTED && s->unserved ? s->unserved : "-",
+		U(p->tx_bytes), U(p->rx_bytes),
 		U(s->st.tcp_tx_bytes), U(s->st.tcp_rx_bytes), U(p->tx_msgs), U(p->rx_msgs),
 		U(p->tx_zcopy_bytes), U(p->credit_stalls), U(p->updates_sent),
 		U(p->acks_piggybacked), U(p->coalesced_writes), U(p->collected_writes),
@@ -96,6 +98,7 @@ void sv_stream_view(struct sv_stream *s, struct sv_conn_view *v)
 		.rx = sv_stream_rx_medium(s) == SV_MEDIUM_QP ? SV_VIEW_RDMA : SV_VIEW_TCP,
 		.state = sv_conn_state_name(s->state),
 		.fallback = sv_fallback_name(s->fallback),
+		.call = s->fallback == SV_FB_UNSUPPORTED ? s->unserved : NULL,
 		.local = s->tuple.local,
 		.peer = s->tuple.peer,
 		/* The kernel's branch adds to these without the lock. */

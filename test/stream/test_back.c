@@ -44,7 +44,7 @@ Test(back, unread_bytes_both_ways_reach_their_readers_over_tcp)
 	cr_assert_eq(h_read_all(p.c, in, 100, &end), 100);
 	cr_assert(h_pattern_ok(in, 100, 11, 0));
 
-	cr_assert_eq(sv_stream_detach(p.c), 0);
+	cr_assert_eq(sv_stream_detach(p.c, "test"), 0);
 	cr_assert_eq(h_state(p.c), SV_CONN_DETACHED);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_DETACHED, 10000), SV_CONN_DETACHED, "server: %s",
 		     sv_conn_state_name(h_state(p.s)));
@@ -72,8 +72,14 @@ Test(back, a_tcp_connection_needs_none)
 	struct pair p;
 	h_listen(&p, false);
 	h_connect(&p);
-	cr_assert_eq(sv_stream_detach(p.s), 0);
+	cr_assert_eq(sv_stream_detach(p.s, "posix_spawn"), 0);
 	cr_assert(sv_stream_kernel_only(p.s));
+	/* The call that kept it on TCP is named (issue 54, item 3). */
+	struct sv_conn_view v;
+	sv_stream_view(p.s, &v);
+	cr_assert_str_eq(v.fallback, "unsupported-call");
+	cr_assert_not_null(v.call, "the view does not name the call");
+	cr_assert_str_eq(v.call, "posix_spawn");
 	uint8_t b = 7, g = 0;
 	cr_assert_eq(send(p.sfd, &b, 1, 0), 1);
 	long end;
@@ -95,7 +101,7 @@ struct detacher {
 static void *detach_main(void *arg)
 {
 	struct detacher *d = arg;
-	d->r = sv_stream_detach(d->s);
+	d->r = sv_stream_detach(d->s, "test");
 	return NULL;
 }
 

@@ -55,7 +55,7 @@ Test(fork, child_uses_plain_tcp_and_upgrades_its_own)
 	h_pattern(out, sizeof(out), 40, 0);
 	cr_assert_eq(h_write_all(p.c, out, sizeof(out)), (long)sizeof(out));
 	/* As the interposed fork(): every connection back to plain TCP. */
-	cr_assert_eq(sv_stream_detach(p.c), 0);
+	cr_assert_eq(sv_stream_detach(p.c, "test"), 0);
 	cr_assert_eq(h_wait_state(p.s, SV_CONN_DETACHED, 10000), SV_CONN_DETACHED);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
