@@ -9,6 +9,7 @@
 #include "shares.h"
 
 #include "ownfd.h"
+#include "procfd.h"
 #include "real.h"
 
 #include <errno.h>
@@ -177,7 +178,6 @@ int sv_shares_leave_family(void)
 }
 
 static bool slot_others_hold(struct slot *sl);
-static bool zombie(pid_t pid);
 
 int sv_shares_keep(struct sv_shares *t, uint64_t ino, struct sv_share_ref *out)
 {
@@ -267,67 +267,6 @@ bool sv_shares_claimed(const struct sv_share_ref *r)
 	return sl && current(sl, r, &st) && PHASE(st) == PH_CLAIMED;
 }
 
-/* Has pid exited (not reaped yet)? Its fds are closed, but an unprivileged
- * parent may not list them (EACCES). */
-static bool zombie(pid_t pid)
-{
-	char path[64], buf[256];
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return false;
-	ssize_t n = SV_REAL(read)(fd, buf, sizeof(buf) - 1);
-	SV_REAL(close)(fd);
-	if (n <= 0)
-		return false;
-	buf[n] = '\0';
-	const char *close_paren = strrchr(buf, ')'); /* the name may hold any byte */
-	return close_paren && close_paren[1] == ' ' && close_paren[2] == 'Z';
-}
-
-/* How many of process pid's fds are the socket whose inode is ino, up to
- * max? Unknown (no access to its fds) counts as max. With the directory
- * read by getdents64 into the stack, not opendir: a copy's read or write
- * looks (sv_shares_adopt), and it may be a signal handler's that
- * interrupted malloc. */
-static int pid_fds(pid_t pid, uint64_t ino, int max)
-{
-	if (kill(pid, 0) < 0 && errno == ESRCH)
-		return 0;
-	char path[64], link[64], want[40];
-	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-	snprintf(want, sizeof(want), "socket:[%" PRIu64 "]", ino);
-	int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0) /* ENOENT: it ended meanwhile */
-		return errno != ENOENT && !zombie(pid) ? max : 0;
-	int found = 0;
-	_Alignas(8) char buf[2048];
-	long n;
-	while (found < max && (n = sv_real_syscall()(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
-		for (long off = 0; off < n && found < max;) {
-			/* struct linux_dirent64: ino 8, off 8, reclen 2, type 1, name */
-			unsigned short reclen;
-			memcpy(&reclen, buf + off + 16, sizeof(reclen));
-			const char *name = buf + off + 19;
-			off += reclen;
-			if (name[0] == '.')
-				continue;
-			ssize_t len = readlinkat(dfd, name, link, sizeof(link) - 1);
-			if (len <= 0)
-				continue;
-			link[len] = '\0';
-			found += strcmp(link, want) == 0;
-		}
-	}
-	SV_REAL(close)(dfd);
-	return found;
-}
-
-static bool pid_holds(pid_t pid, uint64_t ino)
-{
-	return pid_fds(pid, ino, 1) > 0;
-}
-
 bool sv_shares_others_hold(const struct sv_share_ref *r)
 {
 	struct slot *sl = slot_of(r);
@@ -345,7 +284,7 @@ static bool slot_others_hold(struct slot *sl)
 		int32_t pid = atomic_load(&sl->pid[k]);
 		if (pid <= 0)
 			continue;
-		if (pid_holds(pid, ino))
+		if (sv_pid_holds(pid, ino))
 			any = true;
 		else
 			atomic_compare_exchange_strong(&sl->pid[k], &pid, 0);
@@ -412,13 +351,13 @@ int sv_shares_adopt(const struct sv_share_ref *r, struct sv_share_redo *out)
 	 * at it then sees.) */
 	uint32_t forks = atomic_load(&sl->forks);
 	if (atomic_load(&sl->pending) || atomic_load(&sl->unlisted) ||
-	    pid_holds(atomic_load(&r->t->owner), ino) || pid_fds(me, ino, 2) != 1)
+	    sv_pid_holds(atomic_load(&r->t->owner), ino) || sv_pid_fds(me, ino, 2) != 1)
 		return 0;
 	for (int k = 0; k < SV_SHARES_PIDS; k++) {
 		int32_t pid = atomic_load(&sl->pid[k]);
 		if (pid <= 0 || pid == me)
 			continue;
-		if (pid_holds(pid, ino))
+		if (sv_pid_holds(pid, ino))
 			return 0;
 		atomic_compare_exchange_strong(&sl->pid[k], &pid, 0);
 	}
@@ -500,7 +439,7 @@ int sv_shares_claim(const struct sv_share_ref *r)
 		default:
 			break;
 		}
-		if ((kill(owner, 0) < 0 && errno == ESRCH) || zombie(owner))
+		if ((kill(owner, 0) < 0 && errno == ESRCH) || sv_pid_zombie(owner))
 			return -ECONNRESET;
 		/* Claimed: sleep until the owner settles it, looking now and
 		 * then whether it still lives. */

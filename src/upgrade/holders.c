@@ -11,7 +11,9 @@
 #include "holders.h"
 
 #include "cmdata.h"
+#include "log.h"
 #include "ownfd.h"
+#include "procfd.h"
 #include "real.h"
 
 #include <errno.h>
@@ -20,6 +22,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,7 +46,8 @@ enum {
 	F_ADOPTED = 2, /* the child took it (pid2) */
 	F_CLAIMED = 4, /* the child's RDMA listener is at port */
 	F_FIRST_GONE = 8, /* the first holder released its copy */
-	F_SPOILED = 16 /* a third holder, or the first one's I/O: stays TCP */
+	F_SPOILED = 16, /* a third holder, or the first one's I/O: stays TCP */
+	F_TOLD = 32 /* told over the channel by a process that left (pid checked) */
 };
 #define PHASE(st) ((st) & 3u)
 #define FLAGS(st) ((unsigned)((st) >> 2) & 255u)
@@ -92,6 +96,24 @@ static atomic_int table_fd = -1;
 #define SV_HOLDERS_ATTACHED 4u
 static _Atomic(struct sv_holders *) attached[SV_HOLDERS_ATTACHED];
 static atomic_uint nattached;
+
+/* The family's channel (a datagram socketpair made with the table): a
+ * process of the family that changed its ids may no longer write the
+ * table, so it tells its inherited listeners' entries here, and the
+ * table's maker, the only one that reads it, enters each after checking
+ * with the kernel that the sender (its pid, from SCM_CREDENTIALS) holds
+ * that very connection. A liar can thus name a port for its own
+ * connections only, which misdirects its own clients at worst. */
+static atomic_int chan_rx = -1, chan_tx = -1;
+static atomic_int chan_reader; /* the pid that made it */
+/* A message carried what no libsovia sends (fds): taking it would close
+ * them here, and a close can wait on whatever the sender chose, so the
+ * channel is not read again (those entries are not found: TCP). */
+static atomic_bool chan_spoiled;
+/* The channel of the family this process left, and how many times it
+ * left one (a listener's era: see sv_holders_era). */
+static atomic_int told_tx = -1;
+static atomic_uint era;
 
 /* The seals an exec'd image requires: nobody holding the fd can shrink it
  * (the owner's accesses past the end would SIGBUS), grow it, or unseal. */
@@ -150,6 +172,41 @@ static void stamp(struct sv_holders *m)
 	atomic_store_explicit(&m->creator_gid, (uint32_t)getgid(), memory_order_relaxed);
 }
 
+/* The family's channel for a new table. Without it (no fds) a process of
+ * the family that changes its ids has its inherited listeners' upgrades
+ * stay on TCP. */
+static void open_channel(void)
+{
+	int sv[2], on = 1;
+	if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
+		return;
+	if (SV_REAL(setsockopt)(sv[0], SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) < 0) {
+		SV_REAL(close)(sv[0]);
+		SV_REAL(close)(sv[1]);
+		return;
+	}
+	atomic_store(&chan_reader, (int)getpid());
+	atomic_store(&chan_spoiled, false);
+	atomic_store(&chan_rx, sv_ownfd_move(sv[0]));
+	atomic_store(&chan_tx, sv_ownfd_move(sv[1]));
+}
+
+/* Leaving: the family's channel is what this process tells from now on
+ * (the first family it left: its inherited listeners are that family's);
+ * it never reads the family's again. Its new table gets a channel of its
+ * own. */
+static void leave_channel(void)
+{
+	int rx = atomic_exchange(&chan_rx, -1), tx = atomic_exchange(&chan_tx, -1);
+	if (rx >= 0)
+		sv_ownfd_close(rx);
+	int none = -1;
+	if (tx >= 0 && !atomic_compare_exchange_strong(&told_tx, &none, tx))
+		sv_ownfd_close(tx);
+	atomic_fetch_add(&era, 1);
+	open_channel();
+}
+
 /* The process's table (made here unless another thread was first). */
 static struct sv_holders *make_table(void)
 {
@@ -176,6 +233,7 @@ static struct sv_holders *make_table(void)
 	}
 	if (fd >= 0)
 		atomic_store(&table_fd, fd);
+	open_channel();
 	return m;
 }
 
@@ -294,6 +352,8 @@ int sv_holders_leave_family(void)
 	struct sv_holders *h = atomic_load(&table);
 	if (h && !leave(h, true))
 		r = -errno;
+	if (h)
+		leave_channel();
 	unsigned n = atomic_exchange(&nattached, 0);
 	for (unsigned i = 0; i < n && i < SV_HOLDERS_ATTACHED; i++) {
 		struct sv_holders *a = atomic_exchange(&attached[i], NULL);
@@ -333,7 +393,8 @@ static int make_key(const struct sockaddr_storage *server, const struct sockaddr
 }
 
 static int add(struct sv_holders *h, const struct sockaddr_storage *server,
-	       const struct sockaddr_storage *client, uint16_t port, unsigned flags, uint64_t *gen)
+	       const struct sockaddr_storage *client, uint16_t port, unsigned flags, uint64_t *gen,
+	       pid_t pid)
 {
 	uint32_t key[KEY_WORDS];
 	int r = make_key(server, client, key);
@@ -347,7 +408,7 @@ static int add(struct sv_holders *h, const struct sockaddr_storage *server,
 		uint64_t mine = MAKE(GEN(st) + 1, 0, SLOT_WRITING);
 		if (!atomic_compare_exchange_strong(&e->state, &st, mine))
 			continue;
-		atomic_store_explicit(&e->pid, (uint32_t)getpid(), memory_order_relaxed);
+		atomic_store_explicit(&e->pid, (uint32_t)pid, memory_order_relaxed);
 		atomic_store_explicit(&e->pid2, 0, memory_order_relaxed);
 		atomic_store_explicit(&e->port, port, memory_order_relaxed);
 		for (unsigned w = 0; w < KEY_WORDS; w++)
@@ -367,7 +428,7 @@ static int add(struct sv_holders *h, const struct sockaddr_storage *server,
 int sv_holders_add(struct sv_holders *h, const struct sockaddr_storage *server,
 		   const struct sockaddr_storage *client, uint16_t port)
 {
-	return add(h, server, client, port, 0, NULL);
+	return add(h, server, client, port, 0, NULL, getpid());
 }
 
 /* Free a ready entry, if it is still of st's generation (its flags may
@@ -397,7 +458,7 @@ int sv_holders_hand(struct sv_holders *h, const struct sockaddr_storage *server,
 		    const struct sockaddr_storage *client, struct sv_hand *out)
 {
 	uint64_t gen = 0;
-	int slot = add(h, server, client, 0, F_HANDED, &gen);
+	int slot = add(h, server, client, 0, F_HANDED, &gen, getpid());
 	if (slot < 0)
 		return slot;
 	sv_holders_mark_forked(h);
@@ -573,4 +634,128 @@ void sv_holders_drop(const struct sv_hand *hd)
 	if (PHASE(st) == SLOT_READY && GEN(st) == hd->gen &&
 	    (atomic_load(&e->pid) == me || atomic_load(&e->pid2) == me))
 		free_slot(e, st);
+}
+
+/* ---- Entries told by a process that left the family -------------------------- */
+
+#define SV_TOLD_MAGIC 0x736f7674u /* "sovt" */
+enum { TOLD_HOLDS = 1, TOLD_GONE = 2 };
+
+struct told {
+	uint32_t magic;
+	uint16_t kind;
+	uint16_t port;
+	struct sockaddr_storage server, client;
+};
+
+unsigned sv_holders_era(void)
+{
+	return atomic_load(&era);
+}
+
+int sv_holders_tell(const struct sockaddr_storage *server, const struct sockaddr_storage *client,
+		    uint16_t port, bool gone)
+{
+	int fd = atomic_load(&told_tx);
+	if (fd < 0)
+		return -ENOTCONN;
+	struct told m = {.magic = SV_TOLD_MAGIC, .kind = gone ? TOLD_GONE : TOLD_HOLDS,
+			 .port = port, .server = *server, .client = *client};
+	if (SV_REAL(send)(fd, &m, sizeof(m), MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(m))
+		return -errno;
+	return SV_HOLDERS_TOLD;
+}
+
+/* The next message and its sender, taken off the channel: 1, or 0 when
+ * there is none (or no more may be read). It is looked at first without
+ * taking it: a message with fds attached is never taken. */
+static int take_told(int rx, struct told *m, struct ucred *who)
+{
+	for (;;) {
+		union {
+			char buf[CMSG_SPACE(sizeof(struct ucred))];
+			struct cmsghdr align;
+		} cb;
+		struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.buf,
+				    .msg_controllen = sizeof(cb.buf)};
+		ssize_t n = SV_REAL(recvmsg)(rx, &mh, MSG_PEEK | MSG_DONTWAIT);
+		if (n < 0)
+			return 0;
+		if (mh.msg_flags & MSG_CTRUNC) {
+			atomic_store(&chan_spoiled, true);
+			sv_warn("a process of this server's family sent file descriptors on "
+				"libsovia's channel: its children that changed ids stay on TCP");
+			return 0;
+		}
+		bool creds = false;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS &&
+			    c->cmsg_len == CMSG_LEN(sizeof(*who))) {
+				memcpy(who, CMSG_DATA(c), sizeof(*who));
+				creds = true;
+			}
+		/* Nothing but bytes came with it: taking it costs nothing. */
+		char drop;
+		(void)SV_REAL(recv)(rx, &drop, sizeof(drop), MSG_DONTWAIT);
+		if (creds && n == (ssize_t)sizeof(*m) && !(mh.msg_flags & MSG_TRUNC) &&
+		    m->magic == SV_TOLD_MAGIC && who->pid > 0)
+			return 1;
+	}
+}
+
+static bool told_addr(const struct sockaddr_storage *a)
+{
+	return a->ss_family == AF_INET || a->ss_family == AF_INET6;
+}
+
+/* The told entry of (server, client) by pid, freed. */
+static void forget(struct sv_holders *h, const struct told *m, pid_t pid)
+{
+	uint32_t key[KEY_WORDS];
+	if (make_key(&m->server, &m->client, key) < 0)
+		return;
+	uint32_t high = atomic_load(&h->high);
+	for (unsigned i = 0; i < high && i < SV_HOLDERS_SLOTS; i++) {
+		struct slot *e = &h->slot[i];
+		uint64_t st = atomic_load(&e->state);
+		if (PHASE(st) != SLOT_READY || !(FLAGS(st) & F_TOLD) ||
+		    atomic_load(&e->pid) != (uint32_t)pid)
+			continue;
+		bool same = true;
+		for (unsigned w = 0; w < KEY_WORDS && same; w++)
+			same = atomic_load_explicit(&e->key[w], memory_order_relaxed) == key[w];
+		if (same)
+			free_slot(e, st);
+	}
+}
+
+void sv_holders_collect(struct sv_holders *h)
+{
+	int rx = atomic_load(&chan_rx);
+	if (rx < 0 || h != atomic_load(&table) || atomic_load(&chan_spoiled) ||
+	    atomic_load(&chan_reader) != (int)getpid())
+		return;
+	struct told m;
+	struct ucred who;
+	/* A bounded batch per look: a flood waits for the next one. */
+	for (int i = 0; i < 64 && take_told(rx, &m, &who); i++) {
+		if (!told_addr(&m.server) || m.server.ss_family != m.client.ss_family)
+			continue;
+		if (m.kind == TOLD_GONE) {
+			forget(h, &m, who.pid);
+			continue;
+		}
+		uint64_t ino;
+		if (m.kind != TOLD_HOLDS || !m.port || sv_tcp_inode(&m.server, &m.client, &ino) < 0 ||
+		    !sv_pid_surely_holds(who.pid, ino)) {
+			sv_dbg("a process of the family (pid %d) told a connection it does not "
+			       "hold: not entered",
+			       (int)who.pid);
+			continue;
+		}
+		if (add(h, &m.server, &m.client, m.port, F_TOLD, NULL, who.pid) < 0)
+			sv_info("the holders' table is full: an accepted connection's upgrade "
+				"request will not find its process");
+	}
 }

@@ -59,6 +59,28 @@ bool sv_holders_is_table(int fd);
  * be replaced (the process then still shares it). */
 int sv_holders_leave_family(void);
 
+/* A process that left its family (sv_holders_leave_family) still serves
+ * the connections it accepts on a listening socket it inherited; the
+ * family's table is closed to it, so it tells them to the table's maker
+ * over the family's channel, which enters each one only once the kernel
+ * confirms that the sender holds it.
+ *
+ * How many times this process left a family: a listener whose table was
+ * had in an earlier era tells its entries (sv_holders_tell) instead of
+ * adding them. */
+unsigned sv_holders_era(void);
+/* Tell (server, client) as held here at `port`, or (gone) no longer:
+ * SV_HOLDERS_TOLD (an entry number that no table has, for the caller to
+ * keep as its slot), or -errno (-ENOTCONN: this process left no family
+ * with a channel). */
+#define SV_HOLDERS_TOLD 0x7fffffff
+int sv_holders_tell(const struct sockaddr_storage *server, const struct sockaddr_storage *client,
+		    uint16_t port, bool gone);
+/* In the table's maker: enter what its family's leavers told, checked
+ * (a bounded batch; with the lookups' lock). Nothing in another process
+ * or for another table. */
+void sv_holders_collect(struct sv_holders *h);
+
 /* A child of the table's process inherited a listening socket: the owner
  * looks for holders from now on (sv_holders_forked). */
 void sv_holders_mark_forked(struct sv_holders *h);

@@ -40,6 +40,9 @@ struct sv_listener {
 	int refs;
 	bool failed; /* no RDMA listener could be had on its address */
 	struct sv_holders *holders; /* the family's table (NULL: none) */
+	/* sv_holders_era when the table was had: another now, and this
+	 * process left that family (its entries are told, not added). */
+	unsigned holders_era;
 	/* A fork child's, for a listening socket it inherited: its RDMA
 	 * listener is on the same address, at side_port (once open). */
 	bool inherited;

@@ -156,6 +156,7 @@ struct sv_listener *sv_upgrade_listen(int fd)
 		return NULL;
 	}
 	l->holders = sv_holders_get(); /* before any fork: the children share it */
+	l->holders_era = sv_holders_era();
 	l->refs = 2; /* the fd and the job */
 	int r = sv_helper_when_ready(listen_job, l);
 	if (r == 0)
@@ -186,6 +187,7 @@ struct sv_listener *sv_upgrade_listen_inherited(const struct sv_listener *parent
 	l->fd = fd;
 	l->addr = parent->addr;
 	l->holders = parent->holders;
+	l->holders_era = parent->holders_era;
 	l->inherited = true;
 	l->refs = 1; /* the fd; the RDMA listener opens at the first accept */
 	sv_holders_mark_forked(l->holders);

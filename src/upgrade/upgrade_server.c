@@ -86,6 +86,8 @@ static void release_unmatched(struct unmatched *u)
 	struct sv_hand hand;
 	if (sv_up_conns.holding(u->s, &hand) == SV_HOLD_ADOPTED)
 		sv_holders_drop(&hand); /* served, or gone */
+	else if (u->slot == SV_HOLDERS_TOLD)
+		(void)sv_holders_tell(&u->local, &u->peer, 0, true);
 	else if (u->slot >= 0 && u->l->holders)
 		sv_holders_remove(u->l->holders, u->slot);
 	u->slot = -1;
@@ -131,8 +133,16 @@ void sv_up_enter_holders(struct sv_listener *l)
 		}
 		if (h == SV_HOLD_GIVEN)
 			continue; /* we handed it to a child of ours: it claims it */
-		u->slot = sv_holders_add(l->holders, &u->local, &u->peer, l->side_port);
-		if (u->slot < 0)
+		if (l->holders_era != sv_holders_era())
+			/* A listener of the family this process left (it
+			 * changed its ids): its maker enters it once checked. */
+			u->slot = sv_holders_tell(&u->local, &u->peer, l->side_port, false);
+		else
+			u->slot = sv_holders_add(l->holders, &u->local, &u->peer, l->side_port);
+		if (u->slot == -ENOTCONN || u->slot == -EAGAIN)
+			sv_info("the family's channel is closed or full: an accepted connection's "
+				"upgrade request will not find us");
+		else if (u->slot < 0)
 			sv_info("the holders' table is full: an accepted connection's upgrade "
 				"request will not find us");
 	}
@@ -188,6 +198,7 @@ bool sv_upgrade_adopted(struct sv_stream *s, const struct sockaddr_storage *loca
 		l->fd = -1;
 		l->addr = *local;
 		l->holders = h;
+		l->holders_era = sv_holders_era();
 		l->inherited = true;
 		l->adopter = true;
 		l->refs = 1; /* the list's, for the process's life */
@@ -264,6 +275,7 @@ static bool redirect(struct rdma_cm_id *id, const struct sv_cm_req *req, struct 
 		return false;
 	/* Nothing entered since the last look: a flood of waiting requests
 	 * costs no scans. */
+	sv_holders_collect(l->holders); /* what the family's leavers told */
 	uint64_t adds = sv_holders_adds(l->holders);
 	if (seen && *seen == adds)
 		return false;

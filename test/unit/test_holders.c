@@ -473,3 +473,90 @@ Test(holders, a_child_that_dropped_its_ids_writes_nothing_its_family_reads)
 	cr_assert_eq(sv_holders_fd(h), fd, "the parent's table moved");
 	cr_assert(sv_holders_is_table(fd));
 }
+
+/* A TCP connection on loopback: its server side's fd in *fd, its
+ * addresses as the holders' table keys them. */
+static void loopback_conn(int lfd, int *cfd, int *fd, struct sockaddr_storage *srv,
+			  struct sockaddr_storage *cli)
+{
+	struct sockaddr_storage at;
+	socklen_t len = sizeof(at);
+	cr_assert_eq(getsockname(lfd, (struct sockaddr *)&at, &len), 0);
+	*cfd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(*cfd, (struct sockaddr *)&at, len), 0);
+	*fd = accept(lfd, NULL, NULL);
+	cr_assert_geq(*fd, 0);
+	len = sizeof(*srv);
+	cr_assert_eq(getsockname(*fd, (struct sockaddr *)srv, &len), 0);
+	len = sizeof(*cli);
+	cr_assert_eq(getpeername(*fd, (struct sockaddr *)cli, &len), 0);
+}
+
+/* nginx's workers: they inherit the listening socket, then drop root.
+ * Left out of the table, each still tells the connections it accepts over
+ * the family's channel, and the table's maker enters only those the
+ * sender really holds: a claim on a sibling's connection, whose port
+ * would send that client to the liar, is not entered. */
+Test(holders, a_child_that_dropped_its_ids_tells_only_the_connections_it_holds)
+{
+	if (geteuid() != 0)
+		cr_skip_test("dropping ids needs root");
+	struct sv_holders *h = sv_holders_get();
+	cr_assert_not_null(h);
+	int lfd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_storage lo = v4("127.0.0.1", 0);
+	cr_assert_eq(bind(lfd, (struct sockaddr *)&lo, sizeof(struct sockaddr_in)), 0);
+	cr_assert_eq(listen(lfd, 4), 0);
+	int c1, c2, mine, sibling;
+	struct sockaddr_storage srv1, cli1, srv2, cli2;
+	loopback_conn(lfd, &c1, &mine, &srv1, &cli1);
+	loopback_conn(lfd, &c2, &sibling, &srv2, &cli2);
+	int up[2], go[2];
+	cr_assert_eq(pipe(up), 0);
+	cr_assert_eq(pipe(go), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(up[0]); /* a parent that failed ends our reads */
+		close(go[1]);
+		close(sibling); /* the sibling's: this child does not hold it */
+		drop_ids();
+		if (sv_holders_leave_family() != 0)
+			_exit(21);
+		if (sv_holders_era() != 1)
+			_exit(22);
+		if (sv_holders_tell(&srv1, &cli1, 61050, false) != SV_HOLDERS_TOLD ||
+		    sv_holders_tell(&srv2, &cli2, 61051, false) != SV_HOLDERS_TOLD)
+			_exit(23);
+		char c = 'y';
+		if (write(up[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+			_exit(24);
+		if (sv_holders_tell(&srv1, &cli1, 0, true) != SV_HOLDERS_TOLD)
+			_exit(25);
+		if (write(up[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+			_exit(26);
+		_exit(0);
+	}
+	close(up[1]);
+	close(go[0]);
+	char c = 0;
+	cr_assert_eq(read(up[0], &c, 1), 1, "the child failed before telling");
+	cr_assert_eq(sv_holders_find(h, &srv1, &cli1), 0, "entered before it was collected");
+	sv_holders_collect(h);
+	cr_assert_eq(sv_holders_find(h, &srv1, &cli1), 61050, "the child's own connection");
+	cr_assert_eq(sv_holders_find(h, &srv2, &cli2), 0, "the child's claim on its sibling's");
+	cr_assert_eq(write(go[1], "g", 1), 1);
+	cr_assert_eq(read(up[0], &c, 1), 1, "the child failed before telling it gone");
+	sv_holders_collect(h);
+	cr_assert_eq(sv_holders_find(h, &srv1, &cli1), 0, "told gone, still found");
+	cr_assert_eq(write(go[1], "q", 1), 1);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st));
+	cr_assert_eq(WEXITSTATUS(st), 0, "the child failed at step %d", WEXITSTATUS(st));
+	close(c1);
+	close(c2);
+	close(mine);
+	close(sibling);
+	close(lfd);
+}
