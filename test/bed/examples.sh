@@ -310,8 +310,12 @@ held_case() {
 	grep -q "another process of the server holds it: at its port" "$WORK/client.err" ||
 		fail "$name held: the client was not sent on to the child"
 	[ -n "$cl" ] || fail "$name held: the child did not move the connection to RDMA again"
-	[ "$(stats_field "$cl" rdma_tx_bytes)" -ge $((BYTES / 2)) ] ||
-		fail "$name held: the child echoed less than half over RDMA"
+	# How much of the echo is left once the child is on RDMA again
+	# depends on how fast TCP carried it meanwhile (the parent lets go of
+	# its copy when it likes): any byte proves the medium, the byte count
+	# would only time the machine.
+	[ "$(stats_field "$cl" rdma_tx_bytes)" -gt 0 ] ||
+		fail "$name held: the child echoed nothing over RDMA"
 }
 
 epoll_case
