@@ -36,6 +36,15 @@
 #                   the port: the warden sends the client to the real
 #                   server's listener (RDMA), or keeps it on TCP for a plain
 #                   server; the rogue is asked by nobody
+#   warden-stale    a local user (nobody) registers an address, closes its
+#                   listener and keeps the registration; root's server on
+#                   every address of that port still gets its clients
+#   warden-hang     nobody registers a socket whose close sleeps for an
+#                   hour and opens 1,100 idle connections to a warden of
+#                   256 files: it neither sleeps nor spins, drops them,
+#                   answers the user's next registration, and vouches
+#   stat-linger     nobody's view answers root's sovia-stat with such a
+#                   socket: sovia-stat returns and lists root's connection
 #   rogue-privileged  clients with SOVIA_PRIVILEGED_PORTS=1: on the rogue's
 #                   port they stay on TCP and the server's stream is the
 #                   client's alone; a rogue run as nobody cannot listen below
@@ -382,16 +391,26 @@ rogue_run() {
 	wait_line "$WORK/rogue.$kind.out" "listening" 60 || fail "$kind: the rogue could not listen"
 	local pre=
 	[ "$kind" = preloaded ] && pre=$LIB
-	(sleep 4; printf 'secret-reply\n') |
-		LD_PRELOAD=$pre timeout 120 nc -N -l "$IP" "$port" >"$WORK/server.$kind.out" \
-			2>"$WORK/server.$kind.err" &
+	# The server replies once both lines are in; the client sends its
+	# second once its switch is settled one way or the other, and ends
+	# once the reply is in.
+	{
+		wait_size "$WORK/server.$kind.out" 12 60 || true
+		printf 'secret-reply\n'
+	} | LD_PRELOAD=$pre timeout 120 nc -N -l "$IP" "$port" >"$WORK/server.$kind.out" \
+		2>"$WORK/server.$kind.err" &
 	local srv=$!
 	wait_port "$port"
 	local crc=0 src=0
-	(printf 'part1\n'; sleep 3; printf 'part2\n'; sleep 3) |
-		LD_PRELOAD=$LIB timeout 120 nc -N "$IP" "$port" >"$WORK/client.$kind.out" \
-			2>"$WORK/client.$kind.err" || crc=$?
+	{
+		printf 'part1\n'
+		wait_line "$WORK/client.$kind.err" "on RDMA\|stays on TCP\|plain TCP" 60 || true
+		printf 'part2\n'
+		wait_size "$WORK/client.$kind.out" 13 60 || true
+	} | LD_PRELOAD=$LIB timeout 120 nc -N "$IP" "$port" >"$WORK/client.$kind.out" \
+		2>"$WORK/client.$kind.err" || crc=$?
 	wait "$srv" || src=$?
+	kill -TERM "$rg" 2>/dev/null || true # it prints its results and ends
 	wait "$rg" || true
 	cat "$WORK/rogue.$kind.out"
 	assert_ended "$kind: the client" "$crc"
@@ -450,13 +469,14 @@ case_rogue_privileged() {
 	head -c $((4 * 1048576)) /dev/urandom >"$WORK/in"
 	# The server writes once the client's bytes are in (a server done
 	# writing before the switch has nothing to prove itself with).
-	(sleep 15; printf 'ok\n') |
+	{ wait_size "$WORK/low.out" $((4 * 1048576)) 100 || true; printf 'ok\n'; } |
 		LD_PRELOAD=$LIB timeout 120 nc -N -l "$IP" "$low" >"$WORK/low.out" 2>"$WORK/low.srv.err" &
 	local srv=$! crc=0 src=0
 	wait_port "$low"
 	# The first MiB on TCP, the rest once the client is on RDMA; it stays
 	# until the server's reply is in.
-	{ gated "$WORK/low.cli.err"; sleep 20; } | SOVIA_PRIVILEGED_PORTS=1 LD_PRELOAD=$LIB timeout 120 \
+	{ gated "$WORK/low.cli.err"; wait_size "$WORK/low.back" 3 100 || true; } |
+		SOVIA_PRIVILEGED_PORTS=1 LD_PRELOAD=$LIB timeout 120 \
 		nc -N "$IP" "$low" >"$WORK/low.back" 2>"$WORK/low.cli.err" || crc=$?
 	wait "$srv" || src=$?
 	[ "$crc" = 0 ] && [ "$src" = 0 ] || fail "rogue-privileged: port $low: client $crc, server $src"
@@ -473,10 +493,8 @@ case_rogue_privileged() {
 # request reaches the rogue, no byte of its reaches a server.
 case_rogue_warden() {
 	local port=$1 fb
-	"$BUILD/tools/sovia-warden" -v 2>"$WORK/warden.err" &
-	local wd=$!
-	wait_line "$WORK/warden.err" "answering at" 60 ||
-		fail "rogue-warden: sovia-warden did not start: $(cat "$WORK/warden.err")"
+	start_warden
+	local wd=$WD
 	ROGUE_CASE=rogue-warden rogue_run "$port" plain
 	grep -q ROGUECHL "$WORK/server.plain.out" && fail "rogue-warden: 8 bytes injected into a plain server"
 	grep -q "^rogue: request " "$WORK/rogue.plain.out" &&
@@ -491,13 +509,14 @@ case_rogue_warden() {
 	local rg=$!
 	wait_line "$WORK/rogue.pre.out" "listening" 60 || fail "rogue-warden: the rogue could not listen"
 	head -c $((4 * 1048576)) /dev/urandom >"$WORK/in"
-	(sleep 15; printf 'ok\n') |
+	{ wait_size "$WORK/pre.out" $((4 * 1048576)) 100 || true; printf 'ok\n'; } |
 		LD_PRELOAD=$LIB timeout 120 nc -N -l "$IP" "$p2" >"$WORK/pre.out" 2>"$WORK/pre.srv.err" &
 	local srv=$! crc=0 src=0
 	wait_port "$p2"
 	local p0
 	p0=$(rxe_pkts)
-	{ gated "$WORK/pre.cli.err"; sleep 20; } | LD_PRELOAD=$LIB timeout 120 \
+	{ gated "$WORK/pre.cli.err"; wait_size "$WORK/pre.back" 3 100 || true; } |
+		LD_PRELOAD=$LIB timeout 120 \
 		nc -N "$IP" "$p2" >"$WORK/pre.back" 2>"$WORK/pre.cli.err" || crc=$?
 	wait "$srv" || src=$?
 	local dp=$(($(rxe_pkts) - p0))
@@ -546,6 +565,7 @@ rogue_echo_run() { # port rogue-flag name
 	} | LD_PRELOAD=$LIB timeout 120 nc -N "$IP" "$port" >"$WORK/client.out" \
 		2>"$WORK/client.err" || crc=$?
 	wait "$vic" || vrc=$?
+	kill -TERM "$rg" 2>/dev/null || true
 	wait "$rg" || true
 	cat "$WORK/rogue.out" "$WORK/victim.out"
 	local leaked sw
@@ -580,11 +600,140 @@ case_rogue_switch() {
 	rogue_echo_run "$1" -s rogue-switch
 }
 
+# ---- a local user against the root parts (issue 53, docs/faults.md) ------------
+
+NOBODY="setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all"
+L=$BUILD/bin/sovia-local
+
+# sovia-warden as its systemd unit runs it: root with CAP_NET_BIND_SERVICE
+# alone and no new privileges ($1: its file limit; default, the shell's).
+# Its pid in WD.
+start_warden() {
+	local lim=()
+	[ -n "${1:-}" ] && lim=(prlimit --nofile="$1")
+	"${lim[@]}" setpriv --bounding-set=-all,+net_bind_service --inh-caps=-all --no-new-privs \
+		"$BUILD/tools/sovia-warden" -v 2>"$WORK/warden.err" &
+	WD=$!
+	wait_line "$WORK/warden.err" "answering at" 60 ||
+		fail "sovia-warden did not start: $(cat "$WORK/warden.err")"
+	local eff
+	eff=$(awk '/^CapEff/ {print $2}' "/proc/$WD/status")
+	[ "$eff" = 0000000000000400 ] ||
+		fail "the warden runs with capabilities $eff, not CAP_NET_BIND_SERVICE alone"
+}
+warden_ticks() { awk '{print $14 + $15}' "/proc/$WD/stat"; }
+# Connections queued at the warden's socket, not accepted yet.
+warden_backlog() { ss -xlH | awk '$5 == "/run/sovia/warden.sock" {print $3}'; }
+
+# A preloaded nc server on $2:$1 ('*': every address) and a preloaded
+# client of IP:$1 sending 2 MiB, the second on RDMA: the warden sent the
+# client to the server's listener, and the QP carried it.
+warden_transfer() { # port listen-address name
+	local port=$1 name=$3 crc=0 src=0 p0 at=()
+	[ "$2" = '*' ] || at=("$2")
+	head -c $((2 * 1048576)) /dev/urandom >"$WORK/in"
+	LD_PRELOAD=$LIB timeout 120 nc -4 -l "${at[@]}" "$port" </dev/null >"$WORK/$name.out" \
+		2>"$WORK/$name.srv.err" &
+	local srv=$!
+	wait_port "$port"
+	p0=$(rxe_pkts)
+	gated "$WORK/$name.cli.err" | LD_PRELOAD=$LIB timeout 120 nc -N "$IP" "$port" \
+		>/dev/null 2>"$WORK/$name.cli.err" || crc=$?
+	wait "$srv" || src=$?
+	local dp=$(($(rxe_pkts) - p0))
+	[ "$crc" = 0 ] && [ "$src" = 0 ] || fail "$name: client $crc, server $src"
+	cmp "$WORK/in" "$WORK/$name.out" || fail "$name: the server got other bytes"
+	assert_rdma_carried "$WORK/$name.cli.err" client 1048576 1048576
+	# 1 MiB over the QP is at least 256 packets at rxe's largest MTU.
+	[ "$dp" -ge 256 ] || fail "$name: rxe sent only $dp packets during 2 MiB"
+	grep -q "a request for .*:$port: to RDMA port" "$WORK/warden.err" ||
+		fail "$name: the warden did not send the client to the server's listener"
+}
+
+# Finding 1: nobody registers IP:port as served at a port of its choice,
+# closes its listener and keeps its registration open; root's server then
+# listens on every address at that port. The stale exact entry must not
+# outrank the live wildcard one: the client goes to root's listener.
+case_warden_stale() {
+	local port=$1 bogus=$(($1 + 5))
+	start_warden
+	$NOBODY "$L" register -a "$IP" -p "$port" -r "$bogus" >"$WORK/local.out" 2>&1 &
+	wait_line "$WORK/local.out" "closed the listener" 30 ||
+		fail "warden-stale: the local user: $(cat "$WORK/local.out")"
+	grep -q "answer y" "$WORK/local.out" ||
+		fail "warden-stale: the local user's live listener was refused: $(cat "$WORK/local.out")"
+	warden_transfer "$port" '*' stale
+	grep -q "a request for .*:$port: to RDMA port $bogus\$" "$WORK/warden.err" &&
+		fail "warden-stale: the warden answered with the closed listener's port"
+	echo "PASS warden-stale: the gone listener's registration sent no client astray; root's server on RDMA"
+}
+
+# Findings 2 and 3: nobody registers a socket whose close would sleep for
+# an hour, then opens 1,100 connections that never register, against a
+# warden limited to 256 files. The warden neither sleeps nor spins, drops
+# the idle connections, answers the same user's next registration, and a
+# server's client still reaches RDMA through it.
+case_warden_hang() {
+	local port=$1 t0 t1 i
+	start_warden 256
+	$NOBODY "$L" hang-warden -a "$IP" -p $((port + 5)) -n 1100 >"$WORK/local.out" 2>&1 &
+	wait_line "$WORK/local.out" "never register" 60 ||
+		fail "warden-hang: the local user: $(cat "$WORK/local.out")"
+	t0=$(warden_ticks)
+	sleep 3
+	t1=$(warden_ticks)
+	[ $((t1 - t0)) -lt "$(getconf CLK_TCK)" ] ||
+		fail "warden-hang: the warden spun: $((t1 - t0)) ticks of CPU in 3 s"
+	for i in $(seq 300); do
+		[ "$(warden_backlog)" = 0 ] && break
+		sleep 0.1
+	done
+	[ "$(warden_backlog)" = 0 ] ||
+		fail "warden-hang: $(warden_backlog) connections still wait at the warden after 30 s"
+	$NOBODY "$L" register -a "$IP" -p $((port + 6)) -r 40001 >"$WORK/local2.out" 2>&1 &
+	wait_line "$WORK/local2.out" "answer" 30 || fail "warden-hang: the user's next registration got no answer"
+	grep -q "answer y" "$WORK/local2.out" ||
+		fail "warden-hang: the user's next registration was refused: $(cat "$WORK/local2.out")"
+	warden_transfer "$port" "$IP" hang
+	echo "PASS warden-hang: $((t1 - t0)) ticks in 3 s, the idle connections dropped, the user's next" \
+		"registration answered, root's server on RDMA through the warden"
+}
+
+# Finding 4: nobody's process answers root's sovia-stat on its view socket
+# with a socket whose close would sleep for an hour. sovia-stat returns at
+# once and still lists root's connections on RDMA.
+case_stat_linger() {
+	local port=$1 rc=0
+	$NOBODY "$L" stat-view -a "$IP" -p $((port + 5)) >"$WORK/local.out" 2>&1 &
+	wait_line "$WORK/local.out" "answers with the lingering socket" 30 ||
+		fail "stat-linger: the local user: $(cat "$WORK/local.out")"
+	# A connection of root's on RDMA, held open by FIFOs (opened both
+	# ways here first: neither open then waits for the other end).
+	mkfifo "$WORK/hold" "$WORK/feed"
+	exec 8<>"$WORK/feed" 9<>"$WORK/hold"
+	LD_PRELOAD=$LIB timeout 120 nc -l "$IP" "$port" <"$WORK/hold" >/dev/null 2>"$WORK/srv.err" &
+	local srv=$!
+	wait_port "$port"
+	LD_PRELOAD=$LIB timeout 120 nc "$IP" "$port" <"$WORK/feed" >/dev/null 2>"$WORK/cli.err" &
+	local cli=$!
+	head -c 65536 /dev/zero >&8
+	wait_line "$WORK/cli.err" "on RDMA" 60 || fail "stat-linger: the connection never went on RDMA"
+	timeout 60 "$BUILD/tools/sovia-stat" >"$WORK/stat.out" 2>"$WORK/stat.err" || rc=$?
+	exec 8>&- 9>&-
+	kill "$cli" "$srv" 2>/dev/null || true
+	[ "$rc" = 0 ] || fail "stat-linger: sovia-stat exited $rc: $(cat "$WORK/stat.err")"
+	grep -q "answered a reader" "$WORK/local.out" ||
+		fail "stat-linger: sovia-stat never asked the local user's view"
+	grep -Eq '^[0-9]+ +nc .* rdma ' "$WORK/stat.out" ||
+		fail "stat-linger: root's connection on RDMA is not listed: $(cat "$WORK/stat.out")"
+	echo "PASS stat-linger: sovia-stat returned past the lingering answer, root's nc listed on RDMA"
+}
+
 # ---- the cases ------------------------------------------------------------------
 
 port=5600
 failed=
-for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-switch rogue-reflect rogue-privileged rogue-warden}; do
+for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back ignore-back-silent withhold rogue-listener rogue-switch rogue-reflect rogue-privileged rogue-warden warden-stale warden-hang stat-linger}; do
 	note "$c"
 	rm -f /dev/shm/libsovia-peers.*
 	# Not in an || list: errexit would be off inside.

@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
@@ -331,8 +332,19 @@ static void rogue_reply(struct rg_conn *c)
 	    (unsigned long long)c->client_switch_seq, (unsigned long long)c->injected);
 }
 
+/* SIGTERM ends the rogue early, its results printed: the test stops it
+ * once the client and the server it plays against are done. */
+static volatile sig_atomic_t rogue_stop;
+static void on_term(int sig)
+{
+	(void)sig;
+	rogue_stop = 1;
+}
+
 int cm_rogue(const char *ip, int port, int secs, bool reflect, bool switch_back)
 {
+	struct sigaction sa = {.sa_handler = on_term}; /* no SA_RESTART: poll returns */
+	sigaction(SIGTERM, &sa, NULL);
 	struct sockaddr_storage a;
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	struct rdma_cm_id *lid;
@@ -346,7 +358,7 @@ int cm_rogue(const char *ip, int port, int secs, bool reflect, bool switch_back)
 	struct rg_conn conns[ROGUE_CONNS] = {0};
 	int n = 0;
 	uint64_t end = now_ms() + (uint64_t)secs * 1000u;
-	while (now_ms() < end) {
+	while (now_ms() < end && !rogue_stop) {
 		for (int i = 0; i < n; i++)
 			if (conns[i].q) {
 				hq_poll(conns[i].q);
