@@ -12,6 +12,12 @@ lib=$(realpath "${1:?usage: $0 LIBSOVIA_SO SOVIA_STAT}")
 stat=${2:?usage: $0 LIBSOVIA_SO SOVIA_STAT}
 work=$(mktemp -d /tmp/sovia-stat.XXXXXX)
 chmod 755 "$work"
+# nobody's processes load the module and run sovia-stat: copies anyone can
+# read, wherever the build tree is (a clone under /root is not).
+cp "$lib" "$work/libsovia.so"
+cp "$(realpath "$stat")" "$work/sovia-stat"
+chmod 755 "$work/libsovia.so" "$work/sovia-stat"
+lib=$work/libsovia.so stat=$work/sovia-stat
 pids=()
 cleanup() {
 	# The clients' nc and the servers end with their connections; the

@@ -14,6 +14,27 @@ WORK=$(mktemp -d /dev/shm/sovia-it.XXXXXX)
 rm -f /dev/shm/libsovia-peers.*
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK" /dev/shm/libsovia-peers.*' EXIT
 
+# Processes of other users (nobody, postgres, nginx's www-data workers)
+# load the module and run the test programs. From a clone under a private
+# directory (root's home is 0700) they cannot reach the build tree: the
+# tests then use a copy of what they run, in a directory anyone can read.
+if ! setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \
+	test -r "${LIB%% *}" 2>/dev/null; then
+	chmod 711 "$WORK"
+	mkdir -m 755 "$WORK/pub" "$WORK/pub/preload"
+	for d in bin tools bench; do
+		[ -d "$BUILD/$d" ] && cp -a "$BUILD/$d" "$WORK/pub/"
+	done
+	pub_lib=""
+	for l in $LIB; do
+		cp "$l" "$WORK/pub/preload/"
+		pub_lib="$pub_lib $WORK/pub/preload/${l##*/}"
+	done
+	chmod -R a+rX "$WORK/pub"
+	LIB=${pub_lib# } BUILD=$WORK/pub
+	echo "the build tree is private: the tests run a readable copy in $BUILD"
+fi
+
 # On failure, show what the programs said (their stderr carries libsovia's
 # statistics and log), then fail.
 fail() {
@@ -65,6 +86,16 @@ wait_line() {
 	local i
 	for i in $(seq $(($3 * 10))); do
 		grep -q "$2" "$1" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	return 1
+}
+
+# Wait until file $1 holds at least $2 bytes, up to $3 seconds.
+wait_size() {
+	local i
+	for i in $(seq $(($3 * 10))); do
+		[ "$(stat -c %s "$1" 2>/dev/null || echo 0)" -ge "$2" ] && return 0
 		sleep 0.1
 	done
 	return 1
