@@ -19,6 +19,11 @@ export SOVIA_FAIL_LINES=${SOVIA_FAIL_LINES:-80}
 # worker's helper) skip themselves: TSan does not support that and stops
 # the child (die_after_fork).
 export SOVIA_IT_TSAN=1
+# A race shows in the interleavings of thousands of messages, not in the
+# volume: a quarter of the plain runs' bytes.
+export SOVIA_IT_ECHO_BYTES=${SOVIA_IT_ECHO_BYTES:-2000000}
+export SOVIA_IT_HELD_BYTES=${SOVIA_IT_HELD_BYTES:-16000000}
+export SOVIA_IT_BIDIR=${SOVIA_IT_BIDIR:-5000000}
 preload="$lib $rt"
 # LD_PRELOAD takes a space-separated list. libsovia comes first and the
 # runtime right after it (ahead of libc, so our calls to pthread_mutex_lock,
