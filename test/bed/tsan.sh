@@ -20,9 +20,7 @@ export SOVIA_FAIL_LINES=${SOVIA_FAIL_LINES:-80}
 # the child (die_after_fork).
 export SOVIA_IT_TSAN=1
 # A race shows in the interleavings of thousands of messages, not in the
-# volume: a quarter of the plain runs' bytes.
-export SOVIA_IT_ECHO_BYTES=${SOVIA_IT_ECHO_BYTES:-2000000}
-export SOVIA_IT_HELD_BYTES=${SOVIA_IT_HELD_BYTES:-16000000}
+# volume: a quarter of bidir's bytes.
 export SOVIA_IT_BIDIR=${SOVIA_IT_BIDIR:-5000000}
 preload="$lib $rt"
 # LD_PRELOAD takes a space-separated list. libsovia comes first and the
