@@ -392,6 +392,16 @@ static int make_key(const struct sockaddr_storage *server, const struct sockaddr
 	return 0;
 }
 
+/* Is entry e's key this one? Its words as they are now: the caller judges
+ * them by the state word around the look. */
+static bool key_is(struct slot *e, const uint32_t key[KEY_WORDS])
+{
+	for (unsigned w = 0; w < KEY_WORDS; w++)
+		if (atomic_load_explicit(&e->key[w], memory_order_relaxed) != key[w])
+			return false;
+	return true;
+}
+
 static int add(struct sv_holders *h, const struct sockaddr_storage *server,
 	       const struct sockaddr_storage *client, uint16_t port, unsigned flags, uint64_t *gen,
 	       pid_t pid)
@@ -527,9 +537,7 @@ bool sv_holders_check(const struct sv_hand *hd, const struct sockaddr_storage *s
 	uint64_t st = atomic_load(&e->state);
 	if (PHASE(st) != SLOT_READY || GEN(st) != hd->gen)
 		return false;
-	bool same = true;
-	for (unsigned w = 0; w < KEY_WORDS && same; w++)
-		same = atomic_load_explicit(&e->key[w], memory_order_relaxed) == key[w];
+	bool same = key_is(e, key);
 	uint32_t pid2 = atomic_load_explicit(&e->pid2, memory_order_relaxed);
 	/* The copies above are of this generation only if it is still there
 	 * after them (the fence keeps them before the second look). Its
@@ -593,9 +601,7 @@ uint16_t sv_holders_find(struct sv_holders *h, const struct sockaddr_storage *se
 		uint64_t st = atomic_load(&e->state);
 		if (PHASE(st) != SLOT_READY)
 			continue;
-		bool same = true;
-		for (unsigned w = 0; w < KEY_WORDS && same; w++)
-			same = atomic_load_explicit(&e->key[w], memory_order_relaxed) == key[w];
+		bool same = key_is(e, key);
 		uint32_t pid = atomic_load_explicit(&e->pid, memory_order_relaxed);
 		uint32_t pid2 = atomic_load_explicit(&e->pid2, memory_order_relaxed);
 		uint32_t port = atomic_load_explicit(&e->port, memory_order_relaxed);
@@ -722,18 +728,16 @@ static void forget(struct sv_holders *h, const struct told *m, pid_t pid)
 		if (PHASE(st) != SLOT_READY || !(FLAGS(st) & F_TOLD) ||
 		    atomic_load(&e->pid) != (uint32_t)pid)
 			continue;
-		bool same = true;
-		for (unsigned w = 0; w < KEY_WORDS && same; w++)
-			same = atomic_load_explicit(&e->key[w], memory_order_relaxed) == key[w];
-		if (same)
+		if (key_is(e, key))
 			free_slot(e, st);
 	}
 }
 
-void sv_holders_collect(struct sv_holders *h)
+void sv_holders_collect(void)
 {
 	int rx = atomic_load(&chan_rx);
-	if (rx < 0 || h != atomic_load(&table) || atomic_load(&chan_spoiled) ||
+	struct sv_holders *h = atomic_load(&table);
+	if (rx < 0 || !h || atomic_load(&chan_spoiled) ||
 	    atomic_load(&chan_reader) != (int)getpid())
 		return;
 	struct told m;

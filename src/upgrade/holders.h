@@ -76,10 +76,10 @@ unsigned sv_holders_era(void);
 #define SV_HOLDERS_TOLD 0x7fffffff
 int sv_holders_tell(const struct sockaddr_storage *server, const struct sockaddr_storage *client,
 		    uint16_t port, bool gone);
-/* In the table's maker: enter what its family's leavers told, checked
- * (a bounded batch; with the lookups' lock). Nothing in another process
- * or for another table. */
-void sv_holders_collect(struct sv_holders *h);
+/* In the maker of the process's table: enter what its family's leavers
+ * told, checked (a bounded batch; with the lookups' lock). Nothing in
+ * another process. */
+void sv_holders_collect(void);
 
 /* A child of the table's process inherited a listening socket: the owner
  * looks for holders from now on (sv_holders_forked). */

@@ -275,7 +275,6 @@ static bool redirect(struct rdma_cm_id *id, const struct sv_cm_req *req, struct 
 		return false;
 	/* Nothing entered since the last look: a flood of waiting requests
 	 * costs no scans. */
-	sv_holders_collect(l->holders); /* what the family's leavers told */
 	uint64_t adds = sv_holders_adds(l->holders);
 	if (seen && *seen == adds)
 		return false;
@@ -327,6 +326,8 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 	if (m == MATCHED)
 		return;
 	uint64_t seen = 0;
+	if (m == NO_MATCH)
+		sv_holders_collect(); /* what the family's leavers told */
 	if (m == NO_MATCH && redirect(id, &req, l, &seen)) {
 		*destroy = id;
 		return;
@@ -380,6 +381,10 @@ void sv_up_connect_request(struct rdma_cm_event *ev, struct rdma_cm_id **destroy
 static uint64_t pending_timers(uint64_t now)
 {
 	uint64_t next = 0;
+	/* Once a look, not once a waiting request: a flood of them costs no
+	 * system call each. */
+	if (pending)
+		sv_holders_collect();
 	for (struct pending_req **pp = &pending; *pp;) {
 		struct pending_req *p = *pp;
 		struct rdma_cm_id *refused = NULL;

@@ -542,12 +542,12 @@ Test(holders, a_child_that_dropped_its_ids_tells_only_the_connections_it_holds)
 	char c = 0;
 	cr_assert_eq(read(up[0], &c, 1), 1, "the child failed before telling");
 	cr_assert_eq(sv_holders_find(h, &srv1, &cli1), 0, "entered before it was collected");
-	sv_holders_collect(h);
+	sv_holders_collect();
 	cr_assert_eq(sv_holders_find(h, &srv1, &cli1), 61050, "the child's own connection");
 	cr_assert_eq(sv_holders_find(h, &srv2, &cli2), 0, "the child's claim on its sibling's");
 	cr_assert_eq(write(go[1], "g", 1), 1);
 	cr_assert_eq(read(up[0], &c, 1), 1, "the child failed before telling it gone");
-	sv_holders_collect(h);
+	sv_holders_collect();
 	cr_assert_eq(sv_holders_find(h, &srv1, &cli1), 0, "told gone, still found");
 	cr_assert_eq(write(go[1], "q", 1), 1);
 	int st;
