@@ -55,6 +55,17 @@ static bool addr_cmp(const struct sockaddr_storage *a, const struct sockaddr_sto
 	return (!with_port || px == py) && memcmp(x, y, 16) == 0;
 }
 
+void sv_addr_unmap(struct sockaddr_storage *ss)
+{
+	const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+	if (ss->ss_family != AF_INET6 || !IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr))
+		return;
+	struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = in6->sin6_port};
+	memcpy(&in.sin_addr, &in6->sin6_addr.s6_addr[12], 4);
+	memset(ss, 0, sizeof(*ss));
+	memcpy(ss, &in, sizeof(in));
+}
+
 bool sv_addr_same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
 {
 	return addr_cmp(a, b, false);

@@ -18,6 +18,10 @@ void sv_addr_set_port(struct sockaddr_storage *ss, uint16_t port);
 bool sv_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
 /* Same address, ports ignored. */
 bool sv_addr_same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b);
+/* An IPv4-mapped IPv6 address (a dual-stack socket's view of an IPv4
+ * peer) as the plain IPv4 address it is: rdma_cm routes and binds only the
+ * latter. Any other address is left as it is. */
+void sv_addr_unmap(struct sockaddr_storage *ss);
 /* "address:port", "[v6 address]:port". */
 void sv_addr_str(const struct sockaddr_storage *ss, char *out, size_t len);
 

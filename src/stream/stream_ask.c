@@ -103,6 +103,10 @@ static void start_connect(struct sv_stream *s)
 	/* The same interface as the TCP connection, any port; the warden's,
 	 * the one we were sent to, or the server's. */
 	sv_addr_set_port(&src, 0);
+	/* An IPv6 socket's IPv4 connection (IPv4-mapped): rdma_cm routes
+	 * the IPv4 addresses. */
+	sv_addr_unmap(&src);
+	sv_addr_unmap(&dst);
 	if (redirected)
 		sv_addr_set_port(&dst, redirected);
 	else if (warden)

@@ -32,6 +32,10 @@ struct sv_listener {
 	struct rdma_cm_id *id;
 	struct sockaddr_storage addr;
 	int fd;
+	/* An IPv6 listening socket with IPV6_V6ONLY: its RDMA listener on
+	 * the IPv6 wildcard takes no IPv4 client (another socket may serve
+	 * IPv4 on the port: nginx's "listen 80; listen [::]:80"). */
+	bool v6only;
 	/* Holders, under up_lock: the application's listening fd, a queued
 	 * creation job, and each accepted connection still waiting for its
 	 * upgrade request. The application may close its listening socket

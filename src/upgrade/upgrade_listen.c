@@ -10,9 +10,11 @@
 #include "helper.h"
 #include "holders.h"
 #include "log.h"
+#include "real.h"
 #include "warden.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,10 @@ static int open_listener_id(struct sv_listener *l, struct sockaddr_storage *at)
 			     (void *)((uintptr_t)l | SV_LISTENER_TAG), RDMA_PS_TCP) < 0)
 		return -errno;
 	int r = 0;
-	if (sv_cm->bind_addr(l->id, (struct sockaddr *)at) < 0 ||
+	/* An IPv6 socket takes IPv4 clients unless IPV6_V6ONLY: its RDMA
+	 * listener too, whatever the host's net.ipv6.bindv6only. */
+	if ((at->ss_family == AF_INET6 && sv_cm->set_afonly(l->id, l->v6only) < 0) ||
+	    sv_cm->bind_addr(l->id, (struct sockaddr *)at) < 0 ||
 	    sv_cm->listen_id(l->id, 128) < 0) {
 		r = -errno;
 		sv_cm->destroy_id(l->id);
@@ -94,7 +99,11 @@ static bool register_with_warden(struct sv_listener *l, bool must)
  * With up_lock. */
 static void create_listener(struct sv_listener *l)
 {
+	/* A dual-stack socket bound to an IPv4 address sees it IPv4-mapped
+	 * (::ffff:a.b.c.d, as ftpd's passive listeners): rdma_cm binds
+	 * only the IPv4 address its clients ask for. */
 	struct sockaddr_storage at = l->addr;
+	sv_addr_unmap(&at);
 	if (l->inherited)
 		sv_addr_set_port(&at, 0);
 	int r = open_listener_id(l, &at);
@@ -155,6 +164,10 @@ struct sv_listener *sv_upgrade_listen(int fd)
 		free(l);
 		return NULL;
 	}
+	int only = 0;
+	len = sizeof(only);
+	l->v6only = l->addr.ss_family == AF_INET6 &&
+		    SV_REAL(getsockopt)(fd, IPPROTO_IPV6, IPV6_V6ONLY, &only, &len) == 0 && only;
 	l->holders = sv_holders_get(); /* before any fork: the children share it */
 	l->holders_era = sv_holders_era();
 	l->refs = 2; /* the fd and the job */
@@ -186,6 +199,7 @@ struct sv_listener *sv_upgrade_listen_inherited(const struct sv_listener *parent
 		return NULL;
 	l->fd = fd;
 	l->addr = parent->addr;
+	l->v6only = parent->v6only;
 	l->holders = parent->holders;
 	l->holders_era = parent->holders_era;
 	l->inherited = true;

@@ -33,6 +33,9 @@ struct sv_cm_ops {
 	int (*establish)(struct rdma_cm_id *id);
 	int (*disconnect)(struct rdma_cm_id *id);
 	int (*bind_addr)(struct rdma_cm_id *id, struct sockaddr *addr);
+	/* An IPv6 id's listener takes IPv6 requests only (1) or IPv4 ones
+	 * too (0), as a socket's IPV6_V6ONLY; before bind_addr. */
+	int (*set_afonly)(struct rdma_cm_id *id, int afonly);
 	int (*listen_id)(struct rdma_cm_id *id, int backlog);
 	int (*get_event)(struct rdma_event_channel *ch, struct rdma_cm_event **ev);
 	int (*ack_event)(struct rdma_cm_event *ev);

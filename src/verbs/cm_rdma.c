@@ -196,6 +196,13 @@ GUARDED(establish, (struct rdma_cm_id * id), (id))
 GUARDED(disconnect, (struct rdma_cm_id * id), (id))
 GUARDED(bind_addr, (struct rdma_cm_id * id, struct sockaddr *a), (id, a))
 GUARDED(listen, (struct rdma_cm_id * id, int backlog), (id, backlog))
+GUARDED(set_option, (struct rdma_cm_id * id, int level, int name, void *val, size_t len),
+	(id, level, name, val, len))
+
+static int set_afonly(struct rdma_cm_id *id, int afonly)
+{
+	return g_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &afonly, sizeof(afonly));
+}
 GUARDED(ack_cm_event, (struct rdma_cm_event * ev), (ev))
 
 static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_proto_params *prm)
@@ -240,6 +247,7 @@ const struct sv_cm_ops sv_cm_rdma = {
 	.establish = g_establish,
 	.disconnect = g_disconnect,
 	.bind_addr = g_bind_addr,
+	.set_afonly = set_afonly,
 	.listen_id = g_listen,
 	.get_event = get_event,
 	.ack_event = g_ack_cm_event,

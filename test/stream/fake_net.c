@@ -540,6 +540,7 @@ struct fid {
 	struct rdma_cm_id id; /* first */
 	struct sockaddr_storage src, dst; /* this end's address, the peer's */
 	bool listening;
+	bool afonly; /* an IPv6 listener that takes no IPv4 request */
 	bool connected, disconnected;
 	struct fid *peer;       /* the other end of a connection */
 	struct fid *listener;   /* a request's: the listener it came to */
@@ -755,6 +756,12 @@ static int f_destroy_id(struct rdma_cm_id *id)
 	return 0;
 }
 
+static bool v4mapped(const struct sockaddr *a)
+{
+	return a->sa_family == AF_INET6 &&
+	       IN6_IS_ADDR_V4MAPPED(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr);
+}
+
 static int f_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst,
 			  int timeout_ms)
 {
@@ -763,6 +770,10 @@ static int f_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct so
 	struct fid *f = (struct fid *)id;
 	size_t len = dst->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
 						: sizeof(struct sockaddr_in);
+	if (v4mapped(src) || v4mapped(dst)) {
+		errno = EADDRNOTAVAIL; /* rdma_cm has no route to such an address */
+		return -1;
+	}
 	sv_lock(&net_lock);
 	memcpy(&f->src, src, len);
 	memcpy(&f->dst, dst, len);
@@ -782,15 +793,31 @@ static int f_resolve_route(struct rdma_cm_id *id, int timeout_ms)
 	return 0;
 }
 
-static bool addr_match(const struct sockaddr_storage *listen, const struct sockaddr_storage *dst)
+static bool any_addr(const struct sockaddr_storage *a)
 {
-	if (port_of(listen) != port_of(dst))
+	if (a->ss_family == AF_INET)
+		return ((const struct sockaddr_in *)a)->sin_addr.s_addr == INADDR_ANY;
+	return IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)a)->sin6_addr);
+}
+
+/* As rdma_cm matches a request to a listener: the same port, and the
+ * listener's address the same or its family's wildcard; an IPv6 wildcard
+ * that is not afonly takes IPv4 requests too. Nothing else crosses
+ * families: rdma_cm cannot bind an IPv4-mapped IPv6 address. */
+static bool addr_match(const struct fid *listen, const struct sockaddr_storage *dst)
+{
+	const struct sockaddr_storage *l = &listen->src;
+	if (port_of(l) != port_of(dst))
 		return false;
-	if (listen->ss_family != AF_INET || dst->ss_family != AF_INET)
-		return listen->ss_family == dst->ss_family;
-	const struct sockaddr_in *l = (const struct sockaddr_in *)listen;
-	const struct sockaddr_in *d = (const struct sockaddr_in *)dst;
-	return l->sin_addr.s_addr == INADDR_ANY || l->sin_addr.s_addr == d->sin_addr.s_addr;
+	if (l->ss_family != dst->ss_family)
+		return l->ss_family == AF_INET6 && !listen->afonly && any_addr(l);
+	if (any_addr(l))
+		return true;
+	if (l->ss_family == AF_INET)
+		return ((const struct sockaddr_in *)l)->sin_addr.s_addr ==
+		       ((const struct sockaddr_in *)dst)->sin_addr.s_addr;
+	return IN6_ARE_ADDR_EQUAL(&((const struct sockaddr_in6 *)l)->sin6_addr,
+				  &((const struct sockaddr_in6 *)dst)->sin6_addr);
 }
 
 static int f_connect(struct rdma_cm_id *id, struct rdma_conn_param *cp)
@@ -803,7 +830,7 @@ static int f_connect(struct rdma_cm_id *id, struct rdma_conn_param *cp)
 							       : (uint8_t)sizeof(f->req_pd);
 	memcpy(f->req_pd, cp->private_data, f->req_len);
 	struct fid *l = ids;
-	while (l && !(l->listening && addr_match(&l->src, &f->dst)))
+	while (l && !(l->listening && addr_match(l, &f->dst)))
 		l = l->next;
 	if (!l) {
 		queue_event(f, RDMA_CM_EVENT_REJECTED, 8, NULL, NULL, 0); /* invalid service ID */
@@ -908,18 +935,29 @@ static int f_disconnect(struct rdma_cm_id *id)
 	return 0;
 }
 
+static int f_set_afonly(struct rdma_cm_id *id, int afonly)
+{
+	CHECK_ID(id);
+	((struct fid *)id)->afonly = afonly != 0;
+	return 0;
+}
+
 static int f_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 {
 	CHECK_ID(id);
 	static uint16_t next_port = 50000; /* rdma_cm's own port space */
 	struct fid *f = (struct fid *)id;
+	if (v4mapped(addr)) {
+		errno = EADDRNOTAVAIL; /* as rdma_cm: no device has such an address */
+		return -1;
+	}
 	memcpy(&f->src, addr, addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
 							  : sizeof(struct sockaddr_in));
 	sv_lock(&net_lock);
 	/* As rdma_cm: a port one id holds is not another's. */
 	for (struct fid *i = ids; port_of(&f->src) && i; i = i->next) {
 		if (i != f && port_of(&i->src) == port_of(&f->src) &&
-		    (addr_match(&i->src, &f->src) || addr_match(&f->src, &i->src))) {
+		    (addr_match(i, &f->src) || addr_match(f, &i->src))) {
 			sv_unlock(&net_lock);
 			memset(&f->src, 0, sizeof(f->src));
 			errno = EADDRINUSE;
@@ -1070,6 +1108,7 @@ static const struct sv_cm_ops fake_ops = {
 	.establish = f_establish,
 	.disconnect = f_disconnect,
 	.bind_addr = f_bind_addr,
+	.set_afonly = f_set_afonly,
 	.listen_id = f_listen,
 	.get_event = f_get_event,
 	.ack_event = f_ack_event,
