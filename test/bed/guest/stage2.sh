@@ -47,9 +47,12 @@ case "$BED_MODE" in
 guest)
     # Both ends of CMD run in this (root) namespace and talk to $IP: rxe
     # loops packets for its own address back internally.
-    NETDEV=veth0 IP=10.77.0.1 PEER_IP=''
+    # An IPv6 address too: RoCEv2 carries IPv6 GIDs, and dual-stack and
+    # IPv6 servers are tested here (nodad: usable at once).
+    NETDEV=veth0 IP=10.77.0.1 PEER_IP='' IP6=fd77::1 PEER_IP6=''
     printf '%s\n' "link set lo up" "link add veth0 type veth peer name veth1" \
-        "addr add $IP/24 dev veth0" "link set veth1 up" "link set veth0 up" \
+        "addr add $IP/24 dev veth0" "addr add $IP6/64 dev veth0 nodad" \
+        "link set veth1 up" "link set veth0 up" \
         | ip -batch - || bedfail "cannot set up lo and the veth pair"
     ;;
 two-hosts)
@@ -64,11 +67,12 @@ two-hosts)
     done
     [ -n "$NETDEV" ] || bedfail "no virtio-net interface appeared"
     case "$ROLE" in
-        a) IP=10.77.0.1 PEER_IP=10.77.0.2 ;;
-        b) IP=10.77.0.2 PEER_IP=10.77.0.1 ;;
+        a) IP=10.77.0.1 PEER_IP=10.77.0.2 IP6=fd77::1 PEER_IP6=fd77::2 ;;
+        b) IP=10.77.0.2 PEER_IP=10.77.0.1 IP6=fd77::2 PEER_IP6=fd77::1 ;;
         *) bedfail "bad role $ROLE" ;;
     esac
-    printf '%s\n' "link set lo up" "addr add $IP/24 dev $NETDEV" "link set $NETDEV up" \
+    printf '%s\n' "link set lo up" "addr add $IP/24 dev $NETDEV" \
+        "addr add $IP6/64 dev $NETDEV nodad" "link set $NETDEV up" \
         | ip -batch - || bedfail "cannot configure lo and $NETDEV"
     ;;
 *) bedfail "bad mode $BED_MODE" ;;
@@ -111,13 +115,15 @@ BEDVARS=(
     "SOVIA_BED_DEV=$DEV"
     "SOVIA_BED_NETDEV=$NETDEV"
     "SOVIA_BED_IP=$IP"
+    "SOVIA_BED_IP6=$IP6"
     "SOVIA_BED_MODE=$BED_MODE"
     "SOVIA_BED_BARRIER=$BED_BARRIER"
     "SOVIA_BED_BARRIER_DIR=$RUN/barrier"
     "SOVIA_BED_ROLES=$BED_ROLES"
 )
 if [ "$BED_MODE" = two-hosts ]; then
-    BEDVARS+=("SOVIA_BED_ROLE=$ROLE" "SOVIA_BED_PEER_IP=$PEER_IP")
+    BEDVARS+=("SOVIA_BED_ROLE=$ROLE" "SOVIA_BED_PEER_IP=$PEER_IP"
+        "SOVIA_BED_PEER_IP6=$PEER_IP6")
 fi
 
 env -i "${ENVV[@]}" "${BEDVARS[@]}" "${ARGV[@]}" \
