@@ -3,12 +3,15 @@
 # (-DSOVIA_TSAN=ON), preloaded with TSan's runtime right after it. TSan stops a program at
 # its first report (halt_on_error), so a race fails the test.
 #
-#   tsan.sh TEST TSAN_RUNTIME LIBSOVIA_TSAN_SO BUILD_DIR
+#   tsan.sh "TEST..." TSAN_RUNTIME LIBSOVIA_TSAN_SO BUILD_DIR
 #
+# The tests (scripts of this folder, without ".sh") run one after another
+# in this guest, sharing its boot (group.sh), every one even after another
+# failed.
 # (The Criterion unit tests cannot run under TSan: Criterion's own memory
 # arena breaks there, Snaipe/Criterion#274.)
 set -euo pipefail
-t=${1:?usage: $0 TEST TSAN_RUNTIME LIBSOVIA_TSAN_SO BUILD_DIR}
+tests=${1:?usage: $0 "TEST..." TSAN_RUNTIME LIBSOVIA_TSAN_SO BUILD_DIR}
 rt=${2:?} lib=${3:?} build=${4:?}
 [ -f "$rt" ] || { echo "FAIL: no TSan runtime at $rt" >&2; exit 1; }
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
@@ -45,5 +48,16 @@ if [ "$rc" != 66 ] || ! grep -q "WARNING: ThreadSanitizer: data race" "${TMPDIR:
 	cat "${TMPDIR:-/tmp}/tsan-canary.err" >&2
 	exit 1
 fi
-echo "tsan: the canary's race was reported; running $t"
-exec "$(dirname "$0")/$t.sh" "$preload" "$build"
+echo "tsan: the canary's race was reported; running $tests"
+failed=()
+for t in $tests; do
+	echo "===== tsan $t"
+	start=$SECONDS
+	if bash "$(dirname "$0")/$t.sh" "$preload" "$build"; then
+		echo "===== tsan $t: passed in $((SECONDS - start)) s"
+	else
+		echo "===== tsan $t: FAILED in $((SECONDS - start)) s" >&2
+		failed+=("$t")
+	fi
+done
+[ ${#failed[@]} -eq 0 ] || { echo "FAIL: under TSan: ${failed[*]}" >&2; exit 1; }
