@@ -8,12 +8,12 @@
 # (libFuzzer, which clang only recommends) build the fuzz targets (test/fuzz/);
 # liburing-dev builds the io_uring example (test/bed/progs/sovia_uring.c); man-db
 # checks the installed man pages (test/package.sh); jq reads sovia-stat's JSON; CPack's
-# shlibdeps runs file; python3 plays a fake view for test/stat.sh. socat and
-# ncat are programs of the compatibility matrix (test/bed/compat.sh).
+# shlibdeps runs file; python3 plays a fake view for test/stat.sh. socat, ncat
+# and nodejs are programs of the compatibility matrix (test/bed/compat.sh).
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config libibverbs-dev librdmacm-dev rdma-core
       ibverbs-providers ibverbs-utils libcriterion-dev netcat-openbsd iproute2
       ftpd ftp iperf3 openssl redis-server redis-tools clang libclang-rt-dev
       liburing-dev postgresql postgresql-contrib nginx openbsd-inetd curl man-db jq file python3
-      socat ncat)
+      socat ncat nodejs)
 SERVICES="postgresql nginx openbsd-inetd" exec "$(dirname "$0")/apt-install.sh" "${PKGS[@]}"

@@ -183,4 +183,81 @@ kill $srv 2>/dev/null || true
 wait $srv 2>/dev/null || true
 row "python3 -m http.server" "--bind :: (dual-stack), curl over IPv4" "$WORK/h-server.err" server \
 	"$WORK/h.got" "$p0" "-"
+# A python asyncio stream server (start_server on every address: one
+# socket per family) and an asyncio client that writes the file and
+# write_eof()s.
+note "python asyncio streams"
+PORT=$((PORT + 1))
+cat >"$WORK/aio.py" <<'PY'
+import asyncio, sys
+async def server(port, out):
+    done = asyncio.Event()
+    async def handle(r, w):
+        with open(out, "wb") as f:
+            while b := await r.read(1 << 20):
+                f.write(b)
+        w.close()
+        done.set()
+    srv = await asyncio.start_server(handle, None, port)
+    async with srv:
+        await done.wait()
+async def client(host, port, path):
+    r, w = await asyncio.open_connection(host, port)
+    with open(path, "rb") as f:
+        while b := f.read(1 << 20):
+            w.write(b)
+            await w.drain()
+    w.write_eof()
+    await r.read()
+    w.close()
+if sys.argv[1] == "server":
+    asyncio.run(server(int(sys.argv[2]), sys.argv[3]))
+else:
+    asyncio.run(client(sys.argv[2], int(sys.argv[3]), sys.argv[4]))
+PY
+LD_PRELOAD=$LIB timeout 120 /usr/bin/python3 "$WORK/aio.py" server $PORT "$WORK/a.got" \
+	2>"$WORK/a-server.err" &
+srv=$!
+wait_port $PORT
+p0=$(rxe_pkts)
+LD_PRELOAD=$LIB timeout 120 /usr/bin/python3 "$WORK/aio.py" client "$IP" $PORT "$WORK/in" \
+	2>"$WORK/a-client.err" || fail "asyncio: the client failed"
+wait $srv || fail "asyncio: the server failed"
+row "python3 asyncio" "start_server(None, port), open_connection" "$WORK/a-client.err" client \
+	"$WORK/a.got" "$p0" "-"
+
+# Node's http server with its default listen(port) (the dual-stack IPv6
+# wildcard) sending a file, and Node's http client over IPv4.
+command -v node >/dev/null || fail "needs node (test/setup-deps.sh)"
+{
+	note "node http"
+	PORT=$((PORT + 1))
+	cat >"$WORK/web.js" <<'JS'
+const http = require("http"), fs = require("fs");
+const [mode, a, b, c] = process.argv.slice(2);
+if (mode === "server") {
+  const srv = http.createServer((req, res) => {
+    res.on("finish", () => srv.close());
+    fs.createReadStream(b).pipe(res);
+  });
+  srv.listen(Number(a));
+} else {
+  http.get({host: a, port: Number(b), path: "/", agent: false}, (res) => {
+    res.pipe(fs.createWriteStream(c));
+  });
+}
+JS
+	LD_PRELOAD=$LIB timeout 120 node "$WORK/web.js" server $PORT "$WORK/in" \
+		2>"$WORK/w-server.err" &
+	srv=$!
+	wait_port $PORT
+	ss -ltnH "sport = :$PORT" | grep -Eq '\*:'"$PORT"'\b' ||
+		fail "node does not listen dual-stack: $(ss -ltnH "sport = :$PORT")"
+	p0=$(rxe_pkts)
+	LD_PRELOAD=$LIB timeout 120 node "$WORK/web.js" client "$IP" $PORT "$WORK/w.got" \
+		2>"$WORK/w-client.err" || fail "node: the client failed"
+	wait $srv || fail "node: the server failed"
+	row "node http" "listen(port) (dual-stack), http.get over IPv4" "$WORK/w-server.err" server \
+		"$WORK/w.got" "$p0" "-"
+}
 echo "PASS compat: every row >= $MIN_SHARE% over RDMA"

@@ -738,6 +738,7 @@ for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back igno
 	rm -f /dev/shm/libsovia-peers.*
 	# Not in an || list: errexit would be off inside.
 	set +e
+	start=$SECONDS
 	(
 		set -e
 		WORK=$TOP/$c
@@ -748,9 +749,9 @@ for c in ${SOVIA_HOSTILE_CASES:-flood garbage to-rdma-max back0 ignore-back igno
 	rc=$?
 	set -e
 	if [ "$rc" = 0 ]; then
-		echo "HOSTILE_RESULT case=$c PASS"
+		echo "HOSTILE_RESULT case=$c PASS in $((SECONDS - start)) s"
 	else
-		echo "HOSTILE_RESULT case=$c FAIL"
+		echo "HOSTILE_RESULT case=$c FAIL in $((SECONDS - start)) s"
 		failed="$failed $c"
 	fi
 	port=$((port + 10))
