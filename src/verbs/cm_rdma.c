@@ -198,12 +198,12 @@ GUARDED(bind_addr, (struct rdma_cm_id * id, struct sockaddr *a), (id, a))
 GUARDED(listen, (struct rdma_cm_id * id, int backlog), (id, backlog))
 GUARDED(set_option, (struct rdma_cm_id * id, int level, int name, void *val, size_t len),
 	(id, level, name, val, len))
+GUARDED(ack_cm_event, (struct rdma_cm_event * ev), (ev))
 
 static int set_afonly(struct rdma_cm_id *id, int afonly)
 {
 	return g_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &afonly, sizeof(afonly));
 }
-GUARDED(ack_cm_event, (struct rdma_cm_event * ev), (ev))
 
 static int create_qp(struct sv_qp **out, struct rdma_cm_id *id, const struct sv_proto_params *prm)
 {

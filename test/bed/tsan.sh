@@ -49,15 +49,6 @@ if [ "$rc" != 66 ] || ! grep -q "WARNING: ThreadSanitizer: data race" "${TMPDIR:
 	exit 1
 fi
 echo "tsan: the canary's race was reported; running $tests"
-failed=()
-for t in $tests; do
-	echo "===== tsan $t"
-	start=$SECONDS
-	if bash "$(dirname "$0")/$t.sh" "$preload" "$build"; then
-		echo "===== tsan $t: passed in $((SECONDS - start)) s"
-	else
-		echo "===== tsan $t: FAILED in $((SECONDS - start)) s" >&2
-		failed+=("$t")
-	fi
-done
-[ ${#failed[@]} -eq 0 ] || { echo "FAIL: under TSan: ${failed[*]}" >&2; exit 1; }
+# $tests unquoted: one word per test.
+# shellcheck disable=SC2086
+exec "$(dirname "$0")/group.sh" "$preload" "$build" $tests
